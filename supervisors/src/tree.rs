@@ -1,0 +1,445 @@
+//! The tree registry: every actor the kernel supervises, and a change feed.
+//!
+//! Live nodes sit in a concurrent map; stopped nodes move to a bounded ring
+//! so memory stays flat however many short-lived actors come and go. The
+//! feed is a bounded broadcast: a subscriber that falls behind is told how
+//! many changes it missed (and must take a fresh snapshot).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use dashmap::DashMap;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// Lifecycle status of a node, shared by fibers and workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Status {
+    /// Waiting for injected services.
+    Pending = 0,
+    /// Running its setup (`apply`, `pre_start`).
+    Loading = 1,
+    /// Up and serving.
+    Active = 2,
+    /// Tearing down (draining children, running effects).
+    Unloading = 3,
+    /// Stopped cleanly.
+    Disposed = 4,
+    /// Stopped by an error, a panic, or a kill after its shutdown budget.
+    Failed = 5,
+}
+
+impl Status {
+    pub(crate) fn from_u8(v: u8) -> Status {
+        match v {
+            0 => Status::Pending,
+            1 => Status::Loading,
+            2 => Status::Active,
+            3 => Status::Unloading,
+            4 => Status::Disposed,
+            _ => Status::Failed,
+        }
+    }
+
+    /// Whether the node will never run again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Disposed | Status::Failed)
+    }
+
+    /// Lower-case name, as shown in the tree and in errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Loading => "loading",
+            Status::Active => "active",
+            Status::Unloading => "unloading",
+            Status::Disposed => "disposed",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Live counters of one node, updated without locks on the hot path.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    status: AtomicU8,
+    enqueued: AtomicU64,
+    handled: AtomicU64,
+    last_activity_ms: AtomicU64,
+}
+
+impl NodeStats {
+    /// Counts one message put into the node's mailbox.
+    pub fn enqueue(&self) {
+        self.enqueued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one message taken out of the mailbox and marks activity.
+    pub fn handled(&self) {
+        self.handled.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+    }
+
+    /// Marks activity now.
+    pub fn touch(&self) {
+        self.last_activity_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Messages waiting (sent through counted handles and not yet handled).
+    pub fn mailbox_depth(&self) -> u64 {
+        let e = self.enqueued.load(Ordering::Relaxed);
+        let h = self.handled.load(Ordering::Relaxed);
+        e.saturating_sub(h)
+    }
+
+    /// Current status.
+    pub fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_status(&self, s: Status) {
+        self.status.store(s as u8, Ordering::Release);
+    }
+}
+
+/// Static facts about a node, fixed at spawn.
+#[derive(Debug)]
+pub struct NodeInfo {
+    /// Kernel-wide id (the ractor pid).
+    pub id: u64,
+    /// Kind: `fiber`, `scope`, `worker`, or a kind chosen by the spawner (`agent`, `tool`, …).
+    pub kind: Arc<str>,
+    /// Readable name, e.g. `agent/3f2a` or `llm/openai`.
+    pub name: Arc<str>,
+    /// Parent node, `None` for the root.
+    pub parent: Option<u64>,
+    /// Start time, ms since epoch.
+    pub started_ms: u64,
+}
+
+/// One node in the live map.
+#[derive(Debug)]
+pub struct Node {
+    /// Static facts.
+    pub info: NodeInfo,
+    /// Live counters.
+    pub stats: Arc<NodeStats>,
+    summary: Mutex<serde_json::Value>,
+}
+
+/// A point-in-time copy of a node, as the API and the CLI show it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct NodeSnapshot {
+    /// Kernel-wide id.
+    pub id: u64,
+    /// Kind.
+    pub kind: String,
+    /// Readable name.
+    pub name: String,
+    /// Parent id.
+    pub parent: Option<u64>,
+    /// Status.
+    pub status: Status,
+    /// Start time, ms since epoch.
+    pub started_ms: u64,
+    /// Messages waiting.
+    pub mailbox_depth: u64,
+    /// Last activity, ms since epoch.
+    pub last_activity_ms: u64,
+    /// Kind-specific summary (agent turn/step, tokens, …).
+    pub summary: serde_json::Value,
+    /// Why it stopped, once stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Global stop sequence number, once stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_seq: Option<u64>,
+}
+
+/// One change in the tree.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TreeChange {
+    /// A node was added.
+    Spawned {
+        /// The new node.
+        node: NodeSnapshot,
+    },
+    /// A node changed status.
+    Status {
+        /// Node id.
+        id: u64,
+        /// New status.
+        status: Status,
+    },
+    /// A node's summary changed.
+    Summary {
+        /// Node id.
+        id: u64,
+        /// New summary.
+        summary: serde_json::Value,
+    },
+    /// A node stopped for good.
+    Stopped {
+        /// Node id.
+        id: u64,
+        /// Final status (`disposed` or `failed`).
+        status: Status,
+        /// Why.
+        reason: String,
+        /// Position in the global stop order.
+        stop_seq: u64,
+    },
+    /// A supervised child failed (a panic or an error) and the supervisor reacted.
+    Supervision {
+        /// The supervisor.
+        supervisor: u64,
+        /// The failed node.
+        child: u64,
+        /// The panic or error text.
+        message: String,
+        /// What the supervisor did (`restarted`, `removed`, `escalated`, …).
+        action: String,
+    },
+    /// A disposal finished; `order` lists the subtree in the order it stopped.
+    Teardown {
+        /// Root of the disposed subtree.
+        root: u64,
+        /// Ids in stop order (the root last).
+        order: Vec<u64>,
+    },
+}
+
+/// Settings of the registry.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeLimits {
+    /// Stopped nodes remembered (oldest dropped first).
+    pub stopped_capacity: usize,
+    /// Changes buffered per feed subscriber before it lags.
+    pub feed_capacity: usize,
+}
+
+impl Default for TreeLimits {
+    fn default() -> Self {
+        TreeLimits {
+            stopped_capacity: 4096,
+            feed_capacity: 8192,
+        }
+    }
+}
+
+/// The registry of every supervised node.
+pub struct Tree {
+    live: DashMap<u64, Arc<Node>>,
+    stopped: Mutex<VecDeque<NodeSnapshot>>,
+    limits: TreeLimits,
+    stop_seq: AtomicU64,
+    feed: broadcast::Sender<TreeChange>,
+}
+
+impl Tree {
+    /// An empty registry.
+    pub fn new(limits: TreeLimits) -> Tree {
+        let (feed, _) = broadcast::channel(limits.feed_capacity.max(16));
+        Tree {
+            live: DashMap::new(),
+            stopped: Mutex::new(VecDeque::new()),
+            limits,
+            stop_seq: AtomicU64::new(0),
+            feed,
+        }
+    }
+
+    /// Subscribes to changes from now on. Take a [`Tree::snapshot`] after
+    /// subscribing to have a base the changes apply to.
+    pub fn subscribe(&self) -> broadcast::Receiver<TreeChange> {
+        self.feed.subscribe()
+    }
+
+    fn publish(&self, change: TreeChange) {
+        if self.feed.receiver_count() > 0 {
+            // An error only means nobody listens right now.
+            let _ = self.feed.send(change);
+        }
+    }
+
+    pub(crate) fn insert(&self, info: NodeInfo, status: Status) -> Arc<Node> {
+        let stats = Arc::new(NodeStats::default());
+        stats.set_status(status);
+        stats
+            .last_activity_ms
+            .store(info.started_ms, Ordering::Relaxed);
+        let node = Arc::new(Node {
+            info,
+            stats,
+            summary: Mutex::new(serde_json::Value::Null),
+        });
+        self.live.insert(node.info.id, node.clone());
+        if self.feed.receiver_count() > 0 {
+            self.publish(TreeChange::Spawned {
+                node: snapshot_of(&node, None, None),
+            });
+        }
+        node
+    }
+
+    pub(crate) fn set_status(&self, node: &Node, status: Status) {
+        if node.stats.status() == status {
+            return;
+        }
+        node.stats.set_status(status);
+        node.stats.touch();
+        self.publish(TreeChange::Status {
+            id: node.info.id,
+            status,
+        });
+    }
+
+    /// Replaces a node's kind-specific summary.
+    pub fn set_summary(&self, id: u64, summary: serde_json::Value) {
+        if let Some(node) = self.live.get(&id) {
+            if let Ok(mut s) = node.summary.lock() {
+                *s = summary.clone();
+            }
+            self.publish(TreeChange::Summary { id, summary });
+        }
+    }
+
+    /// Moves a node to the stopped ring; returns its stop sequence number, or
+    /// `None` when it had already stopped.
+    pub(crate) fn stopped(&self, id: u64, status: Status, reason: &str) -> Option<u64> {
+        let (_, node) = self.live.remove(&id)?;
+        node.stats.set_status(status);
+        let seq = self.stop_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let snap = snapshot_of(&node, Some(reason.to_owned()), Some(seq));
+        if let Ok(mut ring) = self.stopped.lock() {
+            if ring.len() >= self.limits.stopped_capacity {
+                ring.pop_front();
+            }
+            ring.push_back(snap);
+        }
+        self.publish(TreeChange::Stopped {
+            id,
+            status,
+            reason: reason.to_owned(),
+            stop_seq: seq,
+        });
+        Some(seq)
+    }
+
+    pub(crate) fn supervision(&self, supervisor: u64, child: u64, message: &str, action: &str) {
+        self.publish(TreeChange::Supervision {
+            supervisor,
+            child,
+            message: message.to_owned(),
+            action: action.to_owned(),
+        });
+    }
+
+    pub(crate) fn teardown(&self, root: u64, order: Vec<u64>) {
+        self.publish(TreeChange::Teardown { root, order });
+    }
+
+    /// The live node with this id.
+    pub fn get(&self, id: u64) -> Option<NodeSnapshot> {
+        self.live.get(&id).map(|n| snapshot_of(&n, None, None))
+    }
+
+    /// The stopped node with this id, if still remembered.
+    pub fn get_stopped(&self, id: u64) -> Option<NodeSnapshot> {
+        let ring = self.stopped.lock().ok()?;
+        ring.iter().rev().find(|n| n.id == id).cloned()
+    }
+
+    /// Every live node, parents before children (by id, which grows with spawn time).
+    pub fn snapshot(&self) -> Vec<NodeSnapshot> {
+        let mut out: Vec<NodeSnapshot> = self
+            .live
+            .iter()
+            .map(|n| snapshot_of(&n, None, None))
+            .collect();
+        out.sort_by_key(|n| n.id);
+        out
+    }
+
+    /// The remembered stopped nodes, oldest first.
+    pub fn stopped_nodes(&self) -> Vec<NodeSnapshot> {
+        self.stopped
+            .lock()
+            .map(|r| r.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Number of live nodes.
+    pub fn live_len(&self) -> usize {
+        self.live.len()
+    }
+}
+
+fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
+    NodeSnapshot {
+        id: node.info.id,
+        kind: node.info.kind.to_string(),
+        name: node.info.name.to_string(),
+        parent: node.info.parent,
+        status: node.stats.status(),
+        started_ms: node.info.started_ms,
+        mailbox_depth: node.stats.mailbox_depth(),
+        last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
+        summary: node
+            .summary
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(serde_json::Value::Null),
+        stop_reason,
+        stop_seq,
+    }
+}
+
+/// Renders a snapshot as an indented tree, one node per line.
+pub fn render(nodes: &[NodeSnapshot]) -> String {
+    use std::collections::HashMap;
+    let mut children: HashMap<Option<u64>, Vec<&NodeSnapshot>> = HashMap::new();
+    let ids: std::collections::HashSet<u64> = nodes.iter().map(|n| n.id).collect();
+    for n in nodes {
+        let parent = n.parent.filter(|p| ids.contains(p));
+        children.entry(parent).or_default().push(n);
+    }
+    let mut out = String::new();
+    fn walk(
+        out: &mut String,
+        children: &HashMap<Option<u64>, Vec<&NodeSnapshot>>,
+        parent: Option<u64>,
+        depth: usize,
+    ) {
+        let Some(list) = children.get(&parent) else {
+            return;
+        };
+        for n in list {
+            out.push_str(&"  ".repeat(depth));
+            out.push_str(&format!(
+                "{} [{}] {} #{} mailbox={}\n",
+                n.name,
+                n.kind,
+                n.status.as_str(),
+                n.id,
+                n.mailbox_depth
+            ));
+            walk(out, children, Some(n.id), depth + 1);
+        }
+    }
+    walk(&mut out, &children, None, 0);
+    out
+}

@@ -1,0 +1,6 @@
+mod common;
+mod events;
+mod services;
+mod supervision;
+mod teardown;
+mod tree;

@@ -1,0 +1,148 @@
+//! The tree registry: records, summaries, mailbox depth, the feed, bounded memory.
+
+use std::sync::Arc;
+
+use dsh_supervisors::tree::{TreeLimits, render};
+use std::time::Duration;
+
+use dsh_supervisors::{
+    Context, Runtime, RuntimeSettings, Shutdown, Status, TreeChange, WorkerSpec, plugin_fn,
+};
+use tokio::sync::Notify;
+
+use super::common::{Log, Msg, Recorder, bounded, runtime, wait_change};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
+    let rt = runtime().await;
+    let mut feed = rt.tree().subscribe();
+    let log = Log::default();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let l = log.clone();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("host", &[], move |ctx: Context| {
+                let (l, tx) = (l.clone(), tx.clone());
+                async move {
+                    let w = ctx
+                        .spawn(
+                            WorkerSpec::new("tool", "tool/bash#call_7", Recorder::new("w", &l), ())
+                                .shutdown(Shutdown::Timeout(Duration::from_millis(50))),
+                        )
+                        .await?;
+                    tx.send(w).map_err(|_| "send")?;
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    let worker = rx.recv().await.unwrap();
+    let node = rt.tree().get(worker.id()).unwrap();
+    assert_eq!(node.kind, "tool");
+    assert_eq!(node.name, "tool/bash#call_7");
+    assert_eq!(node.parent, Some(fiber.id()));
+    assert_eq!(node.status, Status::Active);
+    assert!(node.started_ms > 0 && node.last_activity_ms >= node.started_ms);
+    let host = rt.tree().get(fiber.id()).unwrap();
+    assert_eq!(
+        (host.kind.as_str(), host.name.as_str()),
+        ("plugin", "plugin/host")
+    );
+    assert_eq!(host.parent, Some(rt.root_fiber_handle().id()));
+
+    wait_change(
+        &mut feed,
+        |c| matches!(c, TreeChange::Spawned { node } if node.id == worker.id()),
+    )
+    .await;
+
+    rt.tree()
+        .set_summary(worker.id(), serde_json::json!({"turn": 2, "step": 5}));
+    assert_eq!(rt.tree().get(worker.id()).unwrap().summary["step"], 5);
+    wait_change(
+        &mut feed,
+        |c| matches!(c, TreeChange::Summary { id, .. } if *id == worker.id()),
+    )
+    .await;
+
+    // Block the worker in a handler, then queue three messages behind it.
+    let started = Arc::new(Notify::new());
+    worker.send(Msg::Hang(started.clone())).unwrap();
+    started.notified().await;
+    for _ in 0..3 {
+        let (tx, _rx) = ractor::concurrency::oneshot();
+        worker
+            .send(Msg::Ping((tx, std::time::Duration::from_secs(1)).into()))
+            .unwrap();
+    }
+    assert_eq!(rt.tree().get(worker.id()).unwrap().mailbox_depth, 3);
+    let text = render(&rt.tree().snapshot());
+    assert!(text.contains("root [root] active"), "{text}");
+    assert!(text.contains("\n  plugin/host [plugin] active"), "{text}");
+    assert!(
+        text.contains("\n    tool/bash#call_7 [tool] active"),
+        "{text}"
+    );
+    assert!(text.contains("mailbox=3"), "{text}");
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_entries_are_bounded_and_status_changes_are_published() {
+    let settings = RuntimeSettings {
+        tree: TreeLimits {
+            stopped_capacity: 8,
+            feed_capacity: 1024,
+        },
+        ..RuntimeSettings::default()
+    };
+    let rt = Runtime::start(settings).await.unwrap();
+    let log = Log::default();
+    let l = log.clone();
+    let mut feed = rt.tree().subscribe();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("many", &[], move |ctx: Context| {
+                let l = l.clone();
+                async move {
+                    for i in 0..20 {
+                        ctx.spawn(WorkerSpec::new(
+                            "worker",
+                            format!("w{i}"),
+                            Recorder::new(format!("w{i}"), &l),
+                            (),
+                        ))
+                        .await?;
+                    }
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    wait_change(
+        &mut feed,
+        |c| matches!(c, TreeChange::Status { id, status: Status::Active } if *id == fiber.id()),
+    )
+    .await;
+    fiber.dispose().await;
+    let stopped = rt.tree().stopped_nodes();
+    assert_eq!(stopped.len(), 8);
+    assert_eq!(stopped.last().unwrap().id, fiber.id());
+    let names: Vec<&str> = stopped.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["w6", "w5", "w4", "w3", "w2", "w1", "w0", "plugin/many"]
+    );
+    assert_eq!(
+        log.lines().iter().filter(|l| l.starts_with("stop")).count(),
+        20
+    );
+    assert!(rt.tree().get_stopped(fiber.id()).is_some());
+    assert_eq!(rt.tree().live_len(), 1);
+}
