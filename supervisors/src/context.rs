@@ -126,6 +126,8 @@ impl Context {
         self.load_erased(load, options).await
     }
 
+    /// Loads a validated catalogue plugin; a failed `apply` still returns
+    /// the (failed) fiber so the caller can dispose or inspect it.
     pub(crate) async fn load_validated(
         &self,
         plugin: Arc<dyn ErasedPlugin>,
@@ -136,7 +138,13 @@ impl Context {
             plugin,
             config: config.0,
         };
-        self.load_erased(load, options).await
+        let shared = spawn_plugin_fiber(self, load, options.policy, options.name).await?;
+        let fiber = Fiber {
+            shared,
+            rt: self.rt.clone(),
+        };
+        fiber.ready().await;
+        Ok(fiber)
     }
 
     async fn load_erased(&self, load: LoadSpec, options: PluginOptions) -> Result<Fiber> {

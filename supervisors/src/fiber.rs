@@ -239,10 +239,6 @@ impl FiberShared {
         self.load.as_ref().map(|l| l.plugin.inject()).unwrap_or(&[])
     }
 
-    pub fn plugin_name(&self) -> &str {
-        self.load.as_ref().map(|l| l.plugin.name()).unwrap_or("")
-    }
-
     pub fn error(&self) -> Option<String> {
         self.lock().error.clone()
     }

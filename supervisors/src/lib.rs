@@ -16,7 +16,9 @@
 //! - [`tree`]: the registry of every supervised node and its change feed.
 //! - [`plugin`]: the [`Plugin`] trait and the compiled-in [`Catalogue`].
 //! - [`config`]: `cordis.yml` — parsing with line numbers, `${ENV}`
-//!   interpolation, patch layers, validation, loading and hot reload.
+//!   interpolation, patch layers, validation against plugin schemas.
+//! - [`loader`]: boots a validated plan into fibers; reloads changed entries
+//!   with rollback; watches the files.
 //!
 //! ## Invariants
 //! - Only `fiber` calls ractor's stop/kill/drain on supervised actors.
@@ -33,19 +35,22 @@ pub mod context;
 pub mod error;
 pub mod events;
 pub mod fiber;
+pub mod loader;
 pub mod plugin;
 pub mod runtime;
 pub mod scope;
 pub mod services;
 pub mod tree;
 
+pub use config::{ConfigError, Plan, Problem, Source};
 pub use context::{
     Context, Disposer, Fiber, PluginOptions, Scope, SendError, WorkerRef, WorkerSpec,
 };
 pub use error::{BoxError, Error, Result};
 pub use events::{Bail, Emit, Event, ListenOptions, Next, Parallel, Serial, Target, Waterfall};
 pub use fiber::{ChildPolicy, Restart, Shutdown, Strategy, SupervisorSpec};
-pub use plugin::{Catalogue, Plugin, plugin_fn};
+pub use loader::{Loader, ReloadReport};
+pub use plugin::{Catalogue, Group, Plugin, plugin_fn};
 pub use runtime::{Runtime, RuntimeSettings};
 pub use scope::ScopeKey;
 pub use services::{ServiceChange, ServiceChanged};

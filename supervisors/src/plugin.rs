@@ -123,6 +123,22 @@ where
     }
 }
 
+/// A plugin that registers nothing: a fiber that only owns children
+/// (config hosts and `group` entries).
+pub struct Group;
+
+impl Plugin for Group {
+    type Config = ();
+
+    fn name(&self) -> &str {
+        "group"
+    }
+
+    async fn apply(&self, _ctx: Context, _config: Arc<()>) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
 /// A config that passed validation, ready for `apply`.
 #[derive(Clone)]
 pub struct ValidConfig(pub(crate) Arc<dyn Any + Send + Sync>);

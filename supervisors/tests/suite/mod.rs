@@ -1,4 +1,5 @@
 mod common;
+mod config;
 mod events;
 mod services;
 mod supervision;
