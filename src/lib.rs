@@ -1,1 +1,16 @@
+//! # dsh — the facade crate and the `dsh` command
+//!
+//! ## Code map
+//! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
+//! - [`bench`]: `dsh bench …` workloads, printing per-operation costs and ratios.
+//! - `main.rs`: the CLI (`dsh check`, `dsh tree`, `dsh bench`).
+//!
+//! The kernel, seams and actors are re-exported as [`kernel`], [`services`]
+//! and [`actors`] so an embedder depends on this one crate.
 
+pub use dsh_actors as actors;
+pub use dsh_services as services;
+pub use dsh_supervisors as kernel;
+
+pub mod bench;
+pub mod catalogue;

@@ -1,1 +1,208 @@
-fn main() {}
+//! The `dsh` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use dsh::catalogue::default_catalogue;
+use dsh::kernel::tree::render;
+use dsh::kernel::{Error, Loader, Runtime, RuntimeSettings, Source};
+
+/// Exit code for a config that does not validate (or bad arguments).
+const EXIT_CONFIG: u8 = 2;
+/// Exit code for a runtime failure (a plugin that failed to start, …).
+const EXIT_FAILURE: u8 = 1;
+
+#[derive(Parser)]
+#[command(
+    name = "dsh",
+    version,
+    about = "dsh: a supervised actor runtime for multi-agent LLM work"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a cordis.yml (and its patches) without starting anything.
+    Check {
+        /// The config file.
+        #[arg(default_value = "cordis.yml")]
+        file: PathBuf,
+        /// Patch layers applied by entry id, in order.
+        #[arg(long = "patch")]
+        patches: Vec<PathBuf>,
+        /// Print the JSON schema of a plugin's config instead.
+        #[arg(long, value_name = "PLUGIN")]
+        schema: Option<String>,
+    },
+    /// Boot a cordis.yml, print the live supervision tree, shut down in order.
+    Tree {
+        /// The config file.
+        #[arg(default_value = "cordis.yml")]
+        file: PathBuf,
+        /// Patch layers applied by entry id, in order.
+        #[arg(long = "patch")]
+        patches: Vec<PathBuf>,
+        /// Print the tree as JSON (one array of nodes).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a benchmark and print its figures (last line: `RESULT {json}`).
+    Bench {
+        #[command(subcommand)]
+        which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Kernel costs: tree start + ordered teardown, event dispatch per mode,
+    /// supervised vs bare spawn.
+    Kernel {
+        /// Measured rounds (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DSH_LOG").unwrap_or_else(|_| "off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dsh: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    rt.block_on(run(cli.command))
+}
+
+async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Check {
+            file,
+            patches,
+            schema,
+        } => check(file, patches, schema),
+        Command::Tree {
+            file,
+            patches,
+            json,
+        } => tree(file, patches, json).await,
+        Command::Bench {
+            which: Bench::Kernel { rounds },
+        } => match dsh::bench::kernel(rounds).await {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dsh bench kernel: {e}");
+                ExitCode::from(EXIT_FAILURE)
+            }
+        },
+    }
+}
+
+fn check(file: PathBuf, patches: Vec<PathBuf>, schema: Option<String>) -> ExitCode {
+    let catalogue = default_catalogue();
+    if let Some(name) = schema {
+        return match catalogue.schema(&name) {
+            Some(s) => {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!(
+                    "dsh check: unknown plugin `{name}` (known: {})",
+                    catalogue.names().join(", ")
+                );
+                ExitCode::from(EXIT_CONFIG)
+            }
+        };
+    }
+    let source = Source {
+        base: file,
+        patches,
+    };
+    match source.plan(&catalogue) {
+        Ok(plan) => {
+            let all = plan.flatten();
+            let enabled = all.iter().filter(|(e, _)| !e.disabled).count();
+            println!(
+                "{}: ok ({} entries, {} enabled)",
+                source.base.display(),
+                all.len(),
+                enabled
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+    }
+}
+
+async fn tree(file: PathBuf, patches: Vec<PathBuf>, json: bool) -> ExitCode {
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dsh tree: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let source = Source {
+        base: file,
+        patches,
+    };
+    let booted = Loader::boot(&rt, default_catalogue(), source).await;
+    let code = match booted {
+        Err(Error::Config(e)) => {
+            eprintln!("{e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("dsh tree: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+        Ok((_loader, failures)) => {
+            let nodes = rt.tree().snapshot();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&nodes).unwrap_or_default()
+                );
+            } else {
+                print!("{}", render(&nodes));
+            }
+            for (id, reason) in &failures {
+                eprintln!("entry `{id}` failed to start: {reason}");
+            }
+            if failures.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_FAILURE)
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
+        .await
+        .is_err()
+    {
+        eprintln!("dsh tree: shutdown did not finish within 60 s");
+        return ExitCode::from(EXIT_FAILURE);
+    }
+    code
+}

@@ -892,7 +892,7 @@ fn plan_entries(
             parser.problem(
                 &origin,
                 Some(&e.id),
-                &format!("config.{path}").trim_end_matches('.').to_owned(),
+                format!("config.{path}").trim_end_matches('.'),
                 reason,
             );
         }

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::common::{bounded, runtime, wait_change};
 
+#[allow(dead_code)] // parsed to prove validation; not every field is used
 #[derive(Deserialize, JsonSchema)]
 struct StoreConfig {
     path: String,
@@ -21,6 +22,7 @@ struct StoreConfig {
     limits: Option<Limits>,
 }
 
+#[allow(dead_code)]
 #[derive(Deserialize, JsonSchema)]
 struct Limits {
     max: u32,
