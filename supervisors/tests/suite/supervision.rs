@@ -301,3 +301,74 @@ async fn a_panicking_apply_fails_only_its_fiber() {
         .unwrap();
     assert!(err.to_string().ends_with("failed: no database"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_fails_upward_is_restarted_by_its_parent() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let l = log.clone();
+    let parent = rt
+        .root()
+        .plugin(
+            plugin_fn("parent", &[], move |ctx: Context| {
+                let (l, tx) = (l.clone(), tx.clone());
+                async move {
+                    ctx.plugin_with(
+                        flaky(l, tx),
+                        (),
+                        PluginOptions {
+                            name: Some("flaky".into()),
+                            ..PluginOptions::default()
+                        },
+                    )
+                    .await?;
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    let first = bounded("first apply", rx.recv()).await.unwrap();
+    let old = parent.children()[0];
+    let mut feed = rt.tree().subscribe();
+    log.actor("x").send_message(Msg::Panic("x down")).unwrap();
+    // flaky allows no restarts: it fails upward, and its parent restarts it.
+    wait_change(&mut feed, |c| {
+        matches!(c, TreeChange::Supervision { supervisor, action, .. } if *supervisor == parent.id() && action == "restarted")
+    })
+    .await;
+    let second = bounded("second apply", rx.recv()).await.unwrap();
+    assert_ne!(first, second, "a fresh fiber applied the plugin again");
+    let fresh = parent.children();
+    assert_eq!(fresh.len(), 1);
+    assert_ne!(fresh[0], old);
+    assert_eq!(rt.tree().get_stopped(old).unwrap().status, Status::Failed);
+    assert_eq!(log.count("start x"), 2);
+    assert_eq!(parent.status(), Status::Active);
+}
+
+/// A plugin that allows its worker no restarts; reports each apply's fiber id.
+fn flaky(
+    log: Log,
+    applied: tokio::sync::mpsc::UnboundedSender<u64>,
+) -> impl dsh_supervisors::Plugin<Config = ()> {
+    plugin_fn("flaky", &[], move |ctx: Context| {
+        let (log, applied) = (log.clone(), applied.clone());
+        async move {
+            ctx.supervise(SupervisorSpec {
+                strategy: Strategy::OneForOne,
+                intensity: 0,
+                period: Duration::from_secs(3600),
+            });
+            let l = log.clone();
+            ctx.spawn(WorkerSpec::restartable("worker", "x", move || {
+                (Recorder::new("x", &l), ())
+            }))
+            .await?;
+            applied.send(ctx.fiber().id())?;
+            Ok(())
+        }
+    })
+}
