@@ -272,10 +272,16 @@ impl Context {
         f: Box<F>,
         options: ListenOptions,
     ) -> Result<Disposer> {
-        let unlisten = self.rt.events().register::<F>(&self.owner(), f, options);
-        self.effect("listener", move || {
+        let unlisten = Arc::new(self.rt.events().register::<F>(&self.owner(), f, options));
+        let undo = unlisten.clone();
+        let registered = self.effect("listener", move || {
+            undo.run();
+        });
+        if registered.is_err() {
+            // The owner is going away: never leave an unowned listener behind.
             unlisten.run();
-        })
+        }
+        registered
     }
 
     /// Listens to an [`Emit`] event.

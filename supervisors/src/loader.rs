@@ -143,10 +143,7 @@ impl Loader {
             ) else {
                 continue;
             };
-            if let Some(f) = state.running.remove(id) {
-                f.dispose().await;
-            }
-            forget_children(&mut state.running, &old);
+            stop_entry(&mut state.running, &old).await;
             let Some(parent) = self.parent_ctx(&state, &new_plan, id) else {
                 continue;
             };
@@ -157,10 +154,7 @@ impl Loader {
                 continue;
             }
             // Roll back: stop what the new config started, start the old one.
-            if let Some(f) = state.running.remove(id) {
-                f.dispose().await;
-            }
-            forget_children(&mut state.running, &new);
+            stop_entry(&mut state.running, &new).await;
             let mut again = Vec::new();
             start_tree(&parent, &old, &mut state.running, &mut again).await;
             let reason = failures
@@ -264,6 +258,15 @@ fn replace(entries: &mut [PlannedEntry], id: &str, with: PlannedEntry) -> bool {
         }
     }
     false
+}
+
+/// Disposes the fiber of `entry` (a group's children go with it) and
+/// forgets all of them.
+async fn stop_entry(running: &mut HashMap<String, Fiber>, entry: &PlannedEntry) {
+    if let Some(f) = running.remove(&entry.id) {
+        f.dispose().await;
+    }
+    forget_children(running, entry);
 }
 
 fn forget_children(running: &mut HashMap<String, Fiber>, entry: &PlannedEntry) {

@@ -349,3 +349,38 @@ async fn a_panicking_listener_never_poisons_the_dispatcher() {
     assert_eq!(out, ["ok"]);
     assert_eq!(rt.events().listener_count::<WaterfallFn<Req>>(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_cannot_outlive_an_unloading_owner() {
+    let rt = runtime().await;
+    let outcome: Arc<std::sync::Mutex<Option<bool>>> = Arc::default();
+    let o = outcome.clone();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("late", &[], move |ctx: Context| {
+                let o = o.clone();
+                async move {
+                    let late = ctx.clone();
+                    ctx.effect("listen while unloading", move || {
+                        *o.lock().unwrap() = Some(late.on(|_: &Ping| {}).is_ok());
+                    })?;
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    fiber.dispose().await;
+    assert_eq!(
+        *outcome.lock().unwrap(),
+        Some(false),
+        "registration refused"
+    );
+    assert_eq!(
+        rt.events().listener_count::<EmitFn<Ping>>(),
+        0,
+        "and nothing left behind"
+    );
+}
