@@ -1,10 +1,20 @@
-//! # dsh-services — seams and non-agent providers
+//! # dsh-services — seams and their shared vocabulary
 //!
-//! The capability seams the agent system is written against (LLM streaming,
-//! tools, session persistence, approval, subagents) and the providers that
-//! are not agents themselves. It builds on the kernel in `dsh-supervisors`
-//! and is filled in by the agent-core issue; today it only re-exports the
-//! kernel so the dependency direction `supervisors <- services <- actors <- dsh`
-//! is fixed from the start.
+//! ## Code map
+//! - [`llm`]: messages, content blocks, the raw stream protocol
+//!   (`StreamChunk`), token usage, finish reasons, and the `BlockAssembler`.
+//! - [`session`]: the session event log — typed events in dsh's JSON
+//!   shapes, surface ops, incremental `derive_messages`, the request-header
+//!   fold, forks at turn boundaries, and the `session.jsonl` reader/writer.
+//!
+//! Dependency direction: `supervisors <- services <- actors <- dsh`.
+//!
+//! ## Invariants
+//! - Wire shapes (serde) live beside the types that own them; the JSON a
+//!   session log holds is exactly what the upstream harness writes.
+//! - A committed event is immutable (`Arc`), and derived history shares it.
 
 pub use dsh_supervisors as kernel;
+
+pub mod llm;
+pub mod session;

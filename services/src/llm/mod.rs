@@ -1,0 +1,423 @@
+//! The LLM seam's vocabulary: messages, content blocks, the raw stream
+//! protocol, token usage and finish reasons, in dsh's JSON shapes (the same
+//! bytes a dsh `session.jsonl` holds).
+//!
+//! Messages are immutable once built and shared as `Arc<Message>`.
+
+mod assembler;
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use assembler::BlockAssembler;
+
+/// A tool call's identity as the model chose it (any format: `call_0`, `toolu_…`).
+pub type CallId = String;
+
+/// One typed piece of a message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum ContentBlock {
+    /// Visible text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// Model thinking, distinct from visible text.
+    Reasoning {
+        /// The reasoning text.
+        text: String,
+    },
+    /// An image attachment (kept verbatim; not interpreted by the core).
+    Image {
+        /// The attachment fields, as recorded.
+        #[serde(flatten)]
+        fields: serde_json::Map<String, serde_json::Value>,
+    },
+    /// A tool invocation requested by the model.
+    ToolCall {
+        /// Call identity.
+        id: CallId,
+        /// Tool name.
+        name: String,
+        /// Raw JSON arguments exactly as the model produced them.
+        arguments: String,
+    },
+    /// A tool's result, in a user-role message.
+    ToolResult {
+        /// The call it answers.
+        #[serde(rename = "toolCallId")]
+        tool_call_id: CallId,
+        /// Model-facing result blocks.
+        content: Vec<ContentBlock>,
+        /// Whether the call failed.
+        #[serde(rename = "isError", default, skip_serializing_if = "Option::is_none")]
+        is_error: Option<bool>,
+    },
+}
+
+impl ContentBlock {
+    /// The block's type name (`text`, `tool-call`, …).
+    pub fn kind(&self) -> BlockType {
+        match self {
+            ContentBlock::Text { .. } => BlockType::Text,
+            ContentBlock::Reasoning { .. } => BlockType::Reasoning,
+            ContentBlock::Image { .. } => BlockType::Image,
+            ContentBlock::ToolCall { .. } => BlockType::ToolCall,
+            ContentBlock::ToolResult { .. } => BlockType::ToolResult,
+        }
+    }
+
+    /// A text block.
+    pub fn text(text: impl Into<String>) -> ContentBlock {
+        ContentBlock::Text { text: text.into() }
+    }
+}
+
+/// The closed set of block types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockType {
+    /// [`ContentBlock::Text`].
+    Text,
+    /// [`ContentBlock::Reasoning`].
+    Reasoning,
+    /// [`ContentBlock::Image`].
+    Image,
+    /// [`ContentBlock::ToolCall`].
+    ToolCall,
+    /// [`ContentBlock::ToolResult`].
+    ToolResult,
+}
+
+/// Conversation role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// System instructions.
+    System,
+    /// The user, injected context and tool results.
+    User,
+    /// The model.
+    Assistant,
+}
+
+/// Where a message came from. Open: plugins add kinds; unknown kinds keep
+/// their fields verbatim.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MessageSource {
+    /// `user`, `plugin`, `model`, `tool`, or a plugin-defined kind.
+    pub kind: String,
+    /// Every other field (`plugin`, `provider`, `model`, `callId`, `form`, …).
+    #[serde(flatten)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl MessageSource {
+    /// `{kind: "user"}`.
+    pub fn user() -> MessageSource {
+        MessageSource {
+            kind: "user".into(),
+            fields: Default::default(),
+        }
+    }
+
+    /// `{kind: "model", provider, model}`.
+    pub fn model(provider: &str, model: &str) -> MessageSource {
+        let mut fields = serde_json::Map::new();
+        fields.insert("provider".into(), provider.into());
+        fields.insert("model".into(), model.into());
+        MessageSource {
+            kind: "model".into(),
+            fields,
+        }
+    }
+
+    /// `{kind: "tool", callId}`.
+    pub fn tool(call_id: &str) -> MessageSource {
+        let mut fields = serde_json::Map::new();
+        fields.insert("callId".into(), call_id.into());
+        MessageSource {
+            kind: "tool".into(),
+            fields,
+        }
+    }
+
+    /// `{kind: "plugin", plugin}`.
+    pub fn plugin(plugin: &str) -> MessageSource {
+        let mut fields = serde_json::Map::new();
+        fields.insert("plugin".into(), plugin.into());
+        MessageSource {
+            kind: "plugin".into(),
+            fields,
+        }
+    }
+
+    /// A string field of the source (`provider`, `model`, `callId`, …).
+    pub fn field(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).and_then(|v| v.as_str())
+    }
+}
+
+/// One identified, immutable message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Stable identity.
+    pub id: String,
+    /// Role.
+    pub role: Role,
+    /// Exact model-facing blocks.
+    pub content: Vec<ContentBlock>,
+    /// Producer.
+    pub source: MessageSource,
+}
+
+impl Message {
+    /// A fresh message id (a UUID v4).
+    pub fn new_id() -> String {
+        uuid::Uuid::new_v4().to_string()
+    }
+
+    /// A user prompt with one text block.
+    pub fn user_text(text: impl Into<String>) -> Message {
+        Message {
+            id: Message::new_id(),
+            role: Role::User,
+            content: vec![ContentBlock::text(text)],
+            source: MessageSource::user(),
+        }
+    }
+
+    /// All text blocks joined (reasoning excluded).
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The tool calls in this message, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::ToolCall {
+                id,
+                name,
+                arguments,
+            } => Some((id.as_str(), name.as_str(), arguments.as_str())),
+            _ => None,
+        })
+    }
+}
+
+/// A shared, immutable message.
+pub type SharedMessage = Arc<Message>;
+
+/// Token accounting for one model call. Counts are disjoint: `input_tokens`
+/// is uncached input only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenUsage {
+    /// Uncached input tokens.
+    pub input_tokens: u64,
+    /// Output tokens (reasoning included).
+    pub output_tokens: u64,
+    /// Input served from cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<u64>,
+    /// Input written to cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<u64>,
+    /// Reasoning part of `output_tokens` (informational).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<u64>,
+}
+
+impl TokenUsage {
+    /// Billed input: uncached + cache reads + cache writes.
+    pub fn billed_input(&self) -> u64 {
+        self.input_tokens
+            + self.cache_read_tokens.unwrap_or(0)
+            + self.cache_write_tokens.unwrap_or(0)
+    }
+}
+
+/// A provider or transport failure, provider-neutral and serializable.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LlmFailure {
+    /// Human-readable description.
+    pub message: String,
+    /// Stable machine code (`RATE_LIMITED`, `AUTH`, `TIMEOUT`, …).
+    pub code: String,
+    /// HTTP status, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Provider-requested retry delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_retry_after_ms: Option<u64>,
+    /// Provider request id, for diagnostics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// Why a model response stopped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum FinishReason {
+    /// The model finished its answer.
+    Stop,
+    /// The model asked for tool calls.
+    ToolCalls,
+    /// The output-token ceiling was hit (tool calls are dropped).
+    MaxTokens,
+    /// The call was cancelled.
+    Aborted {
+        /// Details.
+        failure: LlmFailure,
+    },
+    /// The provider failed.
+    Error {
+        /// Details.
+        failure: LlmFailure,
+    },
+}
+
+/// Adapter-private replay state carried by a successful finish.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplayEnvelope {
+    /// Response-level metadata.
+    pub response: serde_json::Value,
+    /// One entry per emitted block, in first-seen order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks: Option<Vec<serde_json::Value>>,
+}
+
+/// The raw streaming protocol adapters emit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum StreamChunk {
+    /// A block opens at `index`.
+    BlockStart {
+        /// Block index.
+        index: u32,
+        /// Its type.
+        #[serde(rename = "blockType")]
+        block_type: BlockType,
+    },
+    /// Text for block `index`.
+    TextDelta {
+        /// Block index.
+        index: u32,
+        /// The delta.
+        text: String,
+    },
+    /// Reasoning for block `index`.
+    ReasoningDelta {
+        /// Block index.
+        index: u32,
+        /// The delta.
+        text: String,
+    },
+    /// A piece of a tool call's arguments.
+    ToolCallDelta {
+        /// Block index.
+        index: u32,
+        /// Call id.
+        id: CallId,
+        /// Tool name (usually on the first delta only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        /// Raw JSON fragment.
+        #[serde(rename = "argumentsDelta")]
+        arguments_delta: String,
+    },
+    /// Block `index` is complete.
+    BlockEnd {
+        /// Block index.
+        index: u32,
+        /// The assembled block.
+        block: ContentBlock,
+    },
+    /// Token accounting (before `finish`).
+    Usage {
+        /// The usage.
+        usage: TokenUsage,
+    },
+    /// End of stream.
+    Finish {
+        /// Why.
+        reason: FinishReason,
+        /// Replay metadata of a successful response.
+        #[serde(
+            rename = "replayState",
+            default,
+            skip_serializing_if = "Option::is_none"
+        )]
+        replay_state: Option<ReplayEnvelope>,
+    },
+}
+
+/// A tool as the model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSchema {
+    /// Tool name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub parameters: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_and_chunks_use_dsh_json_shapes() {
+        let call = ContentBlock::ToolCall {
+            id: "call_1".into(),
+            name: "bash".into(),
+            arguments: "{\"command\":\"ls\"}".into(),
+        };
+        assert_eq!(
+            serde_json::to_value(&call).unwrap(),
+            serde_json::json!({"type": "tool-call", "id": "call_1", "name": "bash", "arguments": "{\"command\":\"ls\"}"})
+        );
+        let chunk: StreamChunk = serde_json::from_value(serde_json::json!(
+            {"type": "tool-call-delta", "index": 1, "id": "c", "argumentsDelta": "{\""}
+        ))
+        .unwrap();
+        assert_eq!(
+            chunk,
+            StreamChunk::ToolCallDelta {
+                index: 1,
+                id: "c".into(),
+                name: None,
+                arguments_delta: "{\"".into()
+            }
+        );
+        let finish: StreamChunk =
+            serde_json::from_str(r#"{"type":"finish","reason":{"kind":"tool-calls"}}"#).unwrap();
+        assert_eq!(
+            finish,
+            StreamChunk::Finish {
+                reason: FinishReason::ToolCalls,
+                replay_state: None
+            }
+        );
+        let usage: TokenUsage = serde_json::from_str(
+            r#"{"inputTokens":3091,"outputTokens":23,"cacheReadTokens":0,"reasoningTokens":20}"#,
+        )
+        .unwrap();
+        assert_eq!(usage.billed_input(), 3091);
+        let source = MessageSource::model("deepseek-official", "deepseek-v4-flash");
+        assert_eq!(
+            serde_json::to_value(&source).unwrap(),
+            serde_json::json!({"kind": "model", "provider": "deepseek-official", "model": "deepseek-v4-flash"})
+        );
+    }
+}

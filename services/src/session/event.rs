@@ -1,0 +1,641 @@
+//! Session events: the envelope and the typed core vocabulary.
+//!
+//! Core event types are parsed into [`EventData`] variants once, at the
+//! boundary (append or load). Types contributed by plugins, and core types
+//! the runtime only carries (`agent/inbox/spliced`, `session/title`, …), are
+//! kept as [`EventData::Other`] with their JSON payload verbatim.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::llm::{LlmFailure, Message, Role, StreamChunk, TokenUsage};
+
+/// How a surface event joined the ordered surface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SurfaceOp {
+    /// Added at the tail.
+    Append,
+    /// Replaces surface nodes `start..=end` (by seq).
+    Replace {
+        /// First replaced node.
+        start: u64,
+        /// Last replaced node.
+        end: u64,
+    },
+}
+
+impl Serialize for SurfaceOp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            SurfaceOp::Append => s.serialize_str("append"),
+            SurfaceOp::Replace { start, end } => {
+                serde_json::json!({"op": "replace", "start": start, "end": end}).serialize(s)
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SurfaceOp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Replace {
+            op: String,
+            start: u64,
+            end: u64,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            Replace(Replace),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Name(n) if n == "append" => Ok(SurfaceOp::Append),
+            Raw::Name(n) => Err(serde::de::Error::custom(format!(
+                "unknown surfaceOp `{n}` (expected \"append\" or a replace object)"
+            ))),
+            Raw::Replace(r) if r.op == "replace" => Ok(SurfaceOp::Replace {
+                start: r.start,
+                end: r.end,
+            }),
+            Raw::Replace(r) => Err(serde::de::Error::custom(format!(
+                "unknown surfaceOp op `{}`",
+                r.op
+            ))),
+        }
+    }
+}
+
+/// Why a turn ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum TurnEndReason {
+    /// The model finished.
+    Completed,
+    /// Cancelled; `reason` is the cancel cause (`{kind: "user"}`, …).
+    Aborted {
+        /// Who cancelled.
+        #[serde(default = "legacy_cause")]
+        reason: Value,
+    },
+    /// Blocked by a policy.
+    Blocked,
+    /// The turn failed.
+    Error {
+        /// The structured failure.
+        error: LlmFailure,
+    },
+    /// A step hit the output-token ceiling.
+    MaxTokens,
+    /// Closed by crash recovery on reload.
+    Interrupted,
+}
+
+fn legacy_cause() -> Value {
+    serde_json::json!({"kind": "legacy"})
+}
+
+/// One entry of a `todo/write` snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TodoItem {
+    /// The task line.
+    pub content: String,
+    /// `pending`, `in_progress` or `completed`.
+    pub status: TodoStatus,
+}
+
+/// Lifecycle of a todo item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TodoStatus {
+    /// Not started.
+    Pending,
+    /// Being worked on.
+    InProgress,
+    /// Done.
+    Completed,
+}
+
+/// Internal failure identity of a tool result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolErrorId {
+    /// Error class name.
+    pub name: String,
+    /// Stable code (`INVALID_ARGS`, `UNKNOWN_TOOL`, `TIMEOUT`, …).
+    pub code: String,
+}
+
+/// Route metadata of a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestContext {
+    /// Provider route.
+    pub provider: String,
+    /// Model id.
+    pub model: String,
+    /// Context window, when advertised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+}
+
+/// The payload of one event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EventData {
+    /// `turn/start`.
+    TurnStart {
+        /// Turn number (1-based).
+        turn: u32,
+    },
+    /// `turn/end`.
+    TurnEnd {
+        /// Turn number.
+        turn: u32,
+        /// Why it ended.
+        reason: TurnEndReason,
+    },
+    /// `step/start`.
+    StepStart {
+        /// Turn number.
+        turn: u32,
+        /// Step number (1-based within the turn).
+        step: u32,
+    },
+    /// `step/end`.
+    StepEnd {
+        /// Turn number.
+        turn: u32,
+        /// Step number.
+        step: u32,
+    },
+    /// `user/message` (surface): a prompt or injected context.
+    UserMessage(Arc<Message>),
+    /// `assistant/chunk`: one raw stream chunk.
+    AssistantChunk {
+        /// Turn number.
+        turn: u32,
+        /// Step number.
+        step: u32,
+        /// The chunk.
+        chunk: StreamChunk,
+    },
+    /// `assistant/message` (surface): the assembled answer of one step.
+    AssistantMessage {
+        /// Turn number.
+        turn: u32,
+        /// Step number.
+        step: u32,
+        /// The message.
+        message: Arc<Message>,
+        /// Token accounting of the step.
+        usage: Option<TokenUsage>,
+        /// The delivered prefix of a cancelled stream.
+        interrupted: bool,
+    },
+    /// `tool/call`: one requested invocation, arguments unparsed.
+    ToolCall {
+        /// Turn number.
+        turn: u32,
+        /// Step number.
+        step: u32,
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// Raw JSON arguments.
+        arguments: String,
+    },
+    /// `tool/result` (surface).
+    ToolResult {
+        /// Turn number.
+        turn: u32,
+        /// Step number.
+        step: u32,
+        /// The user-role message with one `tool-result` block.
+        message: Arc<Message>,
+        /// Failure identity, for failed calls.
+        error: Option<ToolErrorId>,
+        /// Tool-private presentation data.
+        meta: Option<Value>,
+    },
+    /// `todo/write`: whole-list snapshot.
+    TodoWrite {
+        /// The list.
+        todos: Vec<TodoItem>,
+    },
+    /// `request/header`: the full request envelope for the next request.
+    RequestHeader {
+        /// The header (`config`, `system`, `tools`, …) as JSON.
+        header: Arc<Value>,
+        /// `initial`, `resume` or `change`.
+        reason: String,
+    },
+    /// `request/context`: route metadata.
+    RequestContext(RequestContext),
+    /// `session/end-seed`: the end of a constructor seed.
+    EndSeed,
+    /// Any other type, payload verbatim.
+    Other {
+        /// The event type.
+        kind: Arc<str>,
+        /// The payload.
+        data: Value,
+    },
+}
+
+/// Event types whose events produce model messages.
+pub fn is_surface_type(kind: &str) -> bool {
+    matches!(kind, "user/message" | "assistant/message" | "tool/result")
+}
+
+/// Core types that are carried as [`EventData::Other`] but are known (not
+/// "unknown" for the load-time refusal rule).
+pub const CARRIED_TYPES: &[&str] = &[
+    "agent/inbox/spliced",
+    "session/title",
+    "session/title-llm-request",
+    "llm/retry",
+    "llm/retry-started",
+    "approval/asked",
+    "approval/decided",
+    "approval/policy",
+    "sandbox/mode",
+    "permission/preset",
+    "plan/mode",
+    "goal/change",
+    "hook/invoked",
+    "hook/result",
+    "command/run",
+    "command/done",
+    "compaction/start",
+    "compaction/end",
+    "compaction/prune",
+    "compaction/summary",
+    "feedback/record",
+    "schedule/change",
+    "subagent/descriptor",
+    "agent-preset/selected",
+    "team/member",
+    "team/task",
+    "team/message/queued",
+    "team/message/delivered",
+    "tool/code-dispatch",
+    "tool/code-dispatch-start",
+    "tool-workflow/run-start",
+    "tool-workflow/run-end",
+    "tool-workflow/agent-start",
+    "tool-workflow/agent-end",
+    "web/deepseek-search-llm-request",
+];
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Turn {
+    turn: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TurnEnd {
+    turn: u32,
+    reason: TurnEndReason,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Step {
+    turn: u32,
+    step: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Chunk {
+    turn: u32,
+    step: u32,
+    chunk: StreamChunk,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Assistant {
+    turn: u32,
+    step: u32,
+    message: Message,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    usage: Option<TokenUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    interrupted: Option<bool>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Call {
+    turn: u32,
+    step: u32,
+    call_id: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResultData {
+    turn: u32,
+    step: u32,
+    message: Message,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<ToolErrorId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<Value>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Todos {
+    todos: Vec<TodoItem>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    header: Value,
+    reason: String,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(data: Value) -> Result<T, String> {
+    serde_json::from_value(data).map_err(|e| e.to_string())
+}
+
+fn role_check(message: &Message, want: Role, kind: &str) -> Result<(), String> {
+    if message.role != want {
+        return Err(format!(
+            "`{kind}` carries a {:?} message; expected role {want:?}",
+            message.role
+        ));
+    }
+    Ok(())
+}
+
+impl EventData {
+    /// The event type name, e.g. `tool/call`.
+    pub fn kind(&self) -> &str {
+        match self {
+            EventData::TurnStart { .. } => "turn/start",
+            EventData::TurnEnd { .. } => "turn/end",
+            EventData::StepStart { .. } => "step/start",
+            EventData::StepEnd { .. } => "step/end",
+            EventData::UserMessage(_) => "user/message",
+            EventData::AssistantChunk { .. } => "assistant/chunk",
+            EventData::AssistantMessage { .. } => "assistant/message",
+            EventData::ToolCall { .. } => "tool/call",
+            EventData::ToolResult { .. } => "tool/result",
+            EventData::TodoWrite { .. } => "todo/write",
+            EventData::RequestHeader { .. } => "request/header",
+            EventData::RequestContext(_) => "request/context",
+            EventData::EndSeed => "session/end-seed",
+            EventData::Other { kind, .. } => kind,
+        }
+    }
+
+    /// Whether this event produces a model message.
+    pub fn is_surface(&self) -> bool {
+        is_surface_type(self.kind())
+    }
+
+    /// The message a surface event projects, if any.
+    pub fn message(&self) -> Option<&Arc<Message>> {
+        match self {
+            EventData::UserMessage(m) => Some(m),
+            EventData::AssistantMessage { message, .. } | EventData::ToolResult { message, .. } => {
+                Some(message)
+            }
+            _ => None,
+        }
+    }
+
+    /// Parses a payload of type `kind`. Unknown types become
+    /// [`EventData::Other`]; the caller decides whether that is allowed.
+    pub fn from_parts(kind: &str, data: Value) -> Result<EventData, String> {
+        Ok(match kind {
+            "turn/start" => EventData::TurnStart {
+                turn: parse::<Turn>(data)?.turn,
+            },
+            "turn/end" => {
+                let t: TurnEnd = parse(data)?;
+                EventData::TurnEnd {
+                    turn: t.turn,
+                    reason: t.reason,
+                }
+            }
+            "step/start" | "step/end" => {
+                let s: Step = parse(data)?;
+                if kind == "step/start" {
+                    EventData::StepStart {
+                        turn: s.turn,
+                        step: s.step,
+                    }
+                } else {
+                    EventData::StepEnd {
+                        turn: s.turn,
+                        step: s.step,
+                    }
+                }
+            }
+            "user/message" => {
+                let m: Message = parse(data)?;
+                role_check(&m, Role::User, kind)?;
+                EventData::UserMessage(Arc::new(m))
+            }
+            "assistant/chunk" => {
+                let c: Chunk = parse(data)?;
+                EventData::AssistantChunk {
+                    turn: c.turn,
+                    step: c.step,
+                    chunk: c.chunk,
+                }
+            }
+            "assistant/message" => {
+                let a: Assistant = parse(data)?;
+                role_check(&a.message, Role::Assistant, kind)?;
+                if a.message.source.kind == "model"
+                    && (a.message.source.field("provider").is_none()
+                        || a.message.source.field("model").is_none())
+                {
+                    return Err(
+                        "`assistant/message` from a model must name its provider and model".into(),
+                    );
+                }
+                EventData::AssistantMessage {
+                    turn: a.turn,
+                    step: a.step,
+                    message: Arc::new(a.message),
+                    usage: a.usage,
+                    interrupted: a.interrupted.unwrap_or(false),
+                }
+            }
+            "tool/call" => {
+                let c: Call = parse(data)?;
+                EventData::ToolCall {
+                    turn: c.turn,
+                    step: c.step,
+                    call_id: c.call_id,
+                    name: c.name,
+                    arguments: c.arguments,
+                }
+            }
+            "tool/result" => {
+                let r: ResultData = parse(data)?;
+                role_check(&r.message, Role::User, kind)?;
+                EventData::ToolResult {
+                    turn: r.turn,
+                    step: r.step,
+                    message: Arc::new(r.message),
+                    error: r.error,
+                    meta: r.meta,
+                }
+            }
+            "todo/write" => EventData::TodoWrite {
+                todos: parse::<Todos>(data)?.todos,
+            },
+            "request/header" => {
+                let h: Header = parse(data)?;
+                if !h.header.is_object() || h.header.get("config").is_none() {
+                    return Err("`request/header` needs a `header` object with `config`".into());
+                }
+                EventData::RequestHeader {
+                    header: Arc::new(h.header),
+                    reason: h.reason,
+                }
+            }
+            "request/context" => EventData::RequestContext(parse(data)?),
+            "session/end-seed" => EventData::EndSeed,
+            other => EventData::Other {
+                kind: Arc::from(other),
+                data,
+            },
+        })
+    }
+
+    /// The JSON payload (`data`) of this event.
+    pub fn to_value(&self) -> Value {
+        let v = match self {
+            EventData::TurnStart { turn } => serde_json::to_value(Turn { turn: *turn }),
+            EventData::TurnEnd { turn, reason } => serde_json::to_value(TurnEnd {
+                turn: *turn,
+                reason: reason.clone(),
+            }),
+            EventData::StepStart { turn, step } | EventData::StepEnd { turn, step } => {
+                serde_json::to_value(Step {
+                    turn: *turn,
+                    step: *step,
+                })
+            }
+            EventData::UserMessage(m) => serde_json::to_value(m.as_ref()),
+            EventData::AssistantChunk { turn, step, chunk } => serde_json::to_value(Chunk {
+                turn: *turn,
+                step: *step,
+                chunk: chunk.clone(),
+            }),
+            EventData::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage,
+                interrupted,
+            } => serde_json::to_value(Assistant {
+                turn: *turn,
+                step: *step,
+                message: message.as_ref().clone(),
+                usage: *usage,
+                interrupted: interrupted.then_some(true),
+            }),
+            EventData::ToolCall {
+                turn,
+                step,
+                call_id,
+                name,
+                arguments,
+            } => serde_json::to_value(Call {
+                turn: *turn,
+                step: *step,
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            }),
+            EventData::ToolResult {
+                turn,
+                step,
+                message,
+                error,
+                meta,
+            } => serde_json::to_value(ResultData {
+                turn: *turn,
+                step: *step,
+                message: message.as_ref().clone(),
+                error: error.clone(),
+                meta: meta.clone(),
+            }),
+            EventData::TodoWrite { todos } => serde_json::to_value(Todos {
+                todos: todos.clone(),
+            }),
+            EventData::RequestHeader { header, reason } => serde_json::to_value(Header {
+                header: header.as_ref().clone(),
+                reason: reason.clone(),
+            }),
+            EventData::RequestContext(c) => serde_json::to_value(c),
+            EventData::EndSeed => Ok(serde_json::json!({})),
+            EventData::Other { data, .. } => Ok(data.clone()),
+        };
+        // Every payload type above serializes infallibly (plain data).
+        v.unwrap_or(Value::Null)
+    }
+}
+
+/// One immutable entry of the log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionEvent {
+    /// Position in the log (`seq` = log length before the append).
+    pub seq: u64,
+    /// Epoch milliseconds.
+    pub time: u64,
+    /// The payload.
+    pub data: EventData,
+    /// A reader that does not know the type may skip it.
+    pub ignorable: bool,
+    /// How a surface event joined the surface.
+    pub surface_op: Option<SurfaceOp>,
+    /// Earlier events this one cites.
+    pub source_event_seqs: Option<Vec<u64>>,
+}
+
+impl SessionEvent {
+    /// The event type.
+    pub fn kind(&self) -> &str {
+        self.data.kind()
+    }
+
+    /// The event as one JSON object, as stored in a `session.jsonl` line.
+    pub fn to_json(&self) -> Value {
+        let mut obj = serde_json::Map::new();
+        obj.insert("type".into(), Value::String(self.kind().to_owned()));
+        obj.insert("seq".into(), self.seq.into());
+        obj.insert("time".into(), self.time.into());
+        obj.insert("data".into(), self.data.to_value());
+        if self.ignorable {
+            obj.insert("ignorable".into(), Value::Bool(true));
+        }
+        if let Some(op) = &self.surface_op {
+            obj.insert(
+                "surfaceOp".into(),
+                serde_json::to_value(op).unwrap_or(Value::Null),
+            );
+        }
+        if let Some(seqs) = &self.source_event_seqs {
+            obj.insert("sourceEventSeqs".into(), seqs.clone().into());
+        }
+        Value::Object(obj)
+    }
+}

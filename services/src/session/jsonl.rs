@@ -1,0 +1,287 @@
+//! dsh's `session.jsonl` text format: a header line, then one event per line.
+//!
+//! The reader also accepts what the upstream harness writes: packed chunk
+//! rows (`text-chunks`, `reasoning-chunks`, `tool-call-chunks`: a run of
+//! delta chunks on one line, expanded back into one `assistant/chunk` event
+//! each) and lines without `seq`/`time` (recorded fixtures), whose seq is
+//! their position. Every refusal names the line.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::event::{CARRIED_TYPES, EventData, SessionEvent, SurfaceOp};
+use super::log::{SESSION_FORMAT_VERSION, SessionHeader};
+use crate::llm::StreamChunk;
+
+/// Why a log could not be loaded.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LoadError {
+    /// The text holds no header line.
+    #[error("the log is empty (no session header)")]
+    Empty,
+    /// The first line is not a session header.
+    #[error("line 1: not a session header: {0}")]
+    Header(String),
+    /// The format version is not the one this build reads.
+    #[error(
+        "line 1: format version {found} was written by {direction} dsh; this build reads version {expected}"
+    )]
+    Version {
+        /// Version in the file.
+        found: u32,
+        /// Version this build reads.
+        expected: u32,
+        /// `a newer` or `an older`.
+        direction: &'static str,
+    },
+    /// The last line is cut off (a crash mid-write); every line before it is good.
+    #[error(
+        "line {line}: the last line is incomplete (torn write); {good} events before it are intact"
+    )]
+    TornTail {
+        /// The torn line.
+        line: usize,
+        /// Events read before it.
+        good: usize,
+    },
+    /// A line is not valid.
+    #[error("line {line}: {reason}")]
+    Line {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    seq: Option<u64>,
+    #[serde(default)]
+    time: Option<u64>,
+    #[serde(default)]
+    data: Value,
+    #[serde(default)]
+    ignorable: Option<bool>,
+    #[serde(default, rename = "surfaceOp")]
+    surface_op: Option<SurfaceOp>,
+    #[serde(default, rename = "sourceEventSeqs")]
+    source_event_seqs: Option<Vec<u64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Packed {
+    turn: u32,
+    step: u32,
+    index: u32,
+    #[serde(default)]
+    dt: Vec<u64>,
+    #[serde(default)]
+    texts: Vec<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    seq0: Option<u64>,
+    #[serde(default)]
+    time0: Option<u64>,
+}
+
+/// Parses a whole `session.jsonl` text.
+pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError> {
+    let torn_tail = !text.is_empty() && !text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut numbered = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, first)) = numbered.next() else {
+        return Err(LoadError::Empty);
+    };
+    let header = parse_header(first)?;
+    let last_line = lines.len();
+    let mut events: Vec<SessionEvent> = Vec::new();
+    for (i, line) in numbered {
+        let n = i + 1;
+        let envelope: Envelope = match serde_json::from_str(line) {
+            Ok(e) => e,
+            Err(e) => {
+                if torn_tail && n == last_line {
+                    return Err(LoadError::TornTail {
+                        line: n,
+                        good: events.len(),
+                    });
+                }
+                return Err(LoadError::Line {
+                    line: n,
+                    reason: format!("not a JSON event: {e}"),
+                });
+            }
+        };
+        let fail = |reason: String| LoadError::Line { line: n, reason };
+        let prev_time = events.last().map(|e| e.time).unwrap_or(0);
+        match envelope.kind.as_str() {
+            "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => {
+                let packed: Packed = serde_json::from_value(envelope.data)
+                    .map_err(|e| fail(format!("bad `{}` row: {e}", envelope.kind)))?;
+                expand(&envelope.kind, packed, &mut events, prev_time).map_err(fail)?;
+            }
+            _ => {
+                let expected = events.len() as u64;
+                if let Some(seq) = envelope.seq
+                    && seq != expected
+                {
+                    return Err(fail(format!(
+                        "seq {seq} where {expected} was expected (the log must be contiguous)"
+                    )));
+                }
+                let kind = envelope.kind;
+                let ignorable = envelope.ignorable.unwrap_or(false);
+                let data = EventData::from_parts(&kind, envelope.data)
+                    .map_err(|e| fail(format!("`{kind}` event: {e}")))?;
+                if let EventData::Other { kind, .. } = &data
+                    && !ignorable
+                    && !CARRIED_TYPES.contains(&kind.as_ref())
+                {
+                    return Err(fail(format!(
+                        "unknown event type `{kind}` is not marked ignorable; refusing to load a log this build cannot interpret"
+                    )));
+                }
+                events.push(SessionEvent {
+                    seq: expected,
+                    time: envelope.time.unwrap_or(prev_time),
+                    data,
+                    ignorable,
+                    surface_op: envelope.surface_op,
+                    source_event_seqs: envelope.source_event_seqs,
+                });
+            }
+        }
+    }
+    Ok((header, events))
+}
+
+fn parse_header(line: &str) -> Result<SessionHeader, LoadError> {
+    let value: Value = serde_json::from_str(line).map_err(|e| LoadError::Header(e.to_string()))?;
+    if value.get("type").and_then(Value::as_str) != Some("session") {
+        return Err(LoadError::Header(
+            "the first line must have `\"type\": \"session\"`".into(),
+        ));
+    }
+    if let Some(found) = value.get("version").and_then(Value::as_u64) {
+        let found = found as u32;
+        if found != SESSION_FORMAT_VERSION {
+            return Err(LoadError::Version {
+                found,
+                expected: SESSION_FORMAT_VERSION,
+                direction: if found > SESSION_FORMAT_VERSION {
+                    "a newer"
+                } else {
+                    "an older"
+                },
+            });
+        }
+    }
+    let mut obj = value;
+    if let Some(map) = obj.as_object_mut() {
+        map.remove("type");
+    }
+    serde_json::from_value(obj).map_err(|e| LoadError::Header(e.to_string()))
+}
+
+fn expand(
+    kind: &str,
+    p: Packed,
+    events: &mut Vec<SessionEvent>,
+    prev_time: u64,
+) -> Result<(), String> {
+    let pieces = if kind == "tool-call-chunks" {
+        &p.args
+    } else {
+        &p.texts
+    };
+    if pieces.is_empty() {
+        return Err(format!("`{kind}` row holds no chunks"));
+    }
+    if !p.dt.is_empty() && p.dt.len() + 1 != pieces.len() && p.dt.len() != pieces.len() {
+        return Err(format!(
+            "`{kind}` row has {} time deltas for {} chunks",
+            p.dt.len(),
+            pieces.len()
+        ));
+    }
+    let first_seq = events.len() as u64;
+    if let Some(seq0) = p.seq0
+        && seq0 != first_seq
+    {
+        return Err(format!(
+            "`{kind}` row starts at seq {seq0} where {first_seq} was expected"
+        ));
+    }
+    let call_id = match (kind, &p.id) {
+        ("tool-call-chunks", None) => return Err("`tool-call-chunks` row has no call `id`".into()),
+        (_, id) => id.clone().unwrap_or_default(),
+    };
+    // With one delta fewer than chunks, dt[i] separates chunk i and i+1.
+    let offset = usize::from(p.dt.len() == pieces.len());
+    let mut time = p.time0.unwrap_or(prev_time);
+    for (i, piece) in pieces.iter().enumerate() {
+        if i > 0 {
+            time += p.dt.get(i - 1 + offset).copied().unwrap_or(0);
+        } else if offset == 1 {
+            time += p.dt.first().copied().unwrap_or(0);
+        }
+        let chunk = match kind {
+            "text-chunks" => StreamChunk::TextDelta {
+                index: p.index,
+                text: piece.clone(),
+            },
+            "reasoning-chunks" => StreamChunk::ReasoningDelta {
+                index: p.index,
+                text: piece.clone(),
+            },
+            _ => StreamChunk::ToolCallDelta {
+                index: p.index,
+                id: call_id.clone(),
+                name: if i == 0 { p.name.clone() } else { None },
+                arguments_delta: piece.clone(),
+            },
+        };
+        events.push(SessionEvent {
+            seq: events.len() as u64,
+            time,
+            data: EventData::AssistantChunk {
+                turn: p.turn,
+                step: p.step,
+                chunk,
+            },
+            ignorable: false,
+            surface_op: None,
+            source_event_seqs: None,
+        });
+    }
+    Ok(())
+}
+
+/// Renders a header and events as `session.jsonl` text (one event per line).
+pub fn render(header: &SessionHeader, events: &[impl AsRef<SessionEvent>]) -> String {
+    let mut out = String::new();
+    let mut h = serde_json::to_value(header).unwrap_or(Value::Null);
+    if let Some(map) = h.as_object_mut() {
+        map.insert("type".into(), Value::String("session".into()));
+    }
+    out.push_str(&h.to_string());
+    out.push('\n');
+    for e in events {
+        out.push_str(&e.as_ref().to_json().to_string());
+        out.push('\n');
+    }
+    out
+}

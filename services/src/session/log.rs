@@ -1,0 +1,405 @@
+//! The in-memory session log: append with surface validation, the ordered
+//! surface, incremental `derive_messages`, the request-header fold and forks.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::event::{EventData, RequestContext, SessionEvent, SurfaceOp};
+use crate::llm::Message;
+
+/// The on-disk format version this build reads and writes.
+pub const SESSION_FORMAT_VERSION: u32 = 0;
+
+/// Creation metadata of a session (the first line of a `session.jsonl`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionHeader {
+    /// Format version.
+    pub version: u32,
+    /// Session id.
+    pub id: String,
+    /// Creation time, epoch ms.
+    pub created_at: u64,
+    /// Working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// The session this one was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_session: Option<String>,
+    /// Number of events inherited from the parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_length: Option<u64>,
+    /// Free-form origin (which tool or workflow created it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Value>,
+    /// 0 for a top-level session, +1 per delegation.
+    pub delegation_depth: u32,
+    /// Preset the session was composed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_preset: Option<String>,
+}
+
+impl SessionHeader {
+    /// A header for a fresh top-level session.
+    pub fn new(id: impl Into<String>, cwd: Option<String>) -> SessionHeader {
+        SessionHeader {
+            version: SESSION_FORMAT_VERSION,
+            id: id.into(),
+            created_at: dsh_supervisors::tree::now_ms(),
+            cwd,
+            parent_session: None,
+            seed_length: None,
+            origin: None,
+            delegation_depth: 0,
+            agent_preset: None,
+        }
+    }
+}
+
+/// Why an append (or a seed) was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SessionError {
+    /// The surface metadata is missing, misplaced or inconsistent.
+    #[error("event {seq} (`{kind}`): {reason}")]
+    Surface {
+        /// The seq the event would have had.
+        seq: u64,
+        /// Its type.
+        kind: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A seed event does not sit at its position.
+    #[error("seed event at position {position} has seq {seq}; seqs must be contiguous from 0")]
+    Discontiguous {
+        /// Position in the seed.
+        position: u64,
+        /// The seq it carries.
+        seq: u64,
+    },
+    /// A fork boundary falls inside an open turn or outside the log.
+    #[error("cannot fork at seq {boundary}: {reason}")]
+    Fork {
+        /// Requested boundary.
+        boundary: u64,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The live surface: surface event seqs in model-visible order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Surface {
+    /// Node seqs, in order.
+    pub nodes: Vec<u64>,
+    /// Count of committed replacements.
+    pub replace_generation: u64,
+}
+
+/// An append-only session log and its projections.
+#[derive(Clone, Debug)]
+pub struct SessionLog {
+    header: SessionHeader,
+    events: Vec<Arc<SessionEvent>>,
+    surface: Surface,
+    first_live_seq: u64,
+    derived: Vec<Arc<Message>>,
+    derived_nodes: usize,
+    derived_generation: u64,
+    request_header: Option<Arc<Value>>,
+    request_context: Option<RequestContext>,
+}
+
+impl SessionLog {
+    /// An empty session.
+    pub fn new(header: SessionHeader) -> SessionLog {
+        SessionLog {
+            header,
+            events: Vec::new(),
+            surface: Surface::default(),
+            first_live_seq: 0,
+            derived: Vec::new(),
+            derived_nodes: 0,
+            derived_generation: 0,
+            request_header: None,
+            request_context: None,
+        }
+    }
+
+    /// A session continuing `seed` (resume, fork or replay). Every seed event
+    /// is validated as if appended; a `session/end-seed` marker is appended
+    /// unless the seed already ends with one.
+    pub fn from_seed(
+        header: SessionHeader,
+        seed: Vec<SessionEvent>,
+        now_ms: u64,
+    ) -> Result<SessionLog, SessionError> {
+        let mut log = SessionLog::new(header);
+        for (position, event) in seed.into_iter().enumerate() {
+            if event.seq != position as u64 {
+                return Err(SessionError::Discontiguous {
+                    position: position as u64,
+                    seq: event.seq,
+                });
+            }
+            log.admit(event)?;
+        }
+        log.first_live_seq = log.events.len() as u64;
+        let ends_marked = log
+            .events
+            .last()
+            .is_some_and(|e| matches!(e.data, EventData::EndSeed));
+        if !ends_marked {
+            log.append(EventData::EndSeed, None, now_ms)?;
+        }
+        Ok(log)
+    }
+
+    /// The header.
+    pub fn header(&self) -> &SessionHeader {
+        &self.header
+    }
+
+    /// Every event, in seq order.
+    pub fn events(&self) -> &[Arc<SessionEvent>] {
+        &self.events
+    }
+
+    /// The next seq (= the log length).
+    pub fn next_seq(&self) -> u64 {
+        self.events.len() as u64
+    }
+
+    /// The first seq written by this lifecycle (the seed length).
+    pub fn first_live_seq(&self) -> u64 {
+        self.first_live_seq
+    }
+
+    /// The live surface.
+    pub fn surface(&self) -> &Surface {
+        &self.surface
+    }
+
+    /// Appends one event at `seq = len`, after validating its surface
+    /// metadata. Returns the committed event.
+    pub fn append(
+        &mut self,
+        data: EventData,
+        intent: Option<SurfaceIntent>,
+        time: u64,
+    ) -> Result<Arc<SessionEvent>, SessionError> {
+        let (surface_op, source_event_seqs) = match intent {
+            Some(i) => (Some(i.surface_op), i.source_event_seqs),
+            None => (None, None),
+        };
+        let event = SessionEvent {
+            seq: self.next_seq(),
+            time,
+            data,
+            ignorable: false,
+            surface_op,
+            source_event_seqs,
+        };
+        self.admit(event)
+    }
+
+    /// Validates and commits a fully formed event whose seq is the next one.
+    fn admit(&mut self, event: SessionEvent) -> Result<Arc<SessionEvent>, SessionError> {
+        let seq = event.seq;
+        let fail = |reason: String| SessionError::Surface {
+            seq,
+            kind: event.kind().to_owned(),
+            reason,
+        };
+        let surface_type = event.data.is_surface();
+        match (&event.surface_op, surface_type) {
+            (None, true) => {
+                return Err(fail(
+                    "a message-producing event must declare its surfaceOp".into(),
+                ));
+            }
+            (Some(_), false) => {
+                return Err(fail(
+                    "only user/message, assistant/message and tool/result may carry a surfaceOp"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
+        if !surface_type && event.source_event_seqs.is_some() {
+            return Err(fail(
+                "only message-producing events may cite sourceEventSeqs".into(),
+            ));
+        }
+        if let Some(seqs) = &event.source_event_seqs {
+            if seqs.is_empty() && !matches!(event.data, EventData::AssistantMessage { .. }) {
+                return Err(fail(
+                    "sourceEventSeqs may be empty only on assistant/message".into(),
+                ));
+            }
+            let mut seen = HashSet::with_capacity(seqs.len());
+            for s in seqs {
+                if *s >= seq {
+                    return Err(fail(format!(
+                        "sourceEventSeqs cites {s}, which is not an earlier event"
+                    )));
+                }
+                if !seen.insert(*s) {
+                    return Err(fail(format!("sourceEventSeqs cites {s} twice")));
+                }
+            }
+        }
+        // Surface transition, validated before anything changes.
+        let mut replaced = None;
+        if let Some(SurfaceOp::Replace { start, end }) = event.surface_op {
+            let pos = |n: u64| self.surface.nodes.iter().position(|x| *x == n);
+            let (Some(a), Some(b)) = (pos(start), pos(end)) else {
+                return Err(fail(format!(
+                    "replace range {start}..={end} names a seq that is not on the surface"
+                )));
+            };
+            if a > b {
+                return Err(fail(format!(
+                    "replace range {start}..={end} runs backwards on the surface"
+                )));
+            }
+            let shadowed = &self.surface.nodes[a..=b];
+            let cited: HashSet<u64> = event.source_event_seqs.iter().flatten().copied().collect();
+            if let Some(missing) = shadowed.iter().find(|n| !cited.contains(n)) {
+                return Err(fail(format!(
+                    "replace shadows node {missing} but sourceEventSeqs does not cite it"
+                )));
+            }
+            replaced = Some((a, b));
+        }
+        match replaced {
+            Some((a, b)) => {
+                self.surface.nodes.splice(a..=b, [seq]);
+                self.surface.replace_generation += 1;
+            }
+            None if surface_type => self.surface.nodes.push(seq),
+            None => {}
+        }
+        match &event.data {
+            EventData::RequestHeader { header, .. } => self.request_header = Some(header.clone()),
+            EventData::RequestContext(c) => self.request_context = Some(c.clone()),
+            _ => {}
+        }
+        let event = Arc::new(event);
+        self.events.push(event.clone());
+        Ok(event)
+    }
+
+    /// The model-visible history: one message per surface node, in order,
+    /// shared (never copied). Each node is projected once; only a surface
+    /// replacement rebuilds. Empty assistant messages are skipped.
+    pub fn derive_messages(&mut self) -> Vec<Arc<Message>> {
+        if self.derived_generation != self.surface.replace_generation {
+            self.derived.clear();
+            self.derived_nodes = 0;
+            self.derived_generation = self.surface.replace_generation;
+        }
+        for &seq in &self.surface.nodes[self.derived_nodes..] {
+            if let Some(m) = self
+                .events
+                .get(seq as usize)
+                .and_then(|e| derive_event_message(e))
+            {
+                self.derived.push(m);
+            }
+        }
+        self.derived_nodes = self.surface.nodes.len();
+        self.derived.clone()
+    }
+
+    /// The request header in force (the latest `request/header` snapshot).
+    pub fn request_header(&self) -> Option<&Arc<Value>> {
+        self.request_header.as_ref()
+    }
+
+    /// The latest route metadata.
+    pub fn request_context(&self) -> Option<&RequestContext> {
+        self.request_context.as_ref()
+    }
+
+    /// The events through `boundary` (inclusive; default: the last event),
+    /// for seeding a fork. Refused when the prefix ends inside an open turn.
+    pub fn fork_prefix(&self, boundary: Option<u64>) -> Result<Vec<SessionEvent>, SessionError> {
+        let Some(last) = self.events.len().checked_sub(1) else {
+            return Ok(Vec::new());
+        };
+        let boundary = boundary.unwrap_or(last as u64);
+        if boundary as usize > last {
+            return Err(SessionError::Fork {
+                boundary,
+                reason: format!("the log ends at seq {last}"),
+            });
+        }
+        let prefix = &self.events[..=boundary as usize];
+        if let Some(turn) = open_turn(prefix) {
+            return Err(SessionError::Fork {
+                boundary,
+                reason: format!("turn {turn} is still open there; fork at a turn boundary"),
+            });
+        }
+        Ok(prefix.iter().map(|e| e.as_ref().clone()).collect())
+    }
+
+    /// The turn still open at the end of the log, if any.
+    pub fn open_turn(&self) -> Option<u32> {
+        open_turn(&self.events)
+    }
+}
+
+/// The turn a prefix leaves open.
+fn open_turn(events: &[Arc<SessionEvent>]) -> Option<u32> {
+    let mut open = None;
+    for e in events {
+        match e.data {
+            EventData::TurnStart { turn } => open = Some(turn),
+            EventData::TurnEnd { turn, .. } if open == Some(turn) => open = None,
+            _ => {}
+        }
+    }
+    open
+}
+
+/// The message one surface event projects (`None` for others and for an
+/// empty assistant message).
+pub fn derive_event_message(event: &SessionEvent) -> Option<Arc<Message>> {
+    let m = event.data.message()?;
+    if matches!(event.data, EventData::AssistantMessage { .. }) && m.content.is_empty() {
+        return None;
+    }
+    Some(m.clone())
+}
+
+/// Surface placement of a message-producing append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SurfaceIntent {
+    /// How it joins the surface.
+    pub surface_op: SurfaceOp,
+    /// The earlier events it cites.
+    pub source_event_seqs: Option<Vec<u64>>,
+}
+
+impl SurfaceIntent {
+    /// Tail append citing nothing.
+    pub fn append() -> SurfaceIntent {
+        SurfaceIntent {
+            surface_op: SurfaceOp::Append,
+            source_event_seqs: None,
+        }
+    }
+
+    /// Tail append citing `seqs`.
+    pub fn append_citing(seqs: Vec<u64>) -> SurfaceIntent {
+        SurfaceIntent {
+            surface_op: SurfaceOp::Append,
+            source_event_seqs: Some(seqs),
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The session log: dsh's typed, append-only event vocabulary, the ordered
+//! surface and the history derived from it, and the `session.jsonl` format.
+//!
+//! Invariants: `seq` equals the log length before the append; committed
+//! events are `Arc`-shared and never mutated; only message-producing events
+//! (`user/message`, `assistant/message`, `tool/result`) carry surface
+//! metadata, and the surface is the sole source of derived model history.
+
+mod event;
+pub mod jsonl;
+mod log;
+
+pub use event::{
+    CARRIED_TYPES, EventData, RequestContext, SessionEvent, SurfaceOp, TodoItem, TodoStatus,
+    ToolErrorId, TurnEndReason, is_surface_type,
+};
+pub use log::{
+    SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface, SurfaceIntent,
+    derive_event_message,
+};

@@ -1,0 +1,411 @@
+//! The session log: append validation, surface ops, derived history, forks,
+//! the jsonl format, and the upstream harness's recorded logs.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dsh_services::llm::{ContentBlock, Message, MessageSource, Role, StreamChunk};
+use dsh_services::session::jsonl::{self, LoadError};
+use dsh_services::session::{
+    EventData, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, SurfaceOp,
+    TurnEndReason,
+};
+
+fn header() -> SessionHeader {
+    SessionHeader::new("s-1", Some("/work".into()))
+}
+
+fn user(text: &str) -> EventData {
+    EventData::UserMessage(Arc::new(Message::user_text(text)))
+}
+
+fn assistant(turn: u32, step: u32, text: &str) -> EventData {
+    EventData::AssistantMessage {
+        turn,
+        step,
+        message: Arc::new(Message {
+            id: Message::new_id(),
+            role: Role::Assistant,
+            content: if text.is_empty() {
+                vec![]
+            } else {
+                vec![ContentBlock::text(text)]
+            },
+            source: MessageSource::model("scripted", "echo"),
+        }),
+        usage: None,
+        interrupted: false,
+    }
+}
+
+/// One complete text turn; returns the seq of its user message.
+fn text_turn(log: &mut SessionLog, turn: u32, prompt: &str, answer: &str) -> u64 {
+    log.append(EventData::TurnStart { turn }, None, 1).unwrap();
+    log.append(EventData::StepStart { turn, step: 1 }, None, 1)
+        .unwrap();
+    let u = log
+        .append(user(prompt), Some(SurfaceIntent::append()), 1)
+        .unwrap()
+        .seq;
+    log.append(
+        assistant(turn, 1, answer),
+        Some(SurfaceIntent::append_citing(vec![])),
+        1,
+    )
+    .unwrap();
+    log.append(EventData::StepEnd { turn, step: 1 }, None, 1)
+        .unwrap();
+    log.append(
+        EventData::TurnEnd {
+            turn,
+            reason: TurnEndReason::Completed,
+        },
+        None,
+        1,
+    )
+    .unwrap();
+    u
+}
+
+#[test]
+fn seq_is_the_log_length_and_surface_metadata_is_enforced() {
+    let mut log = SessionLog::new(header());
+    let e = log
+        .append(EventData::TurnStart { turn: 1 }, None, 5)
+        .unwrap();
+    assert_eq!((e.seq, e.time), (0, 5));
+    let missing = log.append(user("hi"), None, 5).unwrap_err();
+    assert_eq!(
+        missing.to_string(),
+        "event 1 (`user/message`): a message-producing event must declare its surfaceOp"
+    );
+    let misplaced = log
+        .append(
+            EventData::StepStart { turn: 1, step: 1 },
+            Some(SurfaceIntent::append()),
+            5,
+        )
+        .unwrap_err();
+    assert!(
+        misplaced
+            .to_string()
+            .contains("only user/message, assistant/message and tool/result")
+    );
+    let future = log
+        .append(user("hi"), Some(SurfaceIntent::append_citing(vec![7])), 5)
+        .unwrap_err();
+    assert!(
+        future
+            .to_string()
+            .contains("cites 7, which is not an earlier event"),
+        "{future}"
+    );
+    let empty = log
+        .append(user("hi"), Some(SurfaceIntent::append_citing(vec![])), 5)
+        .unwrap_err();
+    assert!(
+        empty
+            .to_string()
+            .contains("may be empty only on assistant/message")
+    );
+    assert_eq!(log.next_seq(), 1, "refused appends write nothing");
+}
+
+#[test]
+fn derived_history_is_shared_incremental_and_skips_empty_assistant_messages() {
+    let mut log = SessionLog::new(header());
+    text_turn(&mut log, 1, "one", "first");
+    let first = log.derive_messages();
+    assert_eq!(first.len(), 2);
+    text_turn(&mut log, 2, "two", "");
+    let second = log.derive_messages();
+    assert_eq!(
+        second.len(),
+        3,
+        "the empty assistant message is not history"
+    );
+    assert!(
+        Arc::ptr_eq(&first[0], &second[0]),
+        "messages are shared, not rebuilt"
+    );
+    let EventData::UserMessage(logged) = &log.events()[8].data else {
+        panic!("expected the second prompt")
+    };
+    assert!(Arc::ptr_eq(logged, &second[2]));
+    assert_eq!(first.len(), 2, "an earlier snapshot does not grow");
+    let roles: Vec<Role> = second.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::User, Role::Assistant, Role::User]);
+}
+
+#[test]
+fn replace_shadows_a_cited_range_and_rebuilds_history() {
+    let mut log = SessionLog::new(header());
+    let u1 = text_turn(&mut log, 1, "one", "first");
+    text_turn(&mut log, 2, "two", "second");
+    assert_eq!(log.derive_messages().len(), 4);
+    let nodes = log.surface().nodes.clone();
+    let summary = EventData::UserMessage(Arc::new(Message {
+        id: Message::new_id(),
+        role: Role::User,
+        content: vec![ContentBlock::text("summary of turn 1")],
+        source: MessageSource::plugin("compaction"),
+    }));
+    // Must cite every shadowed node.
+    let partial = SurfaceIntent {
+        surface_op: SurfaceOp::Replace {
+            start: nodes[0],
+            end: nodes[1],
+        },
+        source_event_seqs: Some(vec![nodes[0]]),
+    };
+    let err = log.append(summary.clone(), Some(partial), 9).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("shadows node {}", nodes[1])),
+        "{err}"
+    );
+    let bad_range = SurfaceIntent {
+        surface_op: SurfaceOp::Replace { start: 2, end: 5 },
+        source_event_seqs: Some(vec![2, 3, 4, 5]),
+    };
+    assert!(
+        log.append(summary.clone(), Some(bad_range), 9)
+            .unwrap_err()
+            .to_string()
+            .contains("not on the surface")
+    );
+    let ok = SurfaceIntent {
+        surface_op: SurfaceOp::Replace {
+            start: nodes[0],
+            end: nodes[1],
+        },
+        source_event_seqs: Some(vec![nodes[0], nodes[1]]),
+    };
+    let replaced = log.append(summary, Some(ok), 9).unwrap();
+    assert_eq!(log.surface().nodes, [replaced.seq, nodes[2], nodes[3]]);
+    assert_eq!(log.surface().replace_generation, 1);
+    let history = log.derive_messages();
+    assert_eq!(history.len(), 3);
+    assert_eq!(history[0].text(), "summary of turn 1");
+    assert_eq!(u1, nodes[0]);
+}
+
+#[test]
+fn forks_only_at_turn_boundaries_and_seeds_end_with_a_marker() {
+    let mut log = SessionLog::new(header());
+    text_turn(&mut log, 1, "one", "first");
+    let boundary = log.next_seq() - 1;
+    log.append(EventData::TurnStart { turn: 2 }, None, 1)
+        .unwrap();
+    let open = log.fork_prefix(None).unwrap_err();
+    assert_eq!(
+        open.to_string(),
+        format!(
+            "cannot fork at seq {}: turn 2 is still open there; fork at a turn boundary",
+            boundary + 1
+        )
+    );
+    assert!(matches!(
+        log.fork_prefix(Some(99)),
+        Err(SessionError::Fork { .. })
+    ));
+    let prefix = log.fork_prefix(Some(boundary)).unwrap();
+    assert_eq!(prefix.len() as u64, boundary + 1);
+    let mut child = SessionLog::from_seed(header(), prefix, 42).unwrap();
+    assert_eq!(child.first_live_seq(), boundary + 1);
+    assert!(matches!(
+        child.events().last().unwrap().data,
+        EventData::EndSeed
+    ));
+    assert_eq!(child.derive_messages().len(), 2);
+    // Reopening an untouched session does not add a second marker.
+    let again = SessionLog::from_seed(header(), child.fork_prefix(None).unwrap(), 43).unwrap();
+    assert_eq!(again.events().len(), child.events().len());
+    // A seed with a gap is refused.
+    let mut gap = log.fork_prefix(Some(boundary)).unwrap();
+    gap.remove(1);
+    assert!(matches!(
+        SessionLog::from_seed(header(), gap, 1),
+        Err(SessionError::Discontiguous {
+            position: 1,
+            seq: 2
+        })
+    ));
+}
+
+#[test]
+fn jsonl_round_trips_and_refuses_what_it_cannot_interpret() {
+    let mut log = SessionLog::new(header());
+    text_turn(&mut log, 1, "one", "first");
+    log.append(
+        EventData::AssistantChunk {
+            turn: 2,
+            step: 1,
+            chunk: StreamChunk::TextDelta {
+                index: 0,
+                text: "x".into(),
+            },
+        },
+        None,
+        3,
+    )
+    .unwrap();
+    let text = jsonl::render(log.header(), log.events());
+    let (h, events) = jsonl::parse(&text).unwrap();
+    assert_eq!(&h, log.header());
+    let original: Vec<SessionEvent> = log.events().iter().map(|e| e.as_ref().clone()).collect();
+    assert_eq!(events, original);
+
+    let newer = text.replacen("\"version\":0", "\"version\":3", 1);
+    assert_eq!(
+        jsonl::parse(&newer).unwrap_err().to_string(),
+        "line 1: format version 3 was written by a newer dsh; this build reads version 0"
+    );
+    let torn = &text[..text.len() - 10];
+    assert_eq!(
+        jsonl::parse(torn).unwrap_err(),
+        LoadError::TornTail { line: 8, good: 6 }
+    );
+    let unknown =
+        format!("{text}{{\"type\":\"plugin/thing\",\"seq\":7,\"time\":1,\"data\":{{}}}}\n");
+    assert!(
+        jsonl::parse(&unknown)
+            .unwrap_err()
+            .to_string()
+            .starts_with("line 9: unknown event type `plugin/thing` is not marked ignorable")
+    );
+    let skippable = format!(
+        "{text}{{\"type\":\"plugin/thing\",\"seq\":7,\"time\":1,\"data\":{{}},\"ignorable\":true}}\n"
+    );
+    assert_eq!(jsonl::parse(&skippable).unwrap().1.len(), 8);
+    let gap = text.replacen("\"seq\":3", "\"seq\":4", 1);
+    assert_eq!(
+        jsonl::parse(&gap).unwrap_err().to_string(),
+        "line 5: seq 4 where 3 was expected (the log must be contiguous)"
+    );
+    let bad_payload =
+        format!("{text}{{\"type\":\"tool/call\",\"seq\":7,\"time\":1,\"data\":{{\"turn\":1}}}}\n");
+    assert!(
+        jsonl::parse(&bad_payload)
+            .unwrap_err()
+            .to_string()
+            .starts_with("line 9: `tool/call` event: missing field")
+    );
+}
+
+fn conformance_dir() -> PathBuf {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/dsh-sessions");
+    assert!(
+        dir.is_dir(),
+        "the conformance recordings are missing at {}",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn every_upstream_recording_loads_and_derives() {
+    let mut logs = 0;
+    for scenario in std::fs::read_dir(conformance_dir()).unwrap() {
+        let scenario = scenario.unwrap().path();
+        if !scenario.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(&scenario).unwrap() {
+            let path = file.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if !(name.starts_with("session") && name.ends_with(".jsonl")) {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let (header, events) =
+                jsonl::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let count = events.len();
+            let mut log = SessionLog::from_seed(header, events, 0)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let messages = log.derive_messages();
+            let turns = log
+                .events()
+                .iter()
+                .filter(|e| e.kind() == "turn/start")
+                .count();
+            assert!(turns == 0 || !messages.is_empty(), "{}", path.display());
+            assert_eq!(log.first_live_seq() as usize, count);
+            // Every tool call has its result, unless its turn was cancelled.
+            let calls: Vec<String> = log
+                .events()
+                .iter()
+                .filter_map(|e| match &e.data {
+                    EventData::ToolCall { call_id, .. } => Some(call_id.clone()),
+                    _ => None,
+                })
+                .collect();
+            let aborted = log.events().iter().any(|e| {
+                matches!(
+                    &e.data,
+                    EventData::TurnEnd {
+                        reason: TurnEndReason::Aborted { .. },
+                        ..
+                    }
+                )
+            });
+            for id in calls {
+                let answered = messages.iter().any(|m| {
+                    m.content.iter().any(|b| matches!(b, ContentBlock::ToolResult { tool_call_id, .. } if *tool_call_id == id))
+                });
+                assert!(
+                    answered || aborted,
+                    "{}: call {id} has no result",
+                    path.display()
+                );
+            }
+            logs += 1;
+        }
+    }
+    assert!(logs >= 10, "only {logs} recordings found");
+}
+
+#[test]
+fn the_text_turn_recording_derives_the_expected_history() {
+    let text = std::fs::read_to_string(conformance_dir().join("text-turn/session.jsonl")).unwrap();
+    let (header, events) = jsonl::parse(&text).unwrap();
+    assert_eq!(header.id, "539aa64c-7f37-40ff-abd8-ed45b717be1b");
+    // Packed reasoning rows expand into one event per chunk: the assistant
+    // message's sources are exactly the chunk events.
+    let EventData::AssistantMessage { message, usage, .. } = &events
+        .iter()
+        .find(|e| e.kind() == "assistant/message")
+        .unwrap()
+        .data
+    else {
+        unreachable!()
+    };
+    let sources = events
+        .iter()
+        .find(|e| e.kind() == "assistant/message")
+        .unwrap()
+        .source_event_seqs
+        .clone()
+        .unwrap();
+    assert!(
+        sources
+            .iter()
+            .all(|s| events[*s as usize].kind() == "assistant/chunk")
+    );
+    assert_eq!(message.text(), "PONG");
+    assert_eq!(usage.unwrap().input_tokens, 3091);
+    let mut log = SessionLog::from_seed(header, events, 0).unwrap();
+    let history = log.derive_messages();
+    assert_eq!(history.len(), 3);
+    assert_eq!(
+        history[0].text(),
+        "Reply with exactly the word: PONG. Do not use any tools."
+    );
+    assert_eq!(history[1].source.kind, "plugin");
+    assert_eq!(history[2].text(), "PONG");
+    assert_eq!(
+        log.request_header().unwrap()["config"]["model"],
+        "deepseek-v4-flash"
+    );
+}
