@@ -3,6 +3,12 @@
 //! ## Code map
 //! - [`llm`]: messages, content blocks, the raw stream protocol
 //!   (`StreamChunk`), token usage, finish reasons, and the `BlockAssembler`.
+//! - [`llm`] also holds the `llm` service (provider routes, the `llm/stream`
+//!   waterfall) and the keyless scripted model.
+//! - [`tools`]: tool definitions, the scoped registry with restrictions, and
+//!   the guarded pipeline (pre-execute → guards → execute → post-execute →
+//!   finalize → `tools/result`).
+//! - [`approval`]: the approval seam (never / ask / always; fails closed).
 //! - [`session`]: the session event log — typed events in dsh's JSON
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
 //!   fold, forks at turn boundaries, and the `session.jsonl` reader/writer.
@@ -16,5 +22,7 @@
 
 pub use dsh_supervisors as kernel;
 
+pub mod approval;
 pub mod llm;
 pub mod session;
+pub mod tools;

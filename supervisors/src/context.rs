@@ -100,6 +100,19 @@ impl Context {
         Ok(self.disposer(seq))
     }
 
+    /// Registers a teardown prelude: it runs when the owning fiber starts
+    /// unloading, *before* its children are stopped (e.g. stop accepting
+    /// input and cancel running work, so children drain quickly). Preludes
+    /// run once, in reverse registration order; panics are isolated.
+    pub fn on_teardown<F, Fut>(&self, label: &str, prelude: F) -> Result<()>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let run = DisposeFn::Async(Box::new(move || prelude().boxed()));
+        self.fiber.add_prelude(Arc::from(label), run)
+    }
+
     /// Sets the owning fiber's supervisor strategy and restart intensity.
     pub fn supervise(&self, spec: SupervisorSpec) {
         self.fiber.set_supervisor(spec);

@@ -169,6 +169,9 @@ pub(crate) struct LoadSpec {
 struct FiberInner {
     next_seq: u64,
     effects: BTreeMap<u64, EffectEntry>,
+    /// Run first on unload, before the children stop (stop accepting input,
+    /// cancel running work).
+    preludes: Vec<EffectEntry>,
     children: BTreeMap<u64, ChildEntry>,
     loaded_with: Option<Vec<u64>>,
     restarts: VecDeque<Instant>,
@@ -287,6 +290,15 @@ impl FiberShared {
         let seq = inner.next_seq;
         inner.effects.insert(seq, EffectEntry { label, run });
         Ok(seq)
+    }
+
+    /// Registers a teardown prelude: it runs when the fiber starts unloading,
+    /// before its children are stopped (preludes run in reverse order).
+    pub fn add_prelude(&self, label: Arc<str>, run: DisposeFn) -> Result<()> {
+        let mut inner = self.lock();
+        self.accepting()?;
+        inner.preludes.push(EffectEntry { label, run });
+        Ok(())
     }
 
     /// Takes one effect out (the disposer was called early).
@@ -440,6 +452,7 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
         }
     }
     fiber.lock().effects.clear();
+    fiber.lock().preludes.clear();
     fiber.node.stats.set_status(Status::Failed);
     rt.tree().stopped(fiber.id, Status::Failed, reason);
     fiber.phase.send_modify(|p| {
@@ -577,6 +590,10 @@ async fn unload(rt: &Runtime, fiber: &Arc<FiberShared>, chain: Arc<[u64]>) -> Ve
     let chain = extend_chain(&chain, fiber.id);
     TEARDOWN_CHAIN
         .scope(chain, async {
+            let preludes = std::mem::take(&mut fiber.lock().preludes);
+            for prelude in preludes.into_iter().rev() {
+                run_effect(rt, fiber.id, prelude).await;
+            }
             let stopped = stop_children(rt, fiber, |_| true).await;
             run_effects(rt, fiber).await;
             stopped

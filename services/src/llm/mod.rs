@@ -5,12 +5,15 @@
 //! Messages are immutable once built and shared as `Arc<Message>`.
 
 mod assembler;
+mod runtime;
+pub mod scripted;
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 pub use assembler::BlockAssembler;
+pub use runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream};
 
 /// A tool call's identity as the model chose it (any format: `call_0`, `toolu_…`).
 pub type CallId = String;

@@ -342,3 +342,30 @@ async fn effects_run_once_in_reverse_and_a_panicking_disposer_is_isolated() {
         "{message}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_preludes_run_before_the_children_stop() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let l = log.clone();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("host", &[], move |ctx: Context| {
+                let l = l.clone();
+                async move {
+                    let l1 = l.clone();
+                    ctx.effect("effect", move || l1.push("effect"))?;
+                    ctx.spawn(WorkerSpec::new("worker", "w", Recorder::new("w", &l), ())).await?;
+                    let l2 = l.clone();
+                    ctx.on_teardown("stop input", move || async move { l2.push("prelude") })?;
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    fiber.dispose().await;
+    assert_eq!(log.lines(), ["start w", "prelude", "stop w", "effect"]);
+}

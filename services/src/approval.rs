@@ -1,0 +1,133 @@
+//! The approval seam: may this specific action proceed?
+//!
+//! Policies: `never` rejects every ask without asking anyone, `always`
+//! allows every ask, `ask` dispatches the `approval/request` waterfall to the
+//! registered answerers (a terminal, a UI). With no answerer, or a failing
+//! one, the answer is `unavailable` — callers fail closed on anything but
+//! `allowed-once`.
+
+use std::sync::RwLock;
+
+use dsh_supervisors::{Context, Event, Target, Waterfall};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What happens to an ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalPolicy {
+    /// Reject every ask.
+    Never,
+    /// Ask the answerers.
+    Ask,
+    /// Allow every ask.
+    Always,
+}
+
+impl std::str::FromStr for ApprovalPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "never" => Ok(ApprovalPolicy::Never),
+            "ask" => Ok(ApprovalPolicy::Ask),
+            "always" => Ok(ApprovalPolicy::Always),
+            other => Err(format!("unknown approval policy `{other}` (expected never, ask or always)")),
+        }
+    }
+}
+
+/// The closed answer vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApprovalOutcome {
+    /// This one action may proceed.
+    AllowedOnce,
+    /// Refused.
+    Rejected,
+    /// The question was withdrawn.
+    Cancelled,
+    /// Nobody could answer (fail closed).
+    Unavailable,
+}
+
+impl ApprovalOutcome {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalOutcome::AllowedOnce => "allowed-once",
+            ApprovalOutcome::Rejected => "rejected",
+            ApprovalOutcome::Cancelled => "cancelled",
+            ApprovalOutcome::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// One question.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalRequest {
+    /// The tool the question is about.
+    pub tool: String,
+    /// The exact call, when known.
+    pub call_id: Option<String>,
+    /// Why approval is needed.
+    pub reason: String,
+    /// The call's arguments.
+    pub arguments: Value,
+}
+
+/// `approval/request` (waterfall): answerers return an outcome or call `next`.
+pub struct ApprovalAsk {
+    /// The question.
+    pub request: ApprovalRequest,
+}
+
+impl Event for ApprovalAsk {
+    const NAME: &'static str = "approval/request";
+}
+impl Waterfall for ApprovalAsk {
+    type Output = ApprovalOutcome;
+}
+
+/// The `approval` service.
+pub struct Approval {
+    policy: RwLock<ApprovalPolicy>,
+}
+
+impl Approval {
+    /// The capability name.
+    pub const SERVICE: &'static str = "approval";
+
+    /// A service with `policy`.
+    pub fn new(policy: ApprovalPolicy) -> Approval {
+        Approval {
+            policy: RwLock::new(policy),
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> ApprovalPolicy {
+        self.policy.read().map(|p| *p).unwrap_or(ApprovalPolicy::Never)
+    }
+
+    /// Switches the policy.
+    pub fn set_policy(&self, policy: ApprovalPolicy) {
+        if let Ok(mut p) = self.policy.write() {
+            *p = policy;
+        }
+    }
+
+    /// Obtains one outcome for `request`.
+    pub async fn request(&self, ctx: &Context, request: ApprovalRequest) -> ApprovalOutcome {
+        match self.policy() {
+            ApprovalPolicy::Never => ApprovalOutcome::Rejected,
+            ApprovalPolicy::Always => ApprovalOutcome::AllowedOnce,
+            ApprovalPolicy::Ask => {
+                let target = Target::Scope(ctx.scope_key().cloned());
+                ctx.events()
+                    .waterfall(&target, ApprovalAsk { request }, |_| async { ApprovalOutcome::Unavailable })
+                    .await
+                    .unwrap_or(ApprovalOutcome::Unavailable)
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The LLM service: provider routes to adapters, and the `llm/stream`
+//! waterfall every model call goes through.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use dsh_supervisors::{Context, Disposer, Event, Waterfall};
+use futures::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{LlmFailure, Message, StreamChunk, ToolSchema};
+
+/// One model call, provider-neutral.
+#[derive(Clone, Debug)]
+pub struct LlmRequest {
+    /// Provider route (selects the adapter).
+    pub provider: String,
+    /// Model id, passed to the adapter.
+    pub model: String,
+    /// Rendered system prompt.
+    pub system: Option<Arc<str>>,
+    /// The conversation (derived history), shared.
+    pub messages: Vec<Arc<Message>>,
+    /// Tools the model may call.
+    pub tools: Arc<[ToolSchema]>,
+    /// Sampling temperature.
+    pub temperature: Option<f64>,
+    /// Output-token ceiling.
+    pub max_tokens: Option<u64>,
+}
+
+/// The chunks of one call; a transport failure ends it with `Err`.
+pub type ChunkStream = BoxStream<'static, Result<StreamChunk, LlmFailure>>;
+
+/// A provider adapter: turns a request into a chunk stream.
+///
+/// Contract: `usage` before `finish`, nothing after `finish`; tool-call
+/// arguments stay raw JSON strings; one call is one provider attempt (no
+/// hidden retries); cancellation through `cancel` ends the stream promptly.
+pub trait LlmAdapter: Send + Sync + 'static {
+    /// Name for diagnostics (`openai-compatible`, `scripted`).
+    fn name(&self) -> &str;
+    /// Starts one call.
+    fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream;
+}
+
+/// `llm/stream` (waterfall): wraps every model call. A listener may change
+/// the request, short-circuit with its own stream or failure, or call
+/// `next` again (retry). The built-in terminal looks up the adapter.
+pub struct LlmStream {
+    /// The request (mutable by listeners).
+    pub request: LlmRequest,
+    /// The caller's cancellation.
+    pub cancel: CancellationToken,
+}
+
+impl Event for LlmStream {
+    const NAME: &'static str = "llm/stream";
+}
+
+impl Waterfall for LlmStream {
+    type Output = Result<ChunkStream, LlmFailure>;
+}
+
+/// Provider routes of one runtime (the `llm` service).
+#[derive(Default)]
+pub struct LlmRuntime {
+    routes: RwLock<HashMap<String, Arc<dyn LlmAdapter>>>,
+}
+
+impl LlmRuntime {
+    /// The capability name.
+    pub const SERVICE: &'static str = "llm";
+
+    /// An empty runtime.
+    pub fn new() -> LlmRuntime {
+        LlmRuntime::default()
+    }
+
+    /// Registers `adapter` for every provider route in `providers`, all or
+    /// nothing: a route already taken refuses the whole registration. The
+    /// routes are removed when `ctx`'s fiber unloads.
+    pub fn register(self: &Arc<Self>, ctx: &Context, providers: &[&str], adapter: Arc<dyn LlmAdapter>) -> Result<Disposer, String> {
+        {
+            let mut routes = self.routes.write().map_err(|_| "llm routes poisoned".to_owned())?;
+            if let Some(taken) = providers.iter().find(|p| routes.contains_key(**p)) {
+                return Err(format!("provider route `{taken}` is already registered"));
+            }
+            for p in providers {
+                routes.insert((*p).to_owned(), adapter.clone());
+            }
+        }
+        let me = self.clone();
+        let owned: Vec<String> = providers.iter().map(|p| (*p).to_owned()).collect();
+        let undo = move || {
+            if let Ok(mut routes) = me.routes.write() {
+                for p in &owned {
+                    routes.remove(p);
+                }
+            }
+        };
+        let label = format!("llm routes {}", providers.join(","));
+        ctx.effect(&label, undo).map_err(|e| e.to_string())
+    }
+
+    /// The adapter serving `provider`.
+    pub fn adapter(&self, provider: &str) -> Option<Arc<dyn LlmAdapter>> {
+        self.routes.read().ok()?.get(provider).cloned()
+    }
+
+    /// Registered provider routes, sorted.
+    pub fn providers(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .routes
+            .read()
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Starts a call through the `llm/stream` waterfall (dispatched to the
+    /// listeners visible from `ctx`).
+    pub async fn stream(self: &Arc<Self>, ctx: &Context, request: LlmRequest, cancel: CancellationToken) -> Result<ChunkStream, LlmFailure> {
+        let me = self.clone();
+        let terminal = move |call: LlmStream| {
+            let found = me.adapter(&call.request.provider);
+            async move {
+                match found {
+                    Some(adapter) => Ok(adapter.stream(call.request, call.cancel)),
+                    None => Err(LlmFailure {
+                        message: format!("no adapter serves provider `{}`", call.request.provider),
+                        code: "UNKNOWN_PROVIDER".into(),
+                        status: None,
+                        provider_retry_after_ms: None,
+                        request_id: None,
+                    }),
+                }
+            }
+        };
+        let target = dsh_supervisors::Target::Scope(ctx.scope_key().cloned());
+        match ctx.events().waterfall(&target, LlmStream { request, cancel }, terminal).await {
+            Ok(out) => out,
+            Err(e) => Err(LlmFailure {
+                message: e.to_string(),
+                code: "LISTENER_PANICKED".into(),
+                status: None,
+                provider_retry_after_ms: None,
+                request_id: None,
+            }),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The guarded pipeline one tool call goes through.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use dsh_supervisors::events::panic_text;
+use dsh_supervisors::{Bail, Context, Emit, Event, Target, Waterfall};
+use futures::FutureExt;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::registry::{Resolution, ToolRegistry};
+use super::{ToolCall, ToolContext, ToolError, ToolOutput};
+use crate::approval::{Approval, ApprovalOutcome, ApprovalRequest};
+use crate::llm::ContentBlock;
+
+/// What `tools/pre-execute` decided.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Go ahead.
+    Allow,
+    /// Refuse, with the reason the model sees.
+    Deny(String),
+    /// Ask the approval seam first.
+    Ask(String),
+}
+
+/// `tools/pre-execute` (waterfall): policy before anything runs. Listeners
+/// may rewrite `args`; the terminal allows with the arguments it is given.
+pub struct PreExecute {
+    /// The call.
+    pub call: Arc<ToolCall>,
+    /// Validated arguments (rewritable).
+    pub args: Value,
+}
+
+impl Event for PreExecute {
+    const NAME: &'static str = "tools/pre-execute";
+}
+impl Waterfall for PreExecute {
+    type Output = (Decision, Value);
+}
+
+/// `tools/guard` (bail): monotonic guards; the first `Some(reason)` denies.
+pub struct ToolGuard {
+    /// The call.
+    pub call: Arc<ToolCall>,
+    /// Arguments after pre-execute.
+    pub args: Value,
+}
+
+impl Event for ToolGuard {
+    const NAME: &'static str = "tools/guard";
+}
+impl Bail for ToolGuard {
+    type Output = String;
+}
+
+/// `tools/execute` (waterfall): around the body (timeouts, retries, metrics).
+pub struct ToolExecute {
+    /// The call.
+    pub call: Arc<ToolCall>,
+    /// What the body will receive.
+    pub cx: ToolContext,
+}
+
+impl Event for ToolExecute {
+    const NAME: &'static str = "tools/execute";
+}
+impl Waterfall for ToolExecute {
+    type Output = Result<ToolOutput, ToolError>;
+}
+
+/// `tools/post-execute` (waterfall): may accept, block or replace the outcome.
+pub struct PostExecute {
+    /// The call.
+    pub call: Arc<ToolCall>,
+    /// The outcome so far.
+    pub outcome: Result<ToolOutput, ToolError>,
+}
+
+impl Event for PostExecute {
+    const NAME: &'static str = "tools/post-execute";
+}
+impl Waterfall for PostExecute {
+    type Output = Result<ToolOutput, ToolError>;
+}
+
+/// `tools/result` (emit): the final, immutable outcome of one call.
+#[derive(Clone, Debug)]
+pub struct ToolResultEvent {
+    /// The call.
+    pub call: Arc<ToolCall>,
+    /// Model-facing content.
+    pub content: Vec<ContentBlock>,
+    /// Failure identity, when it failed.
+    pub error: Option<ToolError>,
+}
+
+impl Event for ToolResultEvent {
+    const NAME: &'static str = "tools/result";
+}
+impl Emit for ToolResultEvent {}
+
+/// The settled outcome of one call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineOutcome {
+    /// Model-facing content (an error becomes one text block).
+    pub content: Vec<ContentBlock>,
+    /// Failure identity.
+    pub error: Option<ToolError>,
+    /// Tool-private presentation data.
+    pub meta: Option<Value>,
+}
+
+fn listener_failure(e: dsh_supervisors::Error) -> ToolError {
+    ToolError::new("PANICKED", e.to_string())
+}
+
+/// Runs one call through the whole pipeline, in the order the module docs
+/// give. Never fails: every failure is an `is_error` outcome.
+pub async fn run_pipeline(
+    ctx: &Context,
+    registry: &ToolRegistry,
+    approval: Option<&Approval>,
+    call: ToolCall,
+    cancel: CancellationToken,
+    cwd: Arc<std::path::PathBuf>,
+) -> PipelineOutcome {
+    let call = Arc::new(call);
+    let target = Target::Scope(ctx.scope_key().cloned());
+    let events = ctx.events();
+    let (outcome, finalize) = match prepare(ctx, registry, approval, &call, &target, cancel, cwd).await {
+        Err(e) => (Err(e), None),
+        Ok((tool, cx)) => {
+            let body_tool = tool.clone();
+            let terminal = move |ex: ToolExecute| run_body(body_tool.clone(), ex.cx);
+            let executed = events
+                .waterfall(&target, ToolExecute { call: call.clone(), cx }, terminal)
+                .await
+                .unwrap_or_else(|e| Err(listener_failure(e)));
+            (executed, Some(tool))
+        }
+    };
+    let post = events
+        .waterfall(
+            &target,
+            PostExecute {
+                call: call.clone(),
+                outcome,
+            },
+            |p: PostExecute| async move { p.outcome },
+        )
+        .await
+        .unwrap_or_else(|e| Err(listener_failure(e)));
+    let settled = match post {
+        Ok(output) => {
+            let output = match &finalize {
+                Some(t) => t.tool.finalize_content(output),
+                None => output,
+            };
+            PipelineOutcome {
+                content: output.content,
+                error: None,
+                meta: output.meta,
+            }
+        }
+        Err(e) => PipelineOutcome {
+            content: vec![ContentBlock::text(format!("Error [{}]: {}", e.code, e.message))],
+            error: Some(e),
+            meta: None,
+        },
+    };
+    events.emit(
+        &target,
+        &ToolResultEvent {
+            call,
+            content: settled.content.clone(),
+            error: settled.error.clone(),
+        },
+    );
+    settled
+}
+
+/// Resolve, validate, pre-execute, approval, guards.
+async fn prepare(
+    ctx: &Context,
+    registry: &ToolRegistry,
+    approval: Option<&Approval>,
+    call: &Arc<ToolCall>,
+    target: &Target,
+    cancel: CancellationToken,
+    cwd: Arc<std::path::PathBuf>,
+) -> Result<(Arc<super::RegisteredTool>, ToolContext), ToolError> {
+    let tool = match registry.resolve(ctx.scope_key(), &call.name) {
+        Resolution::Found(t) => t,
+        Resolution::Unknown => {
+            return Err(ToolError::new("UNKNOWN_TOOL", format!("there is no tool named `{}`", call.name)));
+        }
+        Resolution::Filtered => {
+            return Err(ToolError::new(
+                "UNKNOWN_TOOL",
+                format!("the tool `{}` is not available to this agent", call.name),
+            ));
+        }
+    };
+    let raw = if call.arguments.trim().is_empty() { "{}" } else { call.arguments.as_str() };
+    let args: Value = serde_json::from_str(raw)
+        .map_err(|e| ToolError::new("INVALID_ARGS", format!("the arguments are not valid JSON: {e}")))?;
+    tool.validate(&args)
+        .map_err(|e| ToolError::new("INVALID_ARGS", format!("the arguments do not match the schema: {e}")))?;
+    let events = ctx.events();
+    let (decision, args) = events
+        .waterfall(
+            target,
+            PreExecute {
+                call: call.clone(),
+                args,
+            },
+            |p: PreExecute| async move { (Decision::Allow, p.args) },
+        )
+        .await
+        .map_err(listener_failure)?;
+    match decision {
+        Decision::Allow => {}
+        Decision::Deny(reason) => return Err(ToolError::new("DENIED", reason)),
+        Decision::Ask(reason) => {
+            let outcome = match approval {
+                Some(a) => {
+                    a.request(
+                        ctx,
+                        ApprovalRequest {
+                            tool: call.name.clone(),
+                            call_id: Some(call.id.clone()),
+                            reason: reason.clone(),
+                            arguments: args.clone(),
+                        },
+                    )
+                    .await
+                }
+                None => ApprovalOutcome::Unavailable,
+            };
+            if outcome != ApprovalOutcome::AllowedOnce {
+                return Err(ToolError::new(
+                    "DENIED",
+                    format!("approval was required ({reason}) and the answer was {}", outcome.as_str()),
+                ));
+            }
+        }
+    }
+    if let Some(reason) = events.bail(
+        target,
+        &ToolGuard {
+            call: call.clone(),
+            args: args.clone(),
+        },
+    ) {
+        return Err(ToolError::new("DENIED", reason));
+    }
+    let cx = ToolContext {
+        call_id: call.id.clone(),
+        args,
+        cancel,
+        ctx: ctx.clone(),
+        cwd,
+    };
+    Ok((tool, cx))
+}
+
+/// The body with its timeout, cancellation and panic boundary.
+async fn run_body(tool: Arc<super::RegisteredTool>, cx: ToolContext) -> Result<ToolOutput, ToolError> {
+    let cancel = cx.cancel.clone();
+    let timeout = tool.tool.timeout();
+    let body = match std::panic::catch_unwind(AssertUnwindSafe(|| tool.tool.clone().execute(cx))) {
+        Ok(fut) => AssertUnwindSafe(fut).catch_unwind(),
+        Err(p) => return Err(ToolError::new("PANICKED", format!("the tool panicked: {}", panic_text(&p)))),
+    };
+    let guarded = async {
+        tokio::select! {
+            out = body => out.unwrap_or_else(|p| Err(ToolError::new("PANICKED", format!("the tool panicked: {}", panic_text(&p))))),
+            () = cancel.cancelled() => Err(ToolError::new("ABORTED", "the call was cancelled")),
+        }
+    };
+    match timeout {
+        Some(t) => match tokio::time::timeout(t, guarded).await {
+            Ok(out) => out,
+            Err(_) => {
+                cancel.cancel();
+                Err(ToolError::new("TIMEOUT", format!("the call did not finish within {} ms", t.as_millis())))
+            }
+        },
+        None => guarded.await,
+    }
+}
