@@ -1,7 +1,18 @@
-//! # dsh-actors — sessions, agents, tool executions, workflow engines
+//! # dsh-actors — sessions, agents and tool executions as supervised actors
 //!
-//! The actors of the agent system, each a supervised child in the kernel's
-//! tree. Filled in by the agent-core issue; today it only fixes the
-//! dependency direction `supervisors <- services <- actors <- dsh`.
+//! ## Code map
+//! - [`session`]: `SessionHandle` (appends, observers, derived history) and
+//!   the session actor that owns durability (buffered JSONL, drained on stop).
+//! - [`agent`]: `Agent` — creation as one transaction, the inbox
+//!   (`followup`, `steer`, `inject`), `cancel`, `when_idle`, the driver actor
+//!   running turns and steps, one actor per tool call, ordered teardown; the
+//!   `agents` registry service.
+//!
+//! ## Invariants
+//! - Only the driver appends turn, step, assistant and tool events of its agent.
+//! - Every actor an agent owns is a child of the agent's scope fiber.
 
 pub use dsh_services as services;
+
+pub mod agent;
+pub mod session;

@@ -31,7 +31,9 @@ impl std::str::FromStr for ApprovalPolicy {
             "never" => Ok(ApprovalPolicy::Never),
             "ask" => Ok(ApprovalPolicy::Ask),
             "always" => Ok(ApprovalPolicy::Always),
-            other => Err(format!("unknown approval policy `{other}` (expected never, ask or always)")),
+            other => Err(format!(
+                "unknown approval policy `{other}` (expected never, ask or always)"
+            )),
         }
     }
 }
@@ -106,7 +108,10 @@ impl Approval {
 
     /// The policy in force.
     pub fn policy(&self) -> ApprovalPolicy {
-        self.policy.read().map(|p| *p).unwrap_or(ApprovalPolicy::Never)
+        self.policy
+            .read()
+            .map(|p| *p)
+            .unwrap_or(ApprovalPolicy::Never)
     }
 
     /// Switches the policy.
@@ -124,7 +129,9 @@ impl Approval {
             ApprovalPolicy::Ask => {
                 let target = Target::Scope(ctx.scope_key().cloned());
                 ctx.events()
-                    .waterfall(&target, ApprovalAsk { request }, |_| async { ApprovalOutcome::Unavailable })
+                    .waterfall(&target, ApprovalAsk { request }, |_| async {
+                        ApprovalOutcome::Unavailable
+                    })
                     .await
                     .unwrap_or(ApprovalOutcome::Unavailable)
             }

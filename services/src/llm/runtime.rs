@@ -80,9 +80,17 @@ impl LlmRuntime {
     /// Registers `adapter` for every provider route in `providers`, all or
     /// nothing: a route already taken refuses the whole registration. The
     /// routes are removed when `ctx`'s fiber unloads.
-    pub fn register(self: &Arc<Self>, ctx: &Context, providers: &[&str], adapter: Arc<dyn LlmAdapter>) -> Result<Disposer, String> {
+    pub fn register(
+        self: &Arc<Self>,
+        ctx: &Context,
+        providers: &[&str],
+        adapter: Arc<dyn LlmAdapter>,
+    ) -> Result<Disposer, String> {
         {
-            let mut routes = self.routes.write().map_err(|_| "llm routes poisoned".to_owned())?;
+            let mut routes = self
+                .routes
+                .write()
+                .map_err(|_| "llm routes poisoned".to_owned())?;
             if let Some(taken) = providers.iter().find(|p| routes.contains_key(**p)) {
                 return Err(format!("provider route `{taken}` is already registered"));
             }
@@ -121,7 +129,12 @@ impl LlmRuntime {
 
     /// Starts a call through the `llm/stream` waterfall (dispatched to the
     /// listeners visible from `ctx`).
-    pub async fn stream(self: &Arc<Self>, ctx: &Context, request: LlmRequest, cancel: CancellationToken) -> Result<ChunkStream, LlmFailure> {
+    pub async fn stream(
+        self: &Arc<Self>,
+        ctx: &Context,
+        request: LlmRequest,
+        cancel: CancellationToken,
+    ) -> Result<ChunkStream, LlmFailure> {
         let me = self.clone();
         let terminal = move |call: LlmStream| {
             let found = me.adapter(&call.request.provider);
@@ -139,7 +152,11 @@ impl LlmRuntime {
             }
         };
         let target = dsh_supervisors::Target::Scope(ctx.scope_key().cloned());
-        match ctx.events().waterfall(&target, LlmStream { request, cancel }, terminal).await {
+        match ctx
+            .events()
+            .waterfall(&target, LlmStream { request, cancel }, terminal)
+            .await
+        {
             Ok(out) => out,
             Err(e) => Err(LlmFailure {
                 message: e.to_string(),

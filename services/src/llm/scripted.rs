@@ -90,7 +90,8 @@ impl ScriptedModel {
 
     /// Parses a script (`{"steps": [...]}`), naming the failing field.
     pub fn from_json(text: &str) -> Result<ScriptedModel, String> {
-        let file: ScriptFile = serde_json::from_str(text).map_err(|e| format!("invalid script: {e}"))?;
+        let file: ScriptFile =
+            serde_json::from_str(text).map_err(|e| format!("invalid script: {e}"))?;
         if file.steps.is_empty() {
             return Err("invalid script: `steps` is empty".into());
         }
@@ -121,7 +122,11 @@ fn estimate_tokens(request: &LlmRequest) -> u64 {
 
 /// The chunks that stream `blocks` the way an adapter would: per block a
 /// start, one delta, an end; then usage and finish.
-pub fn chunks_for(blocks: &[ContentBlock], usage: TokenUsage, finish: FinishReason) -> Vec<StreamChunk> {
+pub fn chunks_for(
+    blocks: &[ContentBlock],
+    usage: TokenUsage,
+    finish: FinishReason,
+) -> Vec<StreamChunk> {
     let mut out = Vec::with_capacity(blocks.len() * 3 + 2);
     for (i, block) in blocks.iter().enumerate() {
         let index = i as u32;
@@ -138,7 +143,11 @@ pub fn chunks_for(blocks: &[ContentBlock], usage: TokenUsage, finish: FinishReas
                 index,
                 text: text.clone(),
             }),
-            ContentBlock::ToolCall { id, name, arguments } => out.push(StreamChunk::ToolCallDelta {
+            ContentBlock::ToolCall {
+                id,
+                name,
+                arguments,
+            } => out.push(StreamChunk::ToolCallDelta {
                 index,
                 id: id.clone(),
                 name: Some(name.clone()),
@@ -169,7 +178,11 @@ impl LlmAdapter for ScriptedModel {
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let result: Vec<Result<StreamChunk, LlmFailure>> = match self.steps.get(at) {
             None => vec![Err(LlmFailure {
-                message: format!("the script has {} steps and call {} asked for another", self.steps.len(), at + 1),
+                message: format!(
+                    "the script has {} steps and call {} asked for another",
+                    self.steps.len(),
+                    at + 1
+                ),
                 code: "SCRIPT_EXHAUSTED".into(),
                 status: None,
                 provider_retry_after_ms: None,
@@ -205,7 +218,9 @@ impl LlmAdapter for ScriptedModel {
                 let output: usize = blocks
                     .iter()
                     .map(|b| match b {
-                        ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.len(),
+                        ContentBlock::Text { text } | ContentBlock::Reasoning { text } => {
+                            text.len()
+                        }
                         ContentBlock::ToolCall { arguments, .. } => arguments.len(),
                         _ => 0,
                     })
@@ -215,7 +230,10 @@ impl LlmAdapter for ScriptedModel {
                     output_tokens: (output / 4) as u64 + 1,
                     ..TokenUsage::default()
                 };
-                chunks_for(&blocks, usage, finish).into_iter().map(Ok).collect()
+                chunks_for(&blocks, usage, finish)
+                    .into_iter()
+                    .map(Ok)
+                    .collect()
             }
         };
         Box::pin(futures::stream::iter(result).take_until(cancel.cancelled_owned()))

@@ -24,7 +24,8 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{ContentBlock, ToolSchema};
 
 pub use pipeline::{
-    Decision, PipelineOutcome, PostExecute, PreExecute, ToolExecute, ToolGuard, ToolResultEvent, run_pipeline,
+    Decision, PipelineOutcome, PostExecute, PreExecute, ToolExecute, ToolGuard, ToolResultEvent,
+    run_pipeline,
 };
 pub use registry::{RegisteredTool, Resolution, Restriction, ToolRegistry};
 
@@ -116,7 +117,10 @@ pub trait Tool: Send + Sync + 'static {
     }
 
     /// The body.
-    fn execute(self: Arc<Self>, cx: ToolContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 
     /// Last content-only transform of a successful result.
     fn finalize_content(&self, output: ToolOutput) -> ToolOutput {

@@ -130,18 +130,26 @@ pub async fn run_pipeline(
     let call = Arc::new(call);
     let target = Target::Scope(ctx.scope_key().cloned());
     let events = ctx.events();
-    let (outcome, finalize) = match prepare(ctx, registry, approval, &call, &target, cancel, cwd).await {
-        Err(e) => (Err(e), None),
-        Ok((tool, cx)) => {
-            let body_tool = tool.clone();
-            let terminal = move |ex: ToolExecute| run_body(body_tool.clone(), ex.cx);
-            let executed = events
-                .waterfall(&target, ToolExecute { call: call.clone(), cx }, terminal)
-                .await
-                .unwrap_or_else(|e| Err(listener_failure(e)));
-            (executed, Some(tool))
-        }
-    };
+    let (outcome, finalize) =
+        match prepare(ctx, registry, approval, &call, &target, cancel, cwd).await {
+            Err(e) => (Err(e), None),
+            Ok((tool, cx)) => {
+                let body_tool = tool.clone();
+                let terminal = move |ex: ToolExecute| run_body(body_tool.clone(), ex.cx);
+                let executed = events
+                    .waterfall(
+                        &target,
+                        ToolExecute {
+                            call: call.clone(),
+                            cx,
+                        },
+                        terminal,
+                    )
+                    .await
+                    .unwrap_or_else(|e| Err(listener_failure(e)));
+                (executed, Some(tool))
+            }
+        };
     let post = events
         .waterfall(
             &target,
@@ -166,7 +174,10 @@ pub async fn run_pipeline(
             }
         }
         Err(e) => PipelineOutcome {
-            content: vec![ContentBlock::text(format!("Error [{}]: {}", e.code, e.message))],
+            content: vec![ContentBlock::text(format!(
+                "Error [{}]: {}",
+                e.code, e.message
+            ))],
             error: Some(e),
             meta: None,
         },
@@ -195,7 +206,10 @@ async fn prepare(
     let tool = match registry.resolve(ctx.scope_key(), &call.name) {
         Resolution::Found(t) => t,
         Resolution::Unknown => {
-            return Err(ToolError::new("UNKNOWN_TOOL", format!("there is no tool named `{}`", call.name)));
+            return Err(ToolError::new(
+                "UNKNOWN_TOOL",
+                format!("there is no tool named `{}`", call.name),
+            ));
         }
         Resolution::Filtered => {
             return Err(ToolError::new(
@@ -204,11 +218,23 @@ async fn prepare(
             ));
         }
     };
-    let raw = if call.arguments.trim().is_empty() { "{}" } else { call.arguments.as_str() };
-    let args: Value = serde_json::from_str(raw)
-        .map_err(|e| ToolError::new("INVALID_ARGS", format!("the arguments are not valid JSON: {e}")))?;
-    tool.validate(&args)
-        .map_err(|e| ToolError::new("INVALID_ARGS", format!("the arguments do not match the schema: {e}")))?;
+    let raw = if call.arguments.trim().is_empty() {
+        "{}"
+    } else {
+        call.arguments.as_str()
+    };
+    let args: Value = serde_json::from_str(raw).map_err(|e| {
+        ToolError::new(
+            "INVALID_ARGS",
+            format!("the arguments are not valid JSON: {e}"),
+        )
+    })?;
+    tool.validate(&args).map_err(|e| {
+        ToolError::new(
+            "INVALID_ARGS",
+            format!("the arguments do not match the schema: {e}"),
+        )
+    })?;
     let events = ctx.events();
     let (decision, args) = events
         .waterfall(
@@ -243,7 +269,10 @@ async fn prepare(
             if outcome != ApprovalOutcome::AllowedOnce {
                 return Err(ToolError::new(
                     "DENIED",
-                    format!("approval was required ({reason}) and the answer was {}", outcome.as_str()),
+                    format!(
+                        "approval was required ({reason}) and the answer was {}",
+                        outcome.as_str()
+                    ),
                 ));
             }
         }
@@ -268,12 +297,20 @@ async fn prepare(
 }
 
 /// The body with its timeout, cancellation and panic boundary.
-async fn run_body(tool: Arc<super::RegisteredTool>, cx: ToolContext) -> Result<ToolOutput, ToolError> {
+async fn run_body(
+    tool: Arc<super::RegisteredTool>,
+    cx: ToolContext,
+) -> Result<ToolOutput, ToolError> {
     let cancel = cx.cancel.clone();
     let timeout = tool.tool.timeout();
     let body = match std::panic::catch_unwind(AssertUnwindSafe(|| tool.tool.clone().execute(cx))) {
         Ok(fut) => AssertUnwindSafe(fut).catch_unwind(),
-        Err(p) => return Err(ToolError::new("PANICKED", format!("the tool panicked: {}", panic_text(&p)))),
+        Err(p) => {
+            return Err(ToolError::new(
+                "PANICKED",
+                format!("the tool panicked: {}", panic_text(&p)),
+            ));
+        }
     };
     let guarded = async {
         tokio::select! {
@@ -286,7 +323,10 @@ async fn run_body(tool: Arc<super::RegisteredTool>, cx: ToolContext) -> Result<T
             Ok(out) => out,
             Err(_) => {
                 cancel.cancel();
-                Err(ToolError::new("TIMEOUT", format!("the call did not finish within {} ms", t.as_millis())))
+                Err(ToolError::new(
+                    "TIMEOUT",
+                    format!("the call did not finish within {} ms", t.as_millis()),
+                ))
             }
         },
         None => guarded.await,

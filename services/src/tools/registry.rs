@@ -57,7 +57,10 @@ pub struct Restriction {
 
 impl Restriction {
     fn admits(&self, name: &str) -> bool {
-        self.allow.as_ref().is_none_or(|a| a.iter().any(|n| n == name)) && !self.deny.iter().any(|n| n == name)
+        self.allow
+            .as_ref()
+            .is_none_or(|a| a.iter().any(|n| n == name))
+            && !self.deny.iter().any(|n| n == name)
     }
 }
 
@@ -102,10 +105,18 @@ impl ToolRegistry {
     /// Registers `tool` in `ctx`'s scope layer (global for an untagged
     /// context); removed when `ctx`'s fiber unloads. Refuses a name already
     /// registered in that same layer and a schema that does not compile.
-    pub fn register(self: &Arc<Self>, ctx: &Context, tool: Arc<dyn Tool>) -> Result<Disposer, String> {
+    pub fn register(
+        self: &Arc<Self>,
+        ctx: &Context,
+        tool: Arc<dyn Tool>,
+    ) -> Result<Disposer, String> {
         let schema = tool.schema();
-        let validator = jsonschema::validator_for(&schema.parameters)
-            .map_err(|e| format!("tool `{}` has an invalid parameter schema: {e}", schema.name))?;
+        let validator = jsonschema::validator_for(&schema.parameters).map_err(|e| {
+            format!(
+                "tool `{}` has an invalid parameter schema: {e}",
+                schema.name
+            )
+        })?;
         let name = schema.name.clone();
         let entry = Arc::new(RegisteredTool {
             tool,
@@ -114,8 +125,16 @@ impl ToolRegistry {
         });
         let scope = ctx.scope_key().cloned();
         {
-            let mut layers = self.layers.write().map_err(|_| "tool registry poisoned".to_owned())?;
-            if layers.layer_mut(scope.as_ref()).tools.insert(&name, entry).is_err() {
+            let mut layers = self
+                .layers
+                .write()
+                .map_err(|_| "tool registry poisoned".to_owned())?;
+            if layers
+                .layer_mut(scope.as_ref())
+                .tools
+                .insert(&name, entry)
+                .is_err()
+            {
                 return Err(format!("tool `{name}` is already registered in this scope"));
             }
         }
@@ -133,7 +152,11 @@ impl ToolRegistry {
     }
 
     /// Adds a restriction to `ctx`'s scope layer; lifted when `ctx`'s fiber unloads.
-    pub fn restrict(self: &Arc<Self>, ctx: &Context, restriction: Restriction) -> Result<Disposer, String> {
+    pub fn restrict(
+        self: &Arc<Self>,
+        ctx: &Context,
+        restriction: Restriction,
+    ) -> Result<Disposer, String> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let scope = ctx.scope_key().cloned();
         self.layers
@@ -145,13 +168,17 @@ impl ToolRegistry {
         let me = self.clone();
         let undo = move || {
             if let Ok(mut layers) = me.layers.write() {
-                layers.layer_mut(scope.as_ref()).restrictions.retain(|(i, _)| *i != id);
+                layers
+                    .layer_mut(scope.as_ref())
+                    .restrictions
+                    .retain(|(i, _)| *i != id);
                 if let Some(k) = &scope {
                     layers.reclaim(k);
                 }
             }
         };
-        ctx.effect("tool restriction", undo).map_err(|e| e.to_string())
+        ctx.effect("tool restriction", undo)
+            .map_err(|e| e.to_string())
     }
 
     fn admitted(layers: &ScopedLayers<ToolLayer>, scope: Option<&ScopeKey>, name: &str) -> bool {
@@ -184,7 +211,10 @@ impl ToolRegistry {
 
     /// The model-facing schemas visible from `scope`.
     pub fn schemas(&self, scope: Option<&ScopeKey>) -> Vec<ToolSchema> {
-        self.visible(scope).iter().map(|t| t.schema.clone()).collect()
+        self.visible(scope)
+            .iter()
+            .map(|t| t.schema.clone())
+            .collect()
     }
 
     /// Resolves `name` for `scope`.
@@ -192,7 +222,10 @@ impl ToolRegistry {
         let Ok(layers) = self.layers.read() else {
             return Resolution::Unknown;
         };
-        let found = layers.visible(scope).into_iter().find_map(|l| l.tools.get(name).cloned());
+        let found = layers
+            .visible(scope)
+            .into_iter()
+            .find_map(|l| l.tools.get(name).cloned());
         match found {
             None => Resolution::Unknown,
             Some(_) if !Self::admitted(&layers, scope, name) => Resolution::Filtered,

@@ -356,7 +356,8 @@ async fn teardown_preludes_run_before_the_children_stop() {
                 async move {
                     let l1 = l.clone();
                     ctx.effect("effect", move || l1.push("effect"))?;
-                    ctx.spawn(WorkerSpec::new("worker", "w", Recorder::new("w", &l), ())).await?;
+                    ctx.spawn(WorkerSpec::new("worker", "w", Recorder::new("w", &l), ()))
+                        .await?;
                     let l2 = l.clone();
                     ctx.on_teardown("stop input", move || async move { l2.push("prelude") })?;
                     Ok(())

@@ -1,0 +1,325 @@
+//! The session actor and the handle appends go through.
+//!
+//! The log itself ([`SessionLog`]) sits behind a short mutex in the handle,
+//! so an append is a validation and a push, never a mailbox round trip on
+//! the agent's hot path. After the commit point the handle notifies the
+//! observers (each behind a panic boundary) and casts the committed event
+//! to the session's actor, which owns durability: it buffers JSONL lines and
+//! writes them off the async workers, and drains its buffer before it stops.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use dsh_services::llm::Message;
+use dsh_services::session::{
+    EventData, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, jsonl,
+};
+use dsh_supervisors::events::panic_text;
+use dsh_supervisors::tree::now_ms;
+use dsh_supervisors::{Context, WorkerRef, WorkerSpec};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+/// A callback run after each committed append.
+pub type Observer = Arc<dyn Fn(&Arc<SessionEvent>) + Send + Sync>;
+
+/// Messages of the session actor.
+pub enum SessionMsg {
+    /// An event was committed.
+    Committed(Arc<SessionEvent>),
+    /// Write everything buffered, then reply.
+    Flush(RpcReplyPort<Result<(), String>>),
+}
+
+/// Shared state of one session.
+struct Core {
+    log: Mutex<SessionLog>,
+    observers: RwLock<Vec<(u64, Observer)>>,
+    next_observer: AtomicU64,
+    actor: Mutex<Option<WorkerRef<SessionMsg>>>,
+}
+
+/// The handle every writer and reader of a session uses.
+#[derive(Clone)]
+pub struct SessionHandle {
+    core: Arc<Core>,
+    id: Arc<str>,
+}
+
+impl SessionHandle {
+    /// A handle over `log` with no actor yet.
+    pub fn new(log: SessionLog) -> SessionHandle {
+        let id: Arc<str> = Arc::from(log.header().id.as_str());
+        SessionHandle {
+            core: Arc::new(Core {
+                log: Mutex::new(log),
+                observers: RwLock::new(Vec::new()),
+                next_observer: AtomicU64::new(0),
+                actor: Mutex::new(None),
+            }),
+            id,
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, SessionLog> {
+        // Poisoning means a panic while appending; the log itself is only
+        // changed after validation, so it stays consistent.
+        self.core.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends one event; returns it once committed.
+    pub fn append(
+        &self,
+        data: EventData,
+        intent: Option<SurfaceIntent>,
+    ) -> Result<Arc<SessionEvent>, SessionError> {
+        let event = self.log().append(data, intent, now_ms())?;
+        self.publish(&event);
+        Ok(event)
+    }
+
+    fn publish(&self, event: &Arc<SessionEvent>) {
+        if let Ok(observers) = self.core.observers.read() {
+            for (_, observe) in observers.iter() {
+                if let Err(p) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observe(event)))
+                {
+                    tracing::error!(session = %self.id, seq = event.seq, "session observer panicked: {}", panic_text(&p));
+                }
+            }
+        }
+        if let Ok(actor) = self.core.actor.lock()
+            && let Some(actor) = actor.as_ref()
+        {
+            // A refused send means the actor is stopping; its drain has
+            // written everything committed before.
+            let _ = actor.send(SessionMsg::Committed(event.clone()));
+        }
+    }
+
+    /// Adds an observer; returns its id for [`SessionHandle::unobserve`].
+    pub fn observe(&self, observer: Observer) -> u64 {
+        let id = self.core.next_observer.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut o) = self.core.observers.write() {
+            o.push((id, observer));
+        }
+        id
+    }
+
+    /// Removes an observer.
+    pub fn unobserve(&self, id: u64) {
+        if let Ok(mut o) = self.core.observers.write() {
+            o.retain(|(i, _)| *i != id);
+        }
+    }
+
+    /// The derived model history (shared messages).
+    pub fn derive_messages(&self) -> Vec<Arc<Message>> {
+        self.log().derive_messages()
+    }
+
+    /// A copy of the event list (shared events).
+    pub fn events(&self) -> Vec<Arc<SessionEvent>> {
+        self.log().events().to_vec()
+    }
+
+    /// Events from `seq` on.
+    pub fn events_from(&self, seq: u64) -> Vec<Arc<SessionEvent>> {
+        let log = self.log();
+        log.events().iter().skip(seq as usize).cloned().collect()
+    }
+
+    /// The next seq.
+    pub fn next_seq(&self) -> u64 {
+        self.log().next_seq()
+    }
+
+    /// The header.
+    pub fn header(&self) -> SessionHeader {
+        self.log().header().clone()
+    }
+
+    /// The latest request header.
+    pub fn request_header(&self) -> Option<Arc<serde_json::Value>> {
+        self.log().request_header().cloned()
+    }
+
+    /// Runs `f` with the log locked (for folds that need several reads).
+    pub fn with_log<T>(&self, f: impl FnOnce(&mut SessionLog) -> T) -> T {
+        f(&mut self.log())
+    }
+
+    /// Starts the session's actor under `ctx` (a child of the owner's
+    /// fiber); with `path`, committed events are written there as JSONL.
+    pub async fn attach(
+        &self,
+        ctx: &Context,
+        path: Option<PathBuf>,
+    ) -> dsh_supervisors::Result<()> {
+        let (header, backlog) = {
+            let log = self.log();
+            (log.header().clone(), log.events().to_vec())
+        };
+        let spec = WorkerSpec::new(
+            "session",
+            format!("session/{}", short(&self.id)),
+            SessionActor,
+            SessionArgs {
+                header,
+                backlog,
+                path,
+            },
+        );
+        let actor = ctx.spawn(spec).await?;
+        if let Ok(mut slot) = self.core.actor.lock() {
+            *slot = Some(actor);
+        }
+        Ok(())
+    }
+
+    /// Writes everything committed so far to durable storage.
+    pub async fn flush(&self) -> Result<(), String> {
+        let actor = self.core.actor.lock().ok().and_then(|a| a.clone());
+        match actor {
+            None => Ok(()),
+            Some(a) => a
+                .call(SessionMsg::Flush, std::time::Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())?,
+        }
+    }
+}
+
+/// The first 8 characters of an id, for readable actor names.
+pub fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+/// Startup arguments of the session actor.
+pub struct SessionArgs {
+    header: SessionHeader,
+    backlog: Vec<Arc<SessionEvent>>,
+    path: Option<PathBuf>,
+}
+
+/// Owns durability of one session.
+pub struct SessionActor;
+
+/// Its state: pending lines and the file they go to.
+pub struct SessionState {
+    path: Option<PathBuf>,
+    pending: String,
+    header_written: bool,
+    header: SessionHeader,
+}
+
+impl SessionState {
+    async fn write_pending(&mut self) -> Result<(), String> {
+        let Some(path) = self.path.clone() else {
+            self.pending.clear();
+            return Ok(());
+        };
+        if self.pending.is_empty() && self.header_written {
+            return Ok(());
+        }
+        let mut text = String::new();
+        let create = !self.header_written;
+        if create {
+            text.push_str(&jsonl::render(&self.header, &[] as &[Arc<SessionEvent>]));
+        }
+        text.push_str(&self.pending);
+        let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(!create)
+                .write(true)
+                .truncate(create)
+                .open(&path)?;
+            file.write_all(text.as_bytes())?;
+            file.sync_data()
+        })
+        .await
+        .map_err(|e| format!("session writer task failed: {e}"))?
+        .map_err(|e| format!("cannot write the session log: {e}"));
+        // A failed write keeps its lines for the next attempt.
+        if written.is_ok() {
+            self.pending.clear();
+            self.header_written = true;
+        }
+        written
+    }
+}
+
+/// Lines buffered before a write is forced.
+const FLUSH_BYTES: usize = 64 * 1024;
+
+impl Actor for SessionActor {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<SessionMsg>,
+        args: SessionArgs,
+    ) -> Result<SessionState, ActorProcessingErr> {
+        let mut pending = String::new();
+        if args.path.is_some() {
+            for e in &args.backlog {
+                pending.push_str(&e.to_json().to_string());
+                pending.push('\n');
+            }
+        }
+        Ok(SessionState {
+            path: args.path,
+            pending,
+            header_written: false,
+            header: args.header,
+        })
+    }
+
+    async fn handle(
+        &self,
+        _me: ActorRef<SessionMsg>,
+        msg: SessionMsg,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Committed(event) => {
+                if state.path.is_some() {
+                    state.pending.push_str(&event.to_json().to_string());
+                    state.pending.push('\n');
+                    if state.pending.len() >= FLUSH_BYTES
+                        && let Err(e) = state.write_pending().await
+                    {
+                        tracing::error!("{e}; keeping the events for the next write");
+                    }
+                }
+            }
+            SessionMsg::Flush(reply) => {
+                let _ = reply.send(state.write_pending().await);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Err(e) = state.write_pending().await {
+            tracing::error!("session log not fully written at shutdown: {e}");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,524 @@
+//! The agent loop end to end on the scripted model.
+
+use std::sync::{Arc, Mutex};
+
+use dsh_actors::agent::{Agent, AgentSpec};
+use dsh_services::approval::{ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
+use dsh_services::llm::scripted::ScriptStep;
+use dsh_services::llm::{
+    BlockType, ChunkStream, LlmAdapter, LlmFailure, LlmRequest, Role, StreamChunk,
+};
+use dsh_services::session::{EventData, TurnEndReason};
+use dsh_services::tools::{
+    Decision, PostExecute, PreExecute, Restriction, ToolExecute, ToolGuard, ToolResultEvent,
+};
+use dsh_supervisors::Status;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::harness::{Harness, WAIT, calls, kinds, results, text};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_turn_records_the_full_event_sequence() {
+    let h = Harness::new().await;
+    h.script("scripted", vec![text("hello there")]);
+    let agent = h.agent("scripted").await;
+    let summary = agent.run("hi", WAIT).await.unwrap();
+    assert_eq!(summary.text, "hello there");
+    assert_eq!(summary.reason, TurnEndReason::Completed);
+    assert_eq!(summary.steps, 1);
+    assert_eq!(
+        kinds(&agent),
+        [
+            "turn/start",
+            "step/start",
+            "user/message",
+            "request/header",
+            "request/context",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/chunk",
+            "assistant/message",
+            "step/end",
+            "turn/end"
+        ]
+    );
+    let events = agent.session().events();
+    assert_eq!(
+        events[10].source_event_seqs.as_deref(),
+        Some(&[5, 6, 7, 8, 9][..])
+    );
+    let EventData::RequestHeader { header, reason } = &events[3].data else {
+        panic!()
+    };
+    assert_eq!(reason, "initial");
+    assert_eq!(header["config"]["provider"], "scripted");
+    assert_eq!(header["tools"].as_array().unwrap().len(), 5);
+    // A second turn reuses the header: no new request/header.
+    h.script("scripted-2", vec![]);
+    let again = agent.run("more?", WAIT).await.unwrap();
+    assert!(
+        matches!(again.reason, TurnEndReason::Error { .. }),
+        "the script is exhausted: {again:?}"
+    );
+    let headers = agent
+        .session()
+        .events()
+        .iter()
+        .filter(|e| e.kind() == "request/header")
+        .count();
+    assert_eq!(headers, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_run_and_their_results_enter_the_history() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![calls(&[("echo", json!({"i": 7}))]), text("done")],
+    );
+    let agent = h.agent("scripted").await;
+    let mut feed = h.rt.tree().subscribe();
+    let summary = agent.run("go", WAIT).await.unwrap();
+    assert_eq!((summary.text.as_str(), summary.steps), ("done", 2));
+    assert_eq!(
+        results(&agent),
+        [("call_echo_0".to_owned(), None, "7".to_owned())]
+    );
+    let history = agent.session().derive_messages();
+    let roles: Vec<Role> = history.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::User, Role::Assistant, Role::User, Role::Assistant]
+    );
+    // tool/call precedes its result, which cites it.
+    let events = agent.session().events();
+    let call = events.iter().find(|e| e.kind() == "tool/call").unwrap();
+    let result = events.iter().find(|e| e.kind() == "tool/result").unwrap();
+    assert_eq!(result.source_event_seqs.as_deref(), Some(&[call.seq][..]));
+    // The call ran as a child actor of the agent's scope.
+    let tool_node = std::iter::from_fn(|| feed.try_recv().ok())
+        .find_map(|c| match c {
+            dsh_supervisors::TreeChange::Spawned { node }
+                if node.name == "tool/echo#call_echo_0" =>
+            {
+                Some(node)
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(tool_node.parent, Some(agent.node_id()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_become_error_results_and_the_turn_goes_on() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![
+            calls(&[
+                ("nope", json!({})),
+                ("echo", json!({"i": "x"})),
+                ("boom", json!({})),
+            ]),
+            text("recovered"),
+        ],
+    );
+    let agent = h.agent("scripted").await;
+    let summary = agent.run("go", WAIT).await.unwrap();
+    assert_eq!(summary.text, "recovered");
+    let r = results(&agent);
+    assert_eq!(r[0].1.as_deref(), Some("UNKNOWN_TOOL"));
+    assert_eq!(r[1].1.as_deref(), Some("INVALID_ARGS"));
+    assert!(
+        r[1].2.contains("the arguments do not match the schema"),
+        "{}",
+        r[1].2
+    );
+    assert_eq!(r[2].1.as_deref(), Some("PANICKED"));
+    assert!(r[2].2.contains("the boom tool exploded"), "{}", r[2].2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safe_calls_run_in_parallel_and_exclusive_calls_alone() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![
+            calls(&[
+                ("meet", json!({})),
+                ("meet", json!({})),
+                ("record", json!({"tag": "a"})),
+                ("record", json!({"tag": "b"})),
+            ]),
+            text("ok"),
+        ],
+    );
+    let agent = h.agent("scripted").await;
+    // The two `meet` calls only finish if they run at the same time.
+    let summary = agent.run("go", WAIT).await.unwrap();
+    assert_eq!(summary.text, "ok");
+    assert_eq!(h.lines(), ["start a", "end a", "start b", "end b"]);
+    let ids: Vec<String> = results(&agent).into_iter().map(|r| r.0).collect();
+    assert_eq!(
+        ids,
+        [
+            "call_meet_0",
+            "call_meet_1",
+            "call_record_2",
+            "call_record_3"
+        ],
+        "results in call order"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![calls(&[("hang", json!({}))]), text("never")],
+    );
+    let agent = h.agent("scripted").await;
+    let mut feed = h.rt.tree().subscribe();
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    // Wait for the tool actor to exist, then cancel.
+    loop {
+        if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
+            && node.name == "tool/hang#call_hang_0"
+        {
+            break;
+        }
+    }
+    agent.cancel();
+    agent.when_idle(WAIT).await.unwrap();
+    let last = agent.last_turn().unwrap();
+    assert!(
+        matches!(last.reason, TurnEndReason::Aborted { .. }),
+        "{last:?}"
+    );
+    assert_eq!(results(&agent)[0].1.as_deref(), Some("ABORTED"));
+    assert_eq!(kinds(&agent).last().unwrap(), "turn/end");
+}
+
+/// Streams "partial" and then waits until cancelled.
+struct Stall;
+
+impl LlmAdapter for Stall {
+    fn name(&self) -> &str {
+        "stall"
+    }
+    fn stream(&self, _request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
+        let head = futures::stream::iter(vec![
+            Ok(StreamChunk::BlockStart {
+                index: 0,
+                block_type: BlockType::Text,
+            }),
+            Ok(StreamChunk::TextDelta {
+                index: 0,
+                text: "partial".into(),
+            }),
+        ]);
+        let tail = futures::stream::once(async move {
+            cancel.cancelled().await;
+            Err(LlmFailure {
+                message: "cancelled".into(),
+                code: "ABORTED".into(),
+                status: None,
+                provider_retry_after_ms: None,
+                request_id: None,
+            })
+        });
+        Box::pin(futures::StreamExt::chain(head, tail))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mid_stream_keeps_the_delivered_prefix_as_interrupted() {
+    let h = Harness::new().await;
+    h.adapter("stall", Arc::new(Stall));
+    let agent = h.agent("stall").await;
+    let seen = Arc::new(tokio::sync::Notify::new());
+    let s = seen.clone();
+    agent.session().observe(Arc::new(move |e| {
+        if let EventData::AssistantChunk {
+            chunk: StreamChunk::TextDelta { .. },
+            ..
+        } = &e.data
+        {
+            s.notify_one();
+        }
+    }));
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    seen.notified().await;
+    agent.cancel();
+    agent.when_idle(WAIT).await.unwrap();
+    let events = agent.session().events();
+    let interrupted = events
+        .iter()
+        .find_map(|e| match &e.data {
+            EventData::AssistantMessage {
+                message,
+                interrupted: true,
+                ..
+            } => Some(message.text()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(interrupted, "partial");
+    assert!(matches!(
+        agent.last_turn().unwrap().reason,
+        TurnEndReason::Aborted { .. }
+    ));
+    // The interrupted prefix is part of the derived history.
+    assert_eq!(
+        agent.session().derive_messages().last().unwrap().text(),
+        "partial"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restricted_tools_are_absent_from_the_prompt_and_refuse_execution() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![
+            calls(&[("boom", json!({})), ("echo", json!({"i": 1}))]),
+            text("ok"),
+        ],
+    );
+    let mut spec = AgentSpec::new("scripted", "m", std::env::temp_dir());
+    spec.restriction = Some(Restriction {
+        allow: Some(vec!["echo".into(), "boom".into()]),
+        deny: vec!["boom".into()],
+    });
+    let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    agent.run("go", WAIT).await.unwrap();
+    let EventData::RequestHeader { header, .. } = &agent.session().events()[3].data else {
+        panic!()
+    };
+    let names: Vec<&str> = header["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo"]);
+    let r = results(&agent);
+    assert_eq!(r[0].1.as_deref(), Some("UNKNOWN_TOOL"));
+    assert!(r[0].2.contains("not available to this agent"));
+    assert_eq!(r[1].1, None);
+    // Another agent without the restriction still sees every tool.
+    let other = h.agent("scripted").await;
+    assert_eq!(h.tools.schemas(other.context().scope_key()).len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_registered_in_the_agent_scope_shadows_the_global_one() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![calls(&[("echo", json!({"i": 3}))]), text("ok")],
+    );
+    let agent = h.agent("scripted").await;
+    struct Loud;
+    impl dsh_services::tools::Tool for Loud {
+        fn schema(&self) -> dsh_services::llm::ToolSchema {
+            dsh_services::llm::ToolSchema {
+                name: "echo".into(),
+                description: "shouts".into(),
+                parameters: json!({"type": "object"}),
+            }
+        }
+        fn execute(
+            self: Arc<Self>,
+            _cx: dsh_services::tools::ToolContext,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<dsh_services::tools::ToolOutput, dsh_services::tools::ToolError>,
+        > {
+            Box::pin(async { Ok(dsh_services::tools::ToolOutput::text("LOUD")) })
+        }
+    }
+    h.tools.register(agent.context(), Arc::new(Loud)).unwrap();
+    agent.run("go", WAIT).await.unwrap();
+    assert_eq!(results(&agent)[0].2, "LOUD");
+    // Disposing the agent revokes its registration; the global one is back.
+    agent.dispose().await;
+    let other = h.agent("scripted").await;
+    let echo = h
+        .tools
+        .visible(other.context().scope_key())
+        .into_iter()
+        .find(|t| t.schema.name == "echo")
+        .unwrap();
+    assert_eq!(echo.schema.description, "test tool echo");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_runs_in_order_and_approval_fails_closed() {
+    let h = Harness::new().await;
+    let order: Arc<Mutex<Vec<String>>> = Arc::default();
+    let root = h.rt.root();
+    let o = order.clone();
+    root.on_waterfall(move |p: PreExecute, next| {
+        let o = o.clone();
+        async move {
+            o.lock().unwrap().push("pre".into());
+            if p.args.get("tag").and_then(|v| v.as_str()) == Some("ask") {
+                return (Decision::Ask("tag is ask".into()), p.args);
+            }
+            next.run(p).await
+        }
+    })
+    .unwrap();
+    let o = order.clone();
+    root.on_bail(move |_: &ToolGuard| -> Option<String> {
+        o.lock().unwrap().push("guard".into());
+        None
+    })
+    .unwrap();
+    let o = order.clone();
+    root.on_waterfall(move |e: ToolExecute, next| {
+        let o = o.clone();
+        async move {
+            o.lock().unwrap().push("execute".into());
+            next.run(e).await
+        }
+    })
+    .unwrap();
+    let o = order.clone();
+    root.on_waterfall(move |p: PostExecute, next| {
+        let o = o.clone();
+        async move {
+            o.lock().unwrap().push("post".into());
+            next.run(p).await
+        }
+    })
+    .unwrap();
+    let o = order.clone();
+    root.on(move |_: &ToolResultEvent| o.lock().unwrap().push("result".into()))
+        .unwrap();
+
+    // Exclusive calls, so the two pipelines do not interleave.
+    h.script(
+        "scripted",
+        vec![
+            calls(&[
+                ("record", json!({"tag": "a"})),
+                ("record", json!({"tag": "ask"})),
+            ]),
+            text("ok"),
+        ],
+    );
+    let agent = h.agent("scripted").await;
+    agent.run("go", WAIT).await.unwrap();
+    let log = order.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            "pre", "guard", "execute", "post", "result", "pre", "post", "result"
+        ]
+    );
+    let r = results(&agent);
+    assert_eq!(r[0].1, None);
+    assert_eq!(r[1].1.as_deref(), Some("DENIED"));
+    assert!(
+        r[1].2.contains("the answer was unavailable"),
+        "no answerer: fail closed: {}",
+        r[1].2
+    );
+
+    // An answerer allows; the `never` policy rejects without asking.
+    root.on_waterfall(|_: ApprovalAsk, _next| async { ApprovalOutcome::AllowedOnce })
+        .unwrap();
+    h.script(
+        "scripted-2",
+        vec![calls(&[("record", json!({"tag": "ask"}))]), text("ok")],
+    );
+    let allowed = h.agent("scripted-2").await;
+    allowed.run("go", WAIT).await.unwrap();
+    assert_eq!(results(&allowed)[0].1, None);
+    h.approval.set_policy(ApprovalPolicy::Never);
+    h.script(
+        "scripted-3",
+        vec![calls(&[("record", json!({"tag": "ask"}))]), text("ok")],
+    );
+    let never = h.agent("scripted-3").await;
+    never.run("go", WAIT).await.unwrap();
+    assert!(results(&never)[0].2.contains("the answer was rejected"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disposing_mid_turn_drains_the_subtree_and_writes_the_turn_end() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![calls(&[("hang", json!({}))]), text("never")],
+    );
+    let agent = h.agent("scripted").await;
+    let mut feed = h.rt.tree().subscribe();
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    loop {
+        if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
+            && node.name.starts_with("tool/hang")
+        {
+            break;
+        }
+    }
+    tokio::time::timeout(WAIT, agent.dispose()).await.unwrap();
+    assert_eq!(agent.status(), Status::Disposed);
+    assert!(matches!(
+        agent.session().events().last().unwrap().data,
+        EventData::TurnEnd {
+            reason: TurnEndReason::Aborted { .. },
+            ..
+        }
+    ));
+    assert!(
+        agent
+            .followup(dsh_services::llm::Message::user_text("late"))
+            .is_err()
+    );
+    let live: Vec<String> = h.rt.tree().snapshot().into_iter().map(|n| n.name).collect();
+    assert!(
+        !live
+            .iter()
+            .any(|n| n.contains("tool/") || n.starts_with("driver/") || n.starts_with("session/")),
+        "{live:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_failure_ends_the_turn_with_the_structured_error() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![ScriptStep {
+            error: Some(dsh_services::llm::scripted::ScriptedError {
+                code: "RATE_LIMITED".into(),
+                message: "slow down".into(),
+                status: Some(429),
+            }),
+            ..ScriptStep::default()
+        }],
+    );
+    let agent = h.agent("scripted").await;
+    let summary = agent.run("go", WAIT).await.unwrap();
+    let TurnEndReason::Error { error } = summary.reason else {
+        panic!("{summary:?}")
+    };
+    assert_eq!(
+        (error.code.as_str(), error.status),
+        ("RATE_LIMITED", Some(429))
+    );
+    assert!(!kinds(&agent).contains(&"assistant/message".to_owned()));
+}
