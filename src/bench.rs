@@ -270,3 +270,275 @@ pub async fn kernel(rounds: usize) -> Result<serde_json::Value, BoxError> {
     println!("RESULT {result}");
     Ok(result)
 }
+
+/// Runs `dsh <args>` in one warm-up process and then `processes` measured
+/// fresh processes; reports every run and the median, min and max of `key`.
+pub async fn across_processes(
+    args: &[&str],
+    processes: u32,
+    key: &str,
+) -> Result<serde_json::Value, BoxError> {
+    let exe = std::env::current_exe()?;
+    let mut runs = Vec::new();
+    for i in 0..=processes {
+        let out = tokio::process::Command::new(&exe)
+            .args(args)
+            .output()
+            .await?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!("run {i} failed: {}", String::from_utf8_lossy(&out.stderr)).into());
+        }
+        let line = stdout
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .ok_or("a run printed no RESULT line")?;
+        let value: serde_json::Value = serde_json::from_str(line)?;
+        if i > 0 {
+            println!("run {i}: {line}");
+            runs.push(value);
+        }
+    }
+    let mut figures: Vec<f64> = runs.iter().filter_map(|r| r[key].as_f64()).collect();
+    figures.sort_by(|a, b| a.total_cmp(b));
+    let median = figures.get(figures.len() / 2).copied().unwrap_or(f64::NAN);
+    let mut summary = runs.get(figures.len() / 2).cloned().unwrap_or_default();
+    if let Some(obj) = summary.as_object_mut() {
+        obj.insert(format!("{key}_median"), median.into());
+        obj.insert(
+            format!("{key}_min"),
+            figures.first().copied().unwrap_or(f64::NAN).into(),
+        );
+        obj.insert(
+            format!("{key}_max"),
+            figures.last().copied().unwrap_or(f64::NAN).into(),
+        );
+        obj.insert("processes".into(), processes.into());
+    }
+    Ok(summary)
+}
+
+/// The W1/W2/W3 workloads of `../shared/bench/WORKLOADS.md`.
+pub mod workloads {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use dsh_actors::agent::{Agent, AgentSpec, Agents};
+    use dsh_services::llm::scripted::chunks_for;
+    use dsh_services::llm::{
+        ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, LlmRuntime, TokenUsage,
+        ToolSchema,
+    };
+    use dsh_services::session::TurnEndReason;
+    use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+    use dsh_supervisors::{BoxError, Runtime, RuntimeSettings};
+    use futures::FutureExt;
+    use futures::future::BoxFuture;
+    use tokio_util::sync::CancellationToken;
+
+    /// The worker model: a pure function of the conversation. With `n` tool
+    /// results after the last user prompt, it calls `echo(n+1)` while
+    /// `n < S-1`, then answers `done`.
+    pub struct WorkerModel {
+        steps: u32,
+        calls: AtomicU64,
+    }
+
+    impl WorkerModel {
+        /// A worker model for `steps` steps per turn.
+        pub fn new(steps: u32) -> WorkerModel {
+            WorkerModel {
+                steps,
+                calls: AtomicU64::new(0),
+            }
+        }
+
+        /// Model calls answered.
+        pub fn calls(&self) -> u64 {
+            self.calls.load(Ordering::Relaxed)
+        }
+    }
+
+    /// Tool results after the last prompt (a user message from the user).
+    fn results_since_prompt(request: &LlmRequest) -> u32 {
+        let mut n = 0;
+        for m in request.messages.iter().rev() {
+            if m.source.kind == "user" {
+                break;
+            }
+            n += m
+                .content
+                .iter()
+                .filter(|b| matches!(b, ContentBlock::ToolResult { .. }))
+                .count() as u32;
+        }
+        n
+    }
+
+    impl LlmAdapter for WorkerModel {
+        fn name(&self) -> &str {
+            "bench-worker"
+        }
+
+        fn stream(&self, request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let n = results_since_prompt(&request);
+            let (blocks, finish) = if n < self.steps.saturating_sub(1) {
+                let call = ContentBlock::ToolCall {
+                    id: format!("call_{}", n + 1),
+                    name: "echo".into(),
+                    arguments: format!("{{\"i\":{}}}", n + 1),
+                };
+                (vec![call], FinishReason::ToolCalls)
+            } else {
+                (vec![ContentBlock::text("done")], FinishReason::Stop)
+            };
+            let usage = TokenUsage {
+                input_tokens: request.messages.len() as u64,
+                output_tokens: 1,
+                ..TokenUsage::default()
+            };
+            Box::pin(futures::stream::iter(
+                chunks_for(&blocks, usage, finish).into_iter().map(Ok),
+            ))
+        }
+    }
+
+    /// `echo(i: integer) -> "<i>"`.
+    pub struct Echo {
+        calls: AtomicU64,
+    }
+
+    impl Tool for Echo {
+        fn schema(&self) -> ToolSchema {
+            ToolSchema {
+                name: "echo".into(),
+                description: "Returns its argument.".into(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"i": {"type": "integer"}},
+                    "required": ["i"],
+                    "additionalProperties": false
+                }),
+            }
+        }
+
+        fn is_concurrency_safe(&self) -> bool {
+            true
+        }
+
+        fn execute(
+            self: Arc<Self>,
+            cx: ToolContext,
+        ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            async move { Ok(ToolOutput::text(cx.args["i"].to_string())) }.boxed()
+        }
+    }
+
+    /// Resident set figures from `/proc/self/status`, in KiB.
+    pub fn rss_kb(field: &str) -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with(field))
+                    .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+
+    struct World {
+        rt: Runtime,
+        worker: Arc<WorkerModel>,
+        echo: Arc<Echo>,
+    }
+
+    async fn world(steps: u32) -> Result<World, BoxError> {
+        let rt = Runtime::start(RuntimeSettings::default()).await?;
+        let root = rt.root();
+        let llm = Arc::new(LlmRuntime::new());
+        let tools = Arc::new(ToolRegistry::new());
+        root.provide(LlmRuntime::SERVICE, llm.clone())?;
+        root.provide(ToolRegistry::SERVICE, tools.clone())?;
+        root.provide(Agents::SERVICE, Arc::new(Agents::default()))?;
+        let worker = Arc::new(WorkerModel::new(steps));
+        llm.register(&root, &["bench-worker"], worker.clone())?;
+        let echo = Arc::new(Echo {
+            calls: AtomicU64::new(0),
+        });
+        tools.register(&root, echo.clone())?;
+        Ok(World { rt, worker, echo })
+    }
+
+    fn spec(provider: &str) -> AgentSpec {
+        let mut spec = AgentSpec::new(provider, "bench", std::env::temp_dir());
+        spec.system = Some("You are a benchmark agent.".into());
+        spec
+    }
+
+    const TURN_BUDGET: Duration = Duration::from_secs(60);
+
+    async fn turn(agent: &Agent, input: &str, steps: u32) -> Result<(), BoxError> {
+        let summary = agent.run(input, TURN_BUDGET).await?;
+        if summary.text != "done"
+            || summary.steps != steps
+            || summary.reason != TurnEndReason::Completed
+        {
+            return Err(format!(
+                "turn `{input}` ended {summary:?}; expected `done` after {steps} steps"
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// W1: one agent, `turns` sequential turns of `steps` steps each.
+    pub async fn w1(turns: u32, steps: u32) -> Result<serde_json::Value, BoxError> {
+        let w = world(steps).await?;
+        let agent = Agent::create(&w.rt.root(), spec("bench-worker")).await?;
+        for t in 0..5 {
+            turn(&agent, &format!("warmup-{t}"), steps).await?;
+        }
+        let (calls0, echo0) = (w.worker.calls(), w.echo.calls.load(Ordering::Relaxed));
+        let start = Instant::now();
+        for t in 0..turns {
+            turn(&agent, &format!("turn-{t}"), steps).await?;
+        }
+        let wall = start.elapsed().as_secs_f64();
+        let model_calls = w.worker.calls() - calls0;
+        let echo_calls = w.echo.calls.load(Ordering::Relaxed) - echo0;
+        let (want_calls, want_echo) = (u64::from(turns * steps), u64::from(turns * (steps - 1)));
+        if model_calls != want_calls || echo_calls != want_echo {
+            return Err(format!(
+                "semantic mismatch: {model_calls} model calls (want {want_calls}), {echo_calls} echo calls (want {want_echo})"
+            )
+            .into());
+        }
+        let events = agent.session().next_seq();
+        w.rt.shutdown().await;
+        let us_per_step = wall * 1e6 / f64::from(turns * steps);
+        Ok(serde_json::json!({
+            "workload": "w1",
+            "wall_s": wall,
+            "us_per_step": us_per_step,
+            "peak_rss_kb": rss_kb("VmHWM:"),
+            "threads": threads(),
+            "turns": turns,
+            "steps": steps,
+            "model_calls": model_calls,
+            "echo_calls": echo_calls,
+            "session_events": events,
+            "persistence": "in-memory (session log in the agent, no file sink)",
+        }))
+    }
+
+    /// Worker threads of the runtime (tokio's default: one per core).
+    pub fn threads() -> usize {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    }
+}

@@ -67,6 +67,19 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
+    W1 {
+        /// Turns R.
+        #[arg(long, default_value_t = 200)]
+        turns: u32,
+        /// Steps S per turn.
+        #[arg(long, default_value_t = 5)]
+        steps: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -112,6 +125,41 @@ async fn run(command: Command) -> ExitCode {
                 ExitCode::from(EXIT_FAILURE)
             }
         },
+        Command::Bench {
+            which:
+                Bench::W1 {
+                    turns,
+                    steps,
+                    processes,
+                },
+        } => {
+            if steps == 0 || turns == 0 {
+                eprintln!("dsh bench w1: --turns and --steps must be at least 1");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            let (t, s) = (turns.to_string(), steps.to_string());
+            let args = ["bench", "w1", "--turns", &t, "--steps", &s];
+            if processes > 1 {
+                return report(dsh::bench::across_processes(&args, processes, "us_per_step").await);
+            }
+            // On a worker thread, as an embedding service would run it.
+            let run = tokio::spawn(dsh::bench::workloads::w1(turns, steps));
+            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+        }
+    }
+}
+
+/// Prints a workload's `RESULT` line, or its error.
+fn report(result: Result<serde_json::Value, dsh::kernel::BoxError>) -> ExitCode {
+    match result {
+        Ok(v) => {
+            println!("RESULT {v}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("dsh bench: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
     }
 }
 

@@ -202,6 +202,15 @@ struct Inner {
     driver: std::sync::OnceLock<WorkerRef<DriverMsg>>,
     cwd: Arc<PathBuf>,
     resumed: bool,
+    /// Tool schemas and request header, rebuilt only when the tool registry changes.
+    envelope: Mutex<Option<Envelope>>,
+}
+
+#[derive(Clone)]
+struct Envelope {
+    generation: u64,
+    schemas: Arc<[ToolSchema]>,
+    header: Arc<serde_json::Value>,
 }
 
 /// A handle to a live agent.
@@ -326,6 +335,7 @@ impl Agent {
             idle,
             driver: std::sync::OnceLock::new(),
             resumed,
+            envelope: Mutex::new(None),
         });
         let name = format!("driver/{}", short(&inner.id));
         let weak = Arc::downgrade(&inner);
@@ -675,6 +685,26 @@ enum StepEnd {
     Failed(LlmFailure),
 }
 
+/// The tool schemas and header in force, rebuilt when the registry changed.
+fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
+    let generation = inner.tools.generation();
+    let mut cache = inner.envelope.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = cache.as_ref()
+        && e.generation == generation
+    {
+        return e.clone();
+    }
+    let schemas: Arc<[ToolSchema]> = inner.tools.schemas(inner.ctx.scope_key()).into();
+    let header = Arc::new(header_value(&inner.spec, system, &schemas));
+    let fresh = Envelope {
+        generation,
+        schemas,
+        header,
+    };
+    *cache = Some(fresh.clone());
+    fresh
+}
+
 /// The request envelope as logged in `request/header`.
 fn header_value(spec: &AgentSpec, system: Option<&str>, tools: &[ToolSchema]) -> serde_json::Value {
     let mut config = serde_json::Map::new();
@@ -703,21 +733,22 @@ fn header_value(spec: &AgentSpec, system: Option<&str>, tools: &[ToolSchema]) ->
 async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken) -> StepEnd {
     let inner = &agent.inner;
     let scope = inner.ctx.scope_key();
-    let schemas: Arc<[ToolSchema]> = inner.tools.schemas(scope).into();
     let system: Option<Arc<str>> = inner.spec.system.as_deref().map(Arc::from);
+    let envelope = envelope(inner, system.as_deref());
     // The request envelope is logged state: a full snapshot at the first
     // request of this agent instance, then whenever it changes.
-    let header = header_value(&inner.spec, system.as_deref(), &schemas);
     let (first, changed) = inner.session.with_log(|log| {
-        let first_here = !log
-            .events()
-            .iter()
-            .skip(log.first_live_seq() as usize)
-            .any(|e| matches!(e.data, EventData::RequestHeader { .. }));
-        (
-            first_here,
-            log.request_header().map(|h| h.as_ref()) != Some(&header),
-        )
+        let logged = log.request_header();
+        let first_here = logged.is_none()
+            || !log
+                .events()
+                .iter()
+                .skip(log.first_live_seq() as usize)
+                .any(|e| matches!(e.data, EventData::RequestHeader { .. }));
+        let same = logged.is_some_and(|h| {
+            Arc::ptr_eq(h, &envelope.header) || h.as_ref() == envelope.header.as_ref()
+        });
+        (first_here, !same)
     });
     if first || changed {
         let reason = if !first {
@@ -730,7 +761,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         log_append(
             agent,
             EventData::RequestHeader {
-                header: Arc::new(header),
+                header: envelope.header.clone(),
                 reason: reason.into(),
             },
             None,
@@ -747,6 +778,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
             log_append(agent, EventData::RequestContext(route), None);
         }
     }
+    let schemas = envelope.schemas.clone();
     let request = LlmRequest {
         provider: inner.spec.provider.clone(),
         model: inner.spec.model.clone(),

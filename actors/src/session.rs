@@ -12,9 +12,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use dsh_services::llm::Message;
 use dsh_services::session::{
-    EventData, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, jsonl,
+    EventData, History, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, jsonl,
 };
 use dsh_supervisors::events::panic_text;
 use dsh_supervisors::tree::now_ms;
@@ -120,7 +119,7 @@ impl SessionHandle {
     }
 
     /// The derived model history (shared messages).
-    pub fn derive_messages(&self) -> Vec<Arc<Message>> {
+    pub fn derive_messages(&self) -> History {
         self.log().derive_messages()
     }
 
@@ -166,6 +165,7 @@ impl SessionHandle {
             let log = self.log();
             (log.header().clone(), log.events().to_vec())
         };
+        let durable = path.is_some();
         let spec = WorkerSpec::new(
             "session",
             format!("session/{}", short(&self.id)),
@@ -177,7 +177,9 @@ impl SessionHandle {
             },
         );
         let actor = ctx.spawn(spec).await?;
-        if let Ok(mut slot) = self.core.actor.lock() {
+        // Without a sink the actor has nothing to do per event: committed
+        // events are not forwarded (no mailbox hop on the hot path).
+        if durable && let Ok(mut slot) = self.core.actor.lock() {
             *slot = Some(actor);
         }
         Ok(())

@@ -177,9 +177,9 @@ pub struct Message {
 }
 
 impl Message {
-    /// A fresh message id (a UUID v4).
+    /// A fresh message id in UUID v4 form.
     pub fn new_id() -> String {
-        uuid::Uuid::new_v4().to_string()
+        ids::next()
     }
 
     /// A user prompt with one text block.
@@ -213,6 +213,39 @@ impl Message {
             } => Some((id.as_str(), name.as_str(), arguments.as_str())),
             _ => None,
         })
+    }
+}
+
+/// Message ids: UUID-v4-shaped, unique within the process and random
+/// across processes, without a system call per id (the OS is asked for
+/// randomness once per thread, then a SplitMix64 sequence is used).
+mod ids {
+    use std::cell::Cell;
+
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(seed());
+    }
+
+    fn seed() -> u64 {
+        let u = uuid::Uuid::new_v4();
+        let (hi, lo) = u.as_u64_pair();
+        hi ^ lo.rotate_left(17)
+    }
+
+    fn splitmix(state: &Cell<u64>) -> u64 {
+        let s = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        state.set(s);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub(super) fn next() -> String {
+        let (hi, lo) = STATE.with(|s| (splitmix(s), splitmix(s)));
+        uuid::Builder::from_random_bytes(((u128::from(hi) << 64) | u128::from(lo)).to_be_bytes())
+            .into_uuid()
+            .to_string()
     }
 }
 

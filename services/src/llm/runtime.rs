@@ -8,7 +8,8 @@ use dsh_supervisors::{Context, Disposer, Event, Waterfall};
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{LlmFailure, Message, StreamChunk, ToolSchema};
+use super::{LlmFailure, StreamChunk, ToolSchema};
+use crate::session::History;
 
 /// One model call, provider-neutral.
 #[derive(Clone, Debug)]
@@ -20,7 +21,7 @@ pub struct LlmRequest {
     /// Rendered system prompt.
     pub system: Option<Arc<str>>,
     /// The conversation (derived history), shared.
-    pub messages: Vec<Arc<Message>>,
+    pub messages: History,
     /// Tools the model may call.
     pub tools: Arc<[ToolSchema]>,
     /// Sampling temperature.

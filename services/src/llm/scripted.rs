@@ -107,7 +107,7 @@ impl ScriptedModel {
 /// Estimated tokens of a request (4 characters a token), for usage figures.
 fn estimate_tokens(request: &LlmRequest) -> u64 {
     let mut chars = request.system.as_ref().map(|s| s.len()).unwrap_or(0);
-    for m in &request.messages {
+    for m in request.messages.iter() {
         for b in &m.content {
             chars += match b {
                 ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.len(),

@@ -106,7 +106,7 @@ pub struct SessionLog {
     events: Vec<Arc<SessionEvent>>,
     surface: Surface,
     first_live_seq: u64,
-    derived: Vec<Arc<Message>>,
+    derived: History,
     derived_nodes: usize,
     derived_generation: u64,
     request_header: Option<Arc<Value>>,
@@ -121,7 +121,7 @@ impl SessionLog {
             events: Vec::new(),
             surface: Surface::default(),
             first_live_seq: 0,
-            derived: Vec::new(),
+            derived: History::default(),
             derived_nodes: 0,
             derived_generation: 0,
             request_header: None,
@@ -296,22 +296,29 @@ impl SessionLog {
     /// The model-visible history: one message per surface node, in order,
     /// shared (never copied). Each node is projected once; only a surface
     /// replacement rebuilds. Empty assistant messages are skipped.
-    pub fn derive_messages(&mut self) -> Vec<Arc<Message>> {
+    ///
+    /// The returned snapshot never grows. While no caller still holds an
+    /// earlier snapshot, extending the history costs only the new nodes;
+    /// a held snapshot makes the next extension copy the list once.
+    pub fn derive_messages(&mut self) -> History {
         if self.derived_generation != self.surface.replace_generation {
-            self.derived.clear();
+            self.derived = History::default();
             self.derived_nodes = 0;
             self.derived_generation = self.surface.replace_generation;
         }
-        for &seq in &self.surface.nodes[self.derived_nodes..] {
-            if let Some(m) = self
-                .events
-                .get(seq as usize)
-                .and_then(|e| derive_event_message(e))
-            {
-                self.derived.push(m);
+        if self.derived_nodes < self.surface.nodes.len() {
+            let list = Arc::make_mut(&mut self.derived.0);
+            for &seq in &self.surface.nodes[self.derived_nodes..] {
+                if let Some(m) = self
+                    .events
+                    .get(seq as usize)
+                    .and_then(|e| derive_event_message(e))
+                {
+                    list.push(m);
+                }
             }
+            self.derived_nodes = self.surface.nodes.len();
         }
-        self.derived_nodes = self.surface.nodes.len();
         self.derived.clone()
     }
 
@@ -375,6 +382,24 @@ pub fn derive_event_message(event: &SessionEvent) -> Option<Arc<Message>> {
         return None;
     }
     Some(m.clone())
+}
+
+/// A snapshot of derived history: shared messages in model-visible order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History(Arc<Vec<Arc<Message>>>);
+
+impl std::ops::Deref for History {
+    type Target = [Arc<Message>];
+    fn deref(&self) -> &[Arc<Message>] {
+        &self.0
+    }
+}
+
+impl History {
+    /// The messages as a vector (clones the `Arc`s, not the messages).
+    pub fn to_vec(&self) -> Vec<Arc<Message>> {
+        self.0.as_ref().clone()
+    }
 }
 
 /// Surface placement of a message-producing append.

@@ -15,6 +15,6 @@ pub use event::{
     ToolErrorId, TurnEndReason, is_surface_type,
 };
 pub use log::{
-    SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface, SurfaceIntent,
-    derive_event_message,
+    History, SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface,
+    SurfaceIntent, derive_event_message,
 };

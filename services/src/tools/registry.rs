@@ -91,6 +91,7 @@ pub enum Resolution {
 pub struct ToolRegistry {
     layers: RwLock<ScopedLayers<ToolLayer>>,
     next: AtomicU64,
+    generation: AtomicU64,
 }
 
 impl ToolRegistry {
@@ -100,6 +101,16 @@ impl ToolRegistry {
     /// An empty registry.
     pub fn new() -> ToolRegistry {
         ToolRegistry::default()
+    }
+
+    /// Changes with every registration, removal and restriction change, so
+    /// a consumer may cache what it derived from the registry.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Registers `tool` in `ctx`'s scope layer (global for an untagged
@@ -147,6 +158,7 @@ impl ToolRegistry {
                     layers.reclaim(k);
                 }
             }
+            me.bump();
         };
         ctx.effect(&label, undo).map_err(|e| e.to_string())
     }
@@ -165,6 +177,7 @@ impl ToolRegistry {
             .layer_mut(scope.as_ref())
             .restrictions
             .push((id, restriction));
+        self.bump();
         let me = self.clone();
         let undo = move || {
             if let Ok(mut layers) = me.layers.write() {
