@@ -2,6 +2,7 @@
 //!
 //! ## Code map
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
+//! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`bench`]: `dsh bench …` workloads, printing per-operation costs and ratios.
 //! - `main.rs`: the CLI (`dsh check`, `dsh tree`, `dsh bench`).
 //!
@@ -14,3 +15,4 @@ pub use dsh_supervisors as kernel;
 
 pub mod bench;
 pub mod catalogue;
+pub mod run;

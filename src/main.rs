@@ -51,6 +51,45 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run one prompt through an agent; the answer streams to stdout, tool
+    /// calls to stderr.
+    Run {
+        /// The prompt.
+        prompt: String,
+        /// Play a script with the keyless scripted model.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["base_url", "model"])]
+        script: Option<PathBuf>,
+        /// OpenAI-compatible endpoint, e.g. https://api.deepseek.com/v1 (or $DSH_BASE_URL).
+        #[arg(long)]
+        base_url: Option<String>,
+        /// Model id (or $DSH_MODEL).
+        #[arg(long)]
+        model: Option<String>,
+        /// Environment variable holding the API key.
+        #[arg(long, default_value = "DSH_API_KEY")]
+        api_key_env: String,
+        /// Approval policy for actions that ask: never, ask, always.
+        #[arg(long, default_value = "ask")]
+        approval: dsh_services::approval::ApprovalPolicy,
+        /// Print the session events as JSON lines on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Print the actor tree on stderr at the end.
+        #[arg(long)]
+        tree: bool,
+        /// Workspace root (default: the current directory).
+        #[arg(long, default_value = ".")]
+        cwd: PathBuf,
+        /// Write the session log (JSONL) here.
+        #[arg(long, value_name = "FILE")]
+        session: Option<PathBuf>,
+        /// System prompt.
+        #[arg(long)]
+        system: Option<String>,
+        /// Steps allowed in the turn.
+        #[arg(long, default_value_t = 64)]
+        max_steps: u32,
+    },
     /// Run a benchmark and print its figures (last line: `RESULT {json}`).
     Bench {
         #[command(subcommand)]
@@ -116,6 +155,40 @@ async fn run(command: Command) -> ExitCode {
             patches,
             json,
         } => tree(file, patches, json).await,
+        Command::Run {
+            prompt,
+            script,
+            base_url,
+            model,
+            api_key_env,
+            approval,
+            json,
+            tree,
+            cwd,
+            session,
+            system,
+            max_steps,
+        } => {
+            let opts = dsh::run::RunOptions {
+                prompt,
+                script,
+                base_url,
+                model,
+                api_key_env,
+                approval,
+                json,
+                tree,
+                cwd,
+                session_out: session,
+                system,
+                max_steps,
+            };
+            let exit = dsh::run::run(opts).await;
+            if let Some(m) = exit.message {
+                eprintln!("dsh run: {m}");
+            }
+            ExitCode::from(exit.code)
+        }
         Command::Bench {
             which: Bench::Kernel { rounds },
         } => match dsh::bench::kernel(rounds).await {

@@ -308,6 +308,9 @@ impl Agent {
             if let Some(r) = spec.restriction.clone() {
                 tools.restrict(&sctx, r).map_err(AgentError::Kernel)?;
             }
+            let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
+            sctx.provide(dsh_services::session::SESSION_SERVICE, writer)
+                .map_err(|e| AgentError::Kernel(e.to_string()))?;
             session
                 .attach(&sctx, spec.session_path.clone())
                 .await

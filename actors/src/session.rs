@@ -325,3 +325,9 @@ impl Actor for SessionActor {
         Ok(())
     }
 }
+
+impl dsh_services::session::SessionWriter for SessionHandle {
+    fn append_log_only(&self, data: EventData) -> Result<u64, SessionError> {
+        self.append(data, None).map(|e| e.seq)
+    }
+}

@@ -18,3 +18,13 @@ pub use log::{
     History, SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface,
     SurfaceIntent, derive_event_message,
 };
+
+/// Appends log-only events to the session of the agent a tool runs for.
+/// Agents provide it in their scope under [`SESSION_SERVICE`].
+pub trait SessionWriter: Send + Sync {
+    /// Appends one log-only event; returns its seq.
+    fn append_log_only(&self, data: EventData) -> Result<u64, SessionError>;
+}
+
+/// The scoped capability name of an agent's [`SessionWriter`].
+pub const SESSION_SERVICE: &str = "session";

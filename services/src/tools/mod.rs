@@ -9,6 +9,7 @@
 //! waterfall → the definition's `finalize_content` → `tools/result` (emit).
 //! Every failure along the way is an `is_error` result; the turn goes on.
 
+pub mod builtin;
 mod pipeline;
 mod registry;
 

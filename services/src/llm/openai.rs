@@ -1,0 +1,750 @@
+//! The OpenAI-compatible streaming adapter (DeepSeek, OpenAI, vLLM,
+//! llama.cpp server, Ollama): `POST {base_url}/chat/completions` with
+//! `stream: true`, parsed as server-sent events.
+//!
+//! It maps text, DeepSeek's `reasoning_content`, tool-call deltas (any id
+//! format, arguments split anywhere), usage (`stream_options.include_usage`)
+//! and finish reasons onto the chunk protocol; an `{"error": …}` event inside
+//! a 200 stream, an HTTP error status and a dropped connection become typed
+//! failures. One call is one attempt: retries belong to [`RetryListener`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh_supervisors::{Context, Disposer, ListenOptions};
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmStream};
+use super::{
+    BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage,
+};
+
+/// Where and how to reach an endpoint.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// Base URL up to the API version, e.g. `https://api.deepseek.com/v1`.
+    pub base_url: String,
+    /// Bearer token; never logged.
+    pub api_key: Option<String>,
+    /// Longest silence between two stream events.
+    pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
+}
+
+/// The adapter.
+pub struct OpenAiCompatible {
+    config: OpenAiConfig,
+    http: reqwest::Client,
+}
+
+fn fail(code: &str, message: impl Into<String>) -> LlmFailure {
+    LlmFailure {
+        message: message.into(),
+        code: code.into(),
+        status: None,
+        provider_retry_after_ms: None,
+        request_id: None,
+    }
+}
+
+impl OpenAiCompatible {
+    /// An adapter for `config`.
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiCompatible, String> {
+        // One process-wide TLS provider; a second install is a no-op error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("dsh/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(OpenAiCompatible { config, http })
+    }
+}
+
+/// The request body for `request`.
+pub fn request_body(request: &LlmRequest) -> Value {
+    let mut messages = Vec::new();
+    if let Some(system) = &request.system {
+        messages.push(json!({"role": "system", "content": system.as_ref()}));
+    }
+    for m in request.messages.iter() {
+        wire_messages(m, &mut messages);
+    }
+    let mut body = json!({
+        "model": request.model,
+        "messages": messages,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if !request.tools.is_empty() {
+        body["tools"] = request
+            .tools
+            .iter()
+            .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
+            .collect();
+    }
+    if let Some(t) = request.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(m) = request.max_tokens {
+        body["max_tokens"] = json!(m);
+    }
+    body
+}
+
+fn wire_messages(m: &Message, out: &mut Vec<Value>) {
+    let text: String = m
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    match m.role {
+        Role::System => out.push(json!({"role": "system", "content": text})),
+        Role::User => {
+            for b in &m.content {
+                if let ContentBlock::ToolResult {
+                    tool_call_id,
+                    content,
+                    ..
+                } = b
+                {
+                    let result: String = content
+                        .iter()
+                        .filter_map(|c| match c {
+                            ContentBlock::Text { text } => Some(text.as_str()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    out.push(
+                        json!({"role": "tool", "tool_call_id": tool_call_id, "content": result}),
+                    );
+                }
+            }
+            if !text.is_empty() {
+                out.push(json!({"role": "user", "content": text}));
+            }
+        }
+        Role::Assistant => {
+            let calls: Vec<Value> = m
+                .tool_calls()
+                .map(|(id, name, arguments)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
+                .collect();
+            let mut msg = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) }});
+            if !calls.is_empty() {
+                msg["tool_calls"] = Value::Array(calls);
+            }
+            out.push(msg);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default)]
+    choices: Vec<WireChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    #[serde(default)]
+    delta: Option<WireDelta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireDelta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<WireToolDelta>,
+}
+
+#[derive(Deserialize)]
+struct WireToolDelta {
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<WireFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_cache_hit_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Value>,
+    #[serde(default)]
+    completion_tokens_details: Option<Value>,
+}
+
+/// Turns provider deltas into well-formed chunks.
+#[derive(Default)]
+pub struct Translator {
+    blocks: Vec<Open>,
+    reasoning: Option<usize>,
+    text: Option<usize>,
+    calls: BTreeMap<u32, usize>,
+    usage: Option<TokenUsage>,
+    finish: Option<FinishReason>,
+}
+
+struct Open {
+    kind: BlockType,
+    text: String,
+    id: String,
+    name: String,
+}
+
+impl Translator {
+    fn open(&mut self, kind: BlockType, out: &mut Vec<StreamChunk>) -> usize {
+        let index = self.blocks.len();
+        self.blocks.push(Open {
+            kind,
+            text: String::new(),
+            id: String::new(),
+            name: String::new(),
+        });
+        out.push(StreamChunk::BlockStart {
+            index: index as u32,
+            block_type: kind,
+        });
+        index
+    }
+
+    /// Chunks for one decoded SSE `data` payload.
+    pub fn feed(&mut self, data: &str) -> Result<Vec<StreamChunk>, LlmFailure> {
+        let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
+            fail(
+                "MALFORMED_CHUNK",
+                format!("the provider sent an unreadable stream event: {e}"),
+            )
+        })?;
+        if let Some(err) = chunk.error {
+            let message = err["message"]
+                .as_str()
+                .unwrap_or("the provider reported an error")
+                .to_owned();
+            let code = err["code"]
+                .as_str()
+                .or_else(|| err["type"].as_str())
+                .map(|c| c.to_uppercase())
+                .unwrap_or_else(|| "PROVIDER_ERROR".into());
+            return Err(fail(&code, message));
+        }
+        let mut out = Vec::new();
+        for choice in chunk.choices {
+            if let Some(delta) = choice.delta {
+                if let Some(r) = delta.reasoning_content.filter(|r| !r.is_empty()) {
+                    let i = match self.reasoning {
+                        Some(i) => i,
+                        None => {
+                            let i = self.open(BlockType::Reasoning, &mut out);
+                            self.reasoning = Some(i);
+                            i
+                        }
+                    };
+                    self.blocks[i].text.push_str(&r);
+                    out.push(StreamChunk::ReasoningDelta {
+                        index: i as u32,
+                        text: r,
+                    });
+                }
+                if let Some(t) = delta.content.filter(|t| !t.is_empty()) {
+                    let i = match self.text {
+                        Some(i) => i,
+                        None => {
+                            let i = self.open(BlockType::Text, &mut out);
+                            self.text = Some(i);
+                            i
+                        }
+                    };
+                    self.blocks[i].text.push_str(&t);
+                    out.push(StreamChunk::TextDelta {
+                        index: i as u32,
+                        text: t,
+                    });
+                }
+                for (n, call) in delta.tool_calls.into_iter().enumerate() {
+                    let key = call.index.unwrap_or(n as u32);
+                    let i = match self.calls.get(&key) {
+                        Some(i) => *i,
+                        None => {
+                            let i = self.open(BlockType::ToolCall, &mut out);
+                            self.calls.insert(key, i);
+                            i
+                        }
+                    };
+                    let block = &mut self.blocks[i];
+                    if let Some(id) = call.id.filter(|id| !id.is_empty())
+                        && block.id.is_empty()
+                    {
+                        block.id = id;
+                    }
+                    let (name, args) = match call.function {
+                        Some(f) => (f.name, f.arguments.unwrap_or_default()),
+                        None => (None, String::new()),
+                    };
+                    if let Some(n) = &name
+                        && block.name.is_empty()
+                    {
+                        block.name.clone_from(n);
+                    }
+                    block.text.push_str(&args);
+                    out.push(StreamChunk::ToolCallDelta {
+                        index: i as u32,
+                        id: block.id.clone(),
+                        name,
+                        arguments_delta: args,
+                    });
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.finish = Some(match reason.as_str() {
+                    "stop" => FinishReason::Stop,
+                    "tool_calls" | "function_call" => FinishReason::ToolCalls,
+                    "length" => FinishReason::MaxTokens,
+                    other => FinishReason::Error {
+                        failure: fail(
+                            "FINISH_REASON",
+                            format!("the provider stopped with `{other}`"),
+                        ),
+                    },
+                });
+            }
+        }
+        if let Some(u) = chunk.usage {
+            let cached = u
+                .prompt_cache_hit_tokens
+                .or_else(|| {
+                    u.prompt_tokens_details
+                        .as_ref()
+                        .and_then(|d| d["cached_tokens"].as_u64())
+                })
+                .unwrap_or(0);
+            self.usage = Some(TokenUsage {
+                input_tokens: u.prompt_tokens.saturating_sub(cached),
+                output_tokens: u.completion_tokens,
+                cache_read_tokens: Some(cached),
+                cache_write_tokens: None,
+                reasoning_tokens: u
+                    .completion_tokens_details
+                    .as_ref()
+                    .and_then(|d| d["reasoning_tokens"].as_u64()),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The closing chunks: every block's end, usage, finish. A stream that
+    /// ended without a finish reason and without content is an empty
+    /// response (retryable).
+    pub fn finish(&mut self) -> Vec<StreamChunk> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let block = match b.kind {
+                BlockType::Reasoning => ContentBlock::Reasoning {
+                    text: b.text.clone(),
+                },
+                BlockType::ToolCall => ContentBlock::ToolCall {
+                    id: if b.id.is_empty() {
+                        format!("call_{i}")
+                    } else {
+                        b.id.clone()
+                    },
+                    name: b.name.clone(),
+                    arguments: b.text.clone(),
+                },
+                _ => ContentBlock::Text {
+                    text: b.text.clone(),
+                },
+            };
+            out.push(StreamChunk::BlockEnd {
+                index: i as u32,
+                block,
+            });
+        }
+        if let Some(u) = self.usage {
+            out.push(StreamChunk::Usage { usage: u });
+        }
+        let reason = match self.finish.take() {
+            Some(FinishReason::Stop) if self.blocks.is_empty() => FinishReason::Error {
+                failure: fail("EMPTY_RESPONSE", "the model returned no content"),
+            },
+            Some(r) => r,
+            None if self.blocks.is_empty() => FinishReason::Error {
+                failure: fail(
+                    "EMPTY_RESPONSE",
+                    "the stream ended without any content or finish reason",
+                ),
+            },
+            None => FinishReason::Stop,
+        };
+        out.push(StreamChunk::Finish {
+            reason,
+            replay_state: None,
+        });
+        out
+    }
+}
+
+/// Classifies an HTTP error status.
+fn status_failure(status: reqwest::StatusCode, retry_after: Option<u64>, body: &str) -> LlmFailure {
+    let detail = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().take(300).collect());
+    let code = match status.as_u16() {
+        401 | 403 => "AUTH",
+        404 => "NOT_FOUND",
+        408 => "TIMEOUT",
+        413 => "CONTEXT_WINDOW_EXCEEDED",
+        429 => "RATE_LIMITED",
+        500..=599 => "SERVER_ERROR",
+        _ => "BAD_REQUEST",
+    };
+    LlmFailure {
+        message: format!("HTTP {status}: {detail}"),
+        code: code.into(),
+        status: Some(status.as_u16()),
+        provider_retry_after_ms: retry_after,
+        request_id: None,
+    }
+}
+
+impl LlmAdapter for OpenAiCompatible {
+    fn name(&self) -> &str {
+        "openai-compatible"
+    }
+
+    fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
+        let url = format!(
+            "{}/chat/completions",
+            self.config.base_url.trim_end_matches('/')
+        );
+        let body = request_body(&request);
+        let mut builder = self.http.post(url).json(&body);
+        if let Some(key) = &self.config.api_key {
+            builder = builder.bearer_auth(key);
+        }
+        let idle = self.config.idle_timeout;
+        let stream = async_stream(builder, idle, cancel);
+        Box::pin(stream)
+    }
+}
+
+fn async_stream(
+    builder: reqwest::RequestBuilder,
+    idle: Duration,
+    cancel: CancellationToken,
+) -> impl futures::Stream<Item = Result<StreamChunk, LlmFailure>> + Send + 'static {
+    enum State {
+        Start(Box<reqwest::RequestBuilder>),
+        Body(
+            std::pin::Pin<
+                Box<dyn futures::Stream<Item = Result<eventsource_stream::Event, String>> + Send>,
+            >,
+            Box<Translator>,
+        ),
+        Done,
+    }
+    let pending: std::collections::VecDeque<Result<StreamChunk, LlmFailure>> = Default::default();
+    futures::stream::unfold(
+        (State::Start(Box::new(builder)), pending, cancel),
+        move |(mut state, mut queue, cancel)| async move {
+            loop {
+                if let Some(item) = queue.pop_front() {
+                    return Some((item, (state, queue, cancel)));
+                }
+                match state {
+                    State::Done => return None,
+                    State::Start(builder) => {
+                        let sent = tokio::select! {
+                            r = (*builder).send() => r,
+                            () = cancel.cancelled() => return Some((Err(fail("ABORTED", "the call was cancelled")), (State::Done, queue, cancel))),
+                        };
+                        let response = match sent {
+                            Ok(r) => r,
+                            Err(e) => {
+                                return Some((
+                                    Err(fail(
+                                        "CONNECTION",
+                                        format!("cannot reach the endpoint: {e}"),
+                                    )),
+                                    (State::Done, queue, cancel),
+                                ));
+                            }
+                        };
+                        let status = response.status();
+                        if !status.is_success() {
+                            let retry_after = response
+                                .headers()
+                                .get("retry-after")
+                                .and_then(|v| v.to_str().ok())
+                                .and_then(|v| v.trim().parse::<u64>().ok())
+                                .map(|s| s * 1000);
+                            let body = response.text().await.unwrap_or_default();
+                            return Some((
+                                Err(status_failure(status, retry_after, &body)),
+                                (State::Done, queue, cancel),
+                            ));
+                        }
+                        let events = response
+                            .bytes_stream()
+                            .eventsource()
+                            .map(|r| r.map_err(|e| e.to_string()));
+                        state = State::Body(Box::pin(events), Box::default());
+                    }
+                    State::Body(mut events, mut tr) => {
+                        let next = tokio::select! {
+                            n = tokio::time::timeout(idle, events.next()) => n,
+                            () = cancel.cancelled() => return Some((Err(fail("ABORTED", "the call was cancelled")), (State::Done, queue, cancel))),
+                        };
+                        match next {
+                            Err(_) => {
+                                let f = fail(
+                                    "TIMEOUT",
+                                    format!("the stream was silent for {} s", idle.as_secs()),
+                                );
+                                return Some((Err(f), (State::Done, queue, cancel)));
+                            }
+                            Ok(None) => {
+                                // The connection closed without `[DONE]`.
+                                let f = if tr.finish.is_some() {
+                                    queue.extend(tr.finish().into_iter().map(Ok));
+                                    state = State::Done;
+                                    continue;
+                                } else {
+                                    fail("CONNECTION_LOST", "the connection closed mid-stream")
+                                };
+                                return Some((Err(f), (State::Done, queue, cancel)));
+                            }
+                            Ok(Some(Err(e))) => {
+                                return Some((
+                                    Err(fail("CONNECTION_LOST", format!("the stream broke: {e}"))),
+                                    (State::Done, queue, cancel),
+                                ));
+                            }
+                            Ok(Some(Ok(event))) => {
+                                if event.data.trim() == "[DONE]" {
+                                    queue.extend(tr.finish().into_iter().map(Ok));
+                                    state = State::Done;
+                                    continue;
+                                }
+                                match tr.feed(&event.data) {
+                                    Ok(chunks) => queue.extend(chunks.into_iter().map(Ok)),
+                                    Err(f) => return Some((Err(f), (State::Done, queue, cancel))),
+                                }
+                                state = State::Body(events, tr);
+                            }
+                        }
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// Retry with exponential backoff for failures before the first chunk
+/// (a refused or failed request): an `llm/stream` listener. A failure after
+/// chunks were delivered is never retried here (those chunks are logged).
+#[derive(Clone, Copy, Debug)]
+pub struct RetryListener {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// First backoff.
+    pub initial: Duration,
+    /// Backoff ceiling.
+    pub max: Duration,
+}
+
+impl Default for RetryListener {
+    fn default() -> Self {
+        RetryListener {
+            max_retries: 5,
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Codes worth another attempt.
+pub fn retryable(code: &str) -> bool {
+    matches!(
+        code,
+        "RATE_LIMITED"
+            | "SERVER_ERROR"
+            | "CONNECTION"
+            | "CONNECTION_LOST"
+            | "TIMEOUT"
+            | "EMPTY_RESPONSE"
+            | "OVERLOADED"
+    )
+}
+
+impl RetryListener {
+    /// Registers the listener through `ctx` (removed with its fiber).
+    pub fn install(self, ctx: &Context) -> dsh_supervisors::Result<Disposer> {
+        let policy = Arc::new(self);
+        ctx.on_waterfall_with(ListenOptions::default(), move |call: LlmStream, next| {
+            let policy = policy.clone();
+            async move {
+                let mut attempt = 0u32;
+                let mut delay = policy.initial;
+                loop {
+                    let cancel = call.cancel.clone();
+                    let result = next
+                        .run(LlmStream {
+                            request: call.request.clone(),
+                            cancel: cancel.clone(),
+                        })
+                        .await;
+                    let mut stream = match result {
+                        Ok(s) => s,
+                        Err(f) if attempt < policy.max_retries && retryable(&f.code) => {
+                            attempt += 1;
+                            if !backoff(&cancel, f.provider_retry_after_ms.map(Duration::from_millis).unwrap_or(delay)).await {
+                                return Err(f);
+                            }
+                            delay = (delay * 2).min(policy.max);
+                            continue;
+                        }
+                        Err(f) => return Err(f),
+                    };
+                    // Peek the first item: a failure there is a failed request.
+                    match stream.next().await {
+                        Some(Err(f)) if attempt < policy.max_retries && retryable(&f.code) => {
+                            tracing::warn!(code = %f.code, attempt, "model request failed; retrying");
+                            attempt += 1;
+                            let wait = f.provider_retry_after_ms.map(Duration::from_millis).unwrap_or(delay);
+                            if !backoff(&cancel, wait).await {
+                                return Err(f);
+                            }
+                            delay = (delay * 2).min(policy.max);
+                        }
+                        Some(first) => {
+                            let head = futures::stream::iter([first]);
+                            return Ok(Box::pin(head.chain(stream)) as ChunkStream);
+                        }
+                        None => return Ok(Box::pin(futures::stream::empty()) as ChunkStream),
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Waits `d` unless cancelled first; false when cancelled.
+async fn backoff(cancel: &CancellationToken, d: Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(d) => true,
+        () = cancel.cancelled() => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deltas_become_well_formed_chunks() {
+        let mut t = Translator::default();
+        let mut all = Vec::new();
+        for data in [
+            r#"{"choices":[{"delta":{"reasoning_content":"hm"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"Hi"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"toolu_9","function":{"name":"read","arguments":"{\"file"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"_path\":\"a\"}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":9,"prompt_cache_hit_tokens":60}}"#,
+        ] {
+            all.extend(t.feed(data).unwrap());
+        }
+        all.extend(t.finish());
+        let mut a = crate::llm::BlockAssembler::new();
+        for c in &all {
+            a.push(c);
+        }
+        assert_eq!(
+            a.blocks().unwrap(),
+            vec![
+                ContentBlock::Reasoning { text: "hm".into() },
+                ContentBlock::text("Hi"),
+                ContentBlock::ToolCall {
+                    id: "toolu_9".into(),
+                    name: "read".into(),
+                    arguments: "{\"file_path\":\"a\"}".into()
+                },
+            ]
+        );
+        assert_eq!(a.finish(), FinishReason::ToolCalls);
+        let usage = a.usage().unwrap();
+        assert_eq!(
+            (usage.input_tokens, usage.cache_read_tokens),
+            (40, Some(60))
+        );
+        assert!(matches!(all.last(), Some(StreamChunk::Finish { .. })));
+    }
+
+    #[test]
+    fn length_drops_tool_calls_and_errors_in_stream_are_failures() {
+        let mut t = Translator::default();
+        t.feed(r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"x","arguments":"{"}}]},"finish_reason":"length"}]}"#).unwrap();
+        let mut a = crate::llm::BlockAssembler::new();
+        for c in t.finish() {
+            a.push(&c);
+        }
+        assert_eq!(a.finish(), FinishReason::MaxTokens);
+        assert!(a.blocks().unwrap().is_empty());
+        let err = Translator::default()
+            .feed(r#"{"error":{"message":"quota","type":"insufficient_quota"}}"#)
+            .unwrap_err();
+        assert_eq!(
+            (err.code.as_str(), err.message.as_str()),
+            ("INSUFFICIENT_QUOTA", "quota")
+        );
+        assert_eq!(
+            Translator::default().feed("{oops").unwrap_err().code,
+            "MALFORMED_CHUNK"
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! `read`, `write`, `edit`: UTF-8 files inside the workspace root.
+//!
+//! Every path is resolved against the workspace and must stay inside it
+//! after symlinks are followed. `edit` (and `write` over an existing file)
+//! requires that this agent read the file's *current* content first: a file
+//! changed since the read must be read again.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+
+use crate::llm::ToolSchema;
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// What each agent has seen of each file: (scope id, path) → content hash.
+#[derive(Default)]
+pub struct Observed {
+    seen: Mutex<HashMap<(u64, PathBuf), u64>>,
+}
+
+impl Observed {
+    fn key(cx: &ToolContext, path: &Path) -> (u64, PathBuf) {
+        (
+            cx.ctx.scope_key().map(|k| k.id()).unwrap_or(0),
+            path.to_path_buf(),
+        )
+    }
+
+    fn record(&self, cx: &ToolContext, path: &Path, content: &str) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.insert(Self::key(cx, path), digest(content));
+        }
+    }
+
+    fn check(&self, cx: &ToolContext, path: &Path, current: &str) -> Result<(), ToolError> {
+        let seen = self
+            .seen
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&Self::key(cx, path)).copied());
+        match seen {
+            None => Err(ToolError::new(
+                "NOT_READ",
+                format!("read {} before changing it", path.display()),
+            )),
+            Some(h) if h != digest(current) => Err(ToolError::new(
+                "STALE_READ",
+                format!(
+                    "{} changed since it was read; read it again",
+                    path.display()
+                ),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+fn digest(text: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// Resolves `given` against the workspace root and refuses anything that
+/// ends up outside it (`..`, absolute paths elsewhere, escaping symlinks).
+pub fn confine(root: &Path, given: &str) -> Result<PathBuf, ToolError> {
+    if given.is_empty() {
+        return Err(ToolError::new("INVALID_ARGS", "the path is empty"));
+    }
+    let root = root.canonicalize().map_err(|e| {
+        ToolError::failed(format!(
+            "the workspace {} is not accessible: {e}",
+            root.display()
+        ))
+    })?;
+    let joined = root.join(given);
+    // Normalize lexically first, so a missing file still resolves.
+    let mut normal = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::CurDir => {}
+            other => normal.push(other),
+        }
+    }
+    // Follow symlinks on the longest existing prefix.
+    let mut existing = normal.clone();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (
+            existing.file_name().map(|f| f.to_os_string()),
+            existing.parent(),
+        ) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut real = existing.canonicalize().unwrap_or(existing);
+    for part in rest.into_iter().rev() {
+        real.push(part);
+    }
+    if !real.starts_with(&root) {
+        return Err(ToolError::new(
+            "OUTSIDE_WORKSPACE",
+            format!("{given} resolves outside the workspace {}", root.display()),
+        ));
+    }
+    Ok(real)
+}
+
+async fn read_text(path: &Path) -> Result<String, ToolError> {
+    let bytes = tokio::fs::read(path)
+        .await
+        .map_err(|e| ToolError::failed(format!("cannot read {}: {e}", path.display())))?;
+    String::from_utf8(bytes)
+        .map_err(|_| ToolError::failed(format!("{} is not UTF-8 text", path.display())))
+}
+
+fn schema(name: &str, description: &str, parameters: serde_json::Value) -> ToolSchema {
+    ToolSchema {
+        name: name.into(),
+        description: description.into(),
+        parameters,
+    }
+}
+
+/// `read`: line-numbered content.
+pub struct Read {
+    observed: Arc<Observed>,
+}
+
+/// `write`: create or replace a file.
+pub struct Write {
+    observed: Arc<Observed>,
+}
+
+/// `edit`: replace literal text.
+pub struct Edit {
+    observed: Arc<Observed>,
+}
+
+/// The three file tools, sharing what each agent has read.
+pub fn file_tools() -> (Read, Write, Edit) {
+    let observed = Arc::new(Observed::default());
+    (
+        Read {
+            observed: observed.clone(),
+        },
+        Write {
+            observed: observed.clone(),
+        },
+        Edit { observed },
+    )
+}
+
+impl Tool for Read {
+    fn schema(&self) -> ToolSchema {
+        schema(
+            "read",
+            "Read a UTF-8 text file in the workspace and return line-numbered content.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path to read, relative to the workspace."},
+                    "offset": {"type": "number", "description": "1-based first line to return. Defaults to 1."},
+                    "limit": {"type": "number", "description": "Maximum number of lines to return. Defaults to 2000."}
+                },
+                "required": ["file_path"]
+            }),
+        )
+    }
+
+    fn is_concurrency_safe(&self) -> bool {
+        true
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let given = cx.args["file_path"].as_str().unwrap_or_default();
+            let path = confine(&cx.cwd, given)?;
+            let text = read_text(&path).await?;
+            self.observed.record(&cx, &path, &text);
+            let offset = cx.args["offset"].as_f64().map(|o| o.max(1.0) as usize).unwrap_or(1);
+            let limit = cx.args["limit"].as_f64().map(|l| l.max(1.0) as usize).unwrap_or(2000);
+            let lines: Vec<&str> = text.lines().collect();
+            let total = lines.len();
+            let mut body = String::new();
+            for (i, line) in lines.iter().enumerate().skip(offset - 1).take(limit) {
+                body.push_str(&format!("{}: {line}\n", i + 1));
+            }
+            let shown_end = (offset - 1 + limit).min(total);
+            let tail = if shown_end < total {
+                format!("\n(Showing lines {offset}-{shown_end} of {total}; use offset to read more)")
+            } else {
+                format!("\n(End of file - total {total} lines)")
+            };
+            let out = format!("<path>{}</path>\n<type>file</type>\n<content>\n{body}{tail}\n</content>", path.display());
+            Ok(ToolOutput {
+                content: vec![crate::llm::ContentBlock::text(out)],
+                meta: Some(json!({"path": path.display().to_string(), "offset": offset, "totalLines": total})),
+            })
+        }
+        .boxed()
+    }
+}
+
+impl Tool for Write {
+    fn schema(&self) -> ToolSchema {
+        schema(
+            "write",
+            "Create or fully replace a UTF-8 text file in the workspace. Replacing an existing file requires reading it first.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path to write, relative to the workspace."},
+                    "content": {"type": "string", "description": "Full UTF-8 text content to write."}
+                },
+                "required": ["file_path", "content"]
+            }),
+        )
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let given = cx.args["file_path"].as_str().unwrap_or_default();
+            let content = cx.args["content"].as_str().unwrap_or_default().to_owned();
+            let path = confine(&cx.cwd, given)?;
+            let existed = tokio::fs::try_exists(&path).await.unwrap_or(false);
+            if existed {
+                let current = read_text(&path).await?;
+                self.observed.check(&cx, &path, &current)?;
+            }
+            if let Some(dir) = path.parent() {
+                tokio::fs::create_dir_all(dir).await.map_err(|e| {
+                    ToolError::failed(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
+            tokio::fs::write(&path, content.as_bytes())
+                .await
+                .map_err(|e| ToolError::failed(format!("cannot write {}: {e}", path.display())))?;
+            self.observed.record(&cx, &path, &content);
+            let what = if existed {
+                "Replaced file"
+            } else {
+                "Created file"
+            };
+            Ok(ToolOutput::text(format!(
+                "<path>{}</path>\n<type>file</type>\n<content>\n{what}\n</content>",
+                path.display()
+            )))
+        }
+        .boxed()
+    }
+}
+
+impl Tool for Edit {
+    fn schema(&self) -> ToolSchema {
+        schema(
+            "edit",
+            "Edit an existing UTF-8 text file by replacing literal text. Read the file first.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path to edit, relative to the workspace."},
+                    "old_string": {"type": "string", "description": "Literal text to replace. Must match exactly."},
+                    "new_string": {"type": "string", "description": "Replacement text."},
+                    "replace_all": {"type": "boolean", "description": "Replace every match (default: exactly one match required)."}
+                },
+                "required": ["file_path", "old_string", "new_string"]
+            }),
+        )
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let given = cx.args["file_path"].as_str().unwrap_or_default();
+            let old = cx.args["old_string"].as_str().unwrap_or_default();
+            let new = cx.args["new_string"].as_str().unwrap_or_default();
+            let all = cx.args["replace_all"].as_bool().unwrap_or(false);
+            let path = confine(&cx.cwd, given)?;
+            let current = read_text(&path).await?;
+            self.observed.check(&cx, &path, &current)?;
+            if old.is_empty() {
+                return Err(ToolError::new("INVALID_ARGS", "old_string is empty"));
+            }
+            let count = current.matches(old).count();
+            let updated = match (count, all) {
+                (0, _) => {
+                    return Err(ToolError::new(
+                        "NO_MATCH",
+                        "old_string does not occur in the file",
+                    ));
+                }
+                (1, _) | (_, true) => current.replace(old, new),
+                (n, false) => {
+                    return Err(ToolError::new(
+                        "AMBIGUOUS",
+                        format!("old_string occurs {n} times; add context or set replace_all"),
+                    ));
+                }
+            };
+            tokio::fs::write(&path, updated.as_bytes())
+                .await
+                .map_err(|e| ToolError::failed(format!("cannot write {}: {e}", path.display())))?;
+            self.observed.record(&cx, &path, &updated);
+            Ok(ToolOutput::text(format!(
+                "Edited {} ({count} replacement{})",
+                path.display(),
+                if count == 1 { "" } else { "s" }
+            )))
+        }
+        .boxed()
+    }
+}

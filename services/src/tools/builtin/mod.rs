@@ -1,0 +1,30 @@
+//! The built-in tools: `bash`, `read`, `write`, `edit`, `glob`, `grep`, `todo_write`.
+
+mod bash;
+mod fs;
+mod search;
+mod todo;
+
+use std::sync::Arc;
+
+use dsh_supervisors::Context;
+
+pub use bash::Bash;
+pub use fs::{Edit, Read, Write, confine, file_tools};
+pub use search::{Glob, Grep};
+pub use todo::TodoWrite;
+
+use super::ToolRegistry;
+
+/// Registers every built-in tool through `ctx` (removed with its fiber).
+pub fn register_builtin(ctx: &Context, registry: &Arc<ToolRegistry>) -> Result<(), String> {
+    let (read, write, edit) = file_tools();
+    registry.register(ctx, Arc::new(Bash))?;
+    registry.register(ctx, Arc::new(read))?;
+    registry.register(ctx, Arc::new(write))?;
+    registry.register(ctx, Arc::new(edit))?;
+    registry.register(ctx, Arc::new(Glob))?;
+    registry.register(ctx, Arc::new(Grep))?;
+    registry.register(ctx, Arc::new(TodoWrite))?;
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! `glob` and `grep` over the workspace (walked off the async workers).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+
+use super::fs::confine;
+use crate::llm::ToolSchema;
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+const GLOB_CAP: usize = 100;
+const GREP_CAP: usize = 250;
+/// Files visited at most per search (a bound on work, reported when hit).
+const WALK_CAP: usize = 200_000;
+
+/// Every file under `root` (VCS metadata skipped), with its mtime.
+fn walk(root: &Path) -> (Vec<(PathBuf, SystemTime)>, bool) {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut truncated = false;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                let name = entry.file_name();
+                if matches!(name.to_str(), Some(".git" | ".hg" | ".svn")) {
+                    continue;
+                }
+                stack.push(path);
+            } else if kind.is_file() {
+                let mtime = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                out.push((path, mtime));
+                if out.len() >= WALK_CAP {
+                    truncated = true;
+                    return (out, truncated);
+                }
+            }
+        }
+    }
+    (out, truncated)
+}
+
+fn matcher(pattern: &str) -> Result<globset::GlobMatcher, ToolError> {
+    // A pattern without a separator matches the file name at any depth.
+    let full = if pattern.contains('/') {
+        pattern.to_owned()
+    } else {
+        format!("**/{pattern}")
+    };
+    globset::GlobBuilder::new(&full)
+        .literal_separator(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| ToolError::new("INVALID_ARGS", format!("bad glob `{pattern}`: {e}")))
+}
+
+fn search_root(cx: &ToolContext) -> Result<PathBuf, ToolError> {
+    match cx.args["path"].as_str() {
+        Some(p) if !p.is_empty() => confine(&cx.cwd, p),
+        _ => confine(&cx.cwd, "."),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ToolError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ToolError::failed(format!("the search task failed: {e}")))
+}
+
+/// `glob`: files matching a pattern, newest first.
+pub struct Glob;
+
+impl Tool for Glob {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "glob".into(),
+            description: "Find files whose paths match a glob pattern (e.g. \"**/*.rs\"). A pattern without \"/\" matches file names at any depth. Returns up to 100 paths, newest first.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Glob pattern."},
+                    "path": {"type": "string", "description": "Directory to search; defaults to the workspace."}
+                },
+                "required": ["pattern"]
+            }),
+        }
+    }
+
+    fn is_concurrency_safe(&self) -> bool {
+        true
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let pattern = cx.args["pattern"].as_str().unwrap_or_default().to_owned();
+            let m = matcher(&pattern)?;
+            let root = search_root(&cx)?;
+            let (found, truncated) = blocking(move || {
+                let (files, truncated) = walk(&root);
+                let mut hits: Vec<(PathBuf, SystemTime)> = files
+                    .into_iter()
+                    .filter(|(p, _)| p.strip_prefix(&root).is_ok_and(|rel| m.is_match(rel)))
+                    .map(|(p, t)| (p.strip_prefix(&root).map(Path::to_path_buf).unwrap_or(p), t))
+                    .collect();
+                hits.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                (hits, truncated)
+            })
+            .await?;
+            if found.is_empty() {
+                return Ok(ToolOutput::text(format!("No files match `{pattern}`.")));
+            }
+            let total = found.len();
+            let mut text: String = found
+                .iter()
+                .take(GLOB_CAP)
+                .map(|(p, _)| format!("{}\n", p.display()))
+                .collect();
+            if total > GLOB_CAP {
+                text.push_str(&format!(
+                    "({total} files match; showing the newest {GLOB_CAP})\n"
+                ));
+            }
+            if truncated {
+                text.push_str(&format!("(the search stopped after {WALK_CAP} files)\n"));
+            }
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
+
+/// `grep`: lines matching a regular expression.
+pub struct Grep;
+
+impl Tool for Grep {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "grep".into(),
+            description: "Search file contents with a regular expression. Returns matching lines with line numbers, grouped by file (first 250 matches).".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regular expression."},
+                    "path": {"type": "string", "description": "File or directory to search; defaults to the workspace."},
+                    "include": {"type": "string", "description": "One glob filter for file names (e.g. \"*.rs\")."}
+                },
+                "required": ["pattern"]
+            }),
+        }
+    }
+
+    fn is_concurrency_safe(&self) -> bool {
+        true
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let pattern = cx.args["pattern"].as_str().unwrap_or_default().to_owned();
+            let re = regex::Regex::new(&pattern).map_err(|e| {
+                ToolError::new("INVALID_ARGS", format!("bad regular expression: {e}"))
+            })?;
+            let include = match cx.args["include"].as_str() {
+                Some(i) if !i.is_empty() => Some(matcher(i)?),
+                _ => None,
+            };
+            let root = search_root(&cx)?;
+            let cancel = cx.cancel.clone();
+            let (text, count) = blocking(move || {
+                let files = if root.is_file() {
+                    vec![(root.clone(), SystemTime::UNIX_EPOCH)]
+                } else {
+                    walk(&root).0
+                };
+                let base = if root.is_file() {
+                    root.parent().map(Path::to_path_buf).unwrap_or_default()
+                } else {
+                    root.clone()
+                };
+                let mut out = String::new();
+                let mut count = 0usize;
+                let mut sorted: Vec<PathBuf> = files.into_iter().map(|(p, _)| p).collect();
+                sorted.sort();
+                for path in sorted {
+                    if cancel.is_cancelled() || count >= GREP_CAP {
+                        break;
+                    }
+                    let rel = path
+                        .strip_prefix(&base)
+                        .map(Path::to_path_buf)
+                        .unwrap_or(path.clone());
+                    if include.as_ref().is_some_and(|m| !m.is_match(&rel)) {
+                        continue;
+                    }
+                    let Ok(bytes) = std::fs::read(&path) else {
+                        continue;
+                    };
+                    if bytes.contains(&0) {
+                        continue;
+                    }
+                    let Ok(text) = String::from_utf8(bytes) else {
+                        continue;
+                    };
+                    let mut header = false;
+                    for (n, line) in text.lines().enumerate() {
+                        if re.is_match(line) {
+                            if !header {
+                                out.push_str(&format!("{}:\n", rel.display()));
+                                header = true;
+                            }
+                            out.push_str(&format!("  {}: {line}\n", n + 1));
+                            count += 1;
+                            if count >= GREP_CAP {
+                                break;
+                            }
+                        }
+                    }
+                }
+                (out, count)
+            })
+            .await?;
+            if count == 0 {
+                return Ok(ToolOutput::text(format!("No lines match `{pattern}`.")));
+            }
+            let mut text = text;
+            if count >= GREP_CAP {
+                text.push_str(&format!("(stopped at {GREP_CAP} matches)\n"));
+            }
+            Ok(ToolOutput::text(text))
+        }
+        .boxed()
+    }
+}
