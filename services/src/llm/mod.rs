@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::session::History;
 pub use assembler::BlockAssembler;
 pub use runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream};
 

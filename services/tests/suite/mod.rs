@@ -1,1 +1,3 @@
+mod openai;
 mod session;
+mod tools;

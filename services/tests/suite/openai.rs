@@ -1,0 +1,323 @@
+//! The OpenAI-compatible adapter against a real HTTP server on loopback
+//! that plays scripted responses (and faults).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
+use dsh_services::llm::{
+    BlockAssembler, ContentBlock, FinishReason, History, LlmFailure, LlmRequest, LlmRuntime,
+    Message, ToolSchema,
+};
+use dsh_supervisors::{Runtime, RuntimeSettings};
+use futures::StreamExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+enum Reply {
+    /// 200 with these SSE `data:` payloads; `cut` drops the connection before `[DONE]`.
+    Sse { events: Vec<String>, cut: bool },
+    /// An error status with a JSON body.
+    Status {
+        code: u16,
+        body: String,
+        retry_after: Option<u32>,
+    },
+}
+
+struct Server {
+    url: String,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+async fn serve(replies: Vec<Reply>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let requests: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = requests.clone();
+    let queue = Arc::new(Mutex::new(VecDeque::from(replies)));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let reply = queue.lock().unwrap().pop_front();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                // Headers, then the body by content-length.
+                loop {
+                    let n = sock.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                }
+                seen.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf).to_string());
+                let out = match reply {
+                    None => {
+                        "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n".to_owned()
+                    }
+                    Some(Reply::Status {
+                        code,
+                        body,
+                        retry_after,
+                    }) => {
+                        let extra = retry_after
+                            .map(|s| format!("retry-after: {s}\r\n"))
+                            .unwrap_or_default();
+                        format!(
+                            "HTTP/1.1 {code} X\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                    }
+                    Some(Reply::Sse { events, cut }) => {
+                        let mut s = String::from(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+                        );
+                        for e in events {
+                            s.push_str(&format!("data: {e}\n\n"));
+                        }
+                        if !cut {
+                            s.push_str("data: [DONE]\n\n");
+                        }
+                        s
+                    }
+                };
+                let _ = sock.write_all(out.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    Server { url, requests }
+}
+
+fn request() -> LlmRequest {
+    LlmRequest {
+        provider: "openai".into(),
+        model: "test-model".into(),
+        system: Some(Arc::from("be brief")),
+        messages: history(vec![Message::user_text("hi")]),
+        tools: Arc::from(vec![ToolSchema {
+            name: "read".into(),
+            description: "reads".into(),
+            parameters: serde_json::json!({"type": "object"}),
+        }]),
+        temperature: Some(0.0),
+        max_tokens: None,
+    }
+}
+
+fn history(messages: Vec<Message>) -> History {
+    let mut log = dsh_services::session::SessionLog::new(
+        dsh_services::session::SessionHeader::new("s", None),
+    );
+    for m in messages {
+        log.append(
+            dsh_services::session::EventData::UserMessage(Arc::new(m)),
+            Some(dsh_services::session::SurfaceIntent::append()),
+            0,
+        )
+        .unwrap();
+    }
+    log.derive_messages()
+}
+
+async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let llm = Arc::new(LlmRuntime::new());
+    let adapter = OpenAiCompatible::new(OpenAiConfig {
+        base_url: server.url.clone(),
+        api_key: Some("sk-test-secret".into()),
+        idle_timeout: Duration::from_secs(30),
+    })
+    .unwrap();
+    llm.register(&rt.root(), &["openai"], Arc::new(adapter))
+        .unwrap();
+    if retry {
+        RetryListener {
+            max_retries: 2,
+            initial: Duration::from_millis(5),
+            max: Duration::from_millis(20),
+        }
+        .install(&rt.root())
+        .unwrap();
+    }
+    (rt, llm)
+}
+
+/// Runs one call to completion: the assembler, or the failure that ended it.
+async fn call(
+    rt: &Runtime,
+    llm: &Arc<LlmRuntime>,
+) -> Result<BlockAssembler, (BlockAssembler, LlmFailure)> {
+    let mut a = BlockAssembler::new();
+    let mut stream = match llm
+        .stream(&rt.root(), request(), CancellationToken::new())
+        .await
+    {
+        Ok(s) => s,
+        Err(f) => return Err((a, f)),
+    };
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(c) => a.push(&c),
+            Err(f) => return Err((a, f)),
+        }
+    }
+    Ok(a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_text_reasoning_and_split_tool_calls_with_usage() {
+    let server = serve(vec![Reply::Sse {
+        events: vec![
+            r#"{"choices":[{"delta":{"role":"assistant","reasoning_content":"think"}}]}"#.into(),
+            r#"{"choices":[{"delta":{"content":"Look"}}]}"#.into(),
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_x1","type":"function","function":{"name":"read","arguments":""}}]}}]}"#.into(),
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"file_"}}]}}]}"#.into(),
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"path\":\"a.txt\"}"}}]}}]}"#.into(),
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#.into(),
+            r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":7,"completion_tokens_details":{"reasoning_tokens":2}}}"#.into(),
+        ],
+        cut: false,
+    }])
+    .await;
+    let (rt, llm) = setup(&server, false).await;
+    let a = call(&rt, &llm).await.map_err(|(_, f)| f).unwrap();
+    assert_eq!(
+        a.blocks().unwrap(),
+        vec![
+            ContentBlock::Reasoning {
+                text: "think".into()
+            },
+            ContentBlock::text("Look"),
+            ContentBlock::ToolCall {
+                id: "call_x1".into(),
+                name: "read".into(),
+                arguments: "{\"file_path\":\"a.txt\"}".into()
+            },
+        ]
+    );
+    assert_eq!(a.finish(), FinishReason::ToolCalls);
+    assert_eq!(a.usage().unwrap().reasoning_tokens, Some(2));
+    let sent = server.requests.lock().unwrap()[0].clone();
+    assert!(sent.starts_with("POST /v1/chat/completions"), "{sent}");
+    assert!(
+        sent.to_lowercase()
+            .contains("authorization: bearer sk-test-secret")
+    );
+    let body: serde_json::Value =
+        serde_json::from_str(&sent[sent.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+    assert_eq!(body["stream_options"]["include_usage"], true);
+    assert_eq!(
+        body["messages"][0],
+        serde_json::json!({"role": "system", "content": "be brief"})
+    );
+    assert_eq!(body["tools"][0]["function"]["name"], "read");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_event_inside_a_200_stream_is_a_failure() {
+    let server = serve(vec![Reply::Sse {
+        events: vec![
+            r#"{"choices":[{"delta":{"content":"par"}}]}"#.into(),
+            r#"{"error":{"message":"upstream overloaded","type":"overloaded"}}"#.into(),
+        ],
+        cut: false,
+    }])
+    .await;
+    let (rt, llm) = setup(&server, false).await;
+    let (a, f) = call(&rt, &llm).await.err().unwrap();
+    assert_eq!(
+        (f.code.as_str(), f.message.as_str()),
+        ("OVERLOADED", "upstream overloaded")
+    );
+    assert_eq!(a.interrupted_blocks(), vec![ContentBlock::text("par")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_errors_are_classified_and_auth_is_not_retried() {
+    let server = serve(vec![Reply::Status {
+        code: 401,
+        body: r#"{"error":{"message":"bad key"}}"#.into(),
+        retry_after: None,
+    }])
+    .await;
+    let (rt, llm) = setup(&server, true).await;
+    let (_, f) = call(&rt, &llm).await.err().unwrap();
+    assert_eq!((f.code.as_str(), f.status), ("AUTH", Some(401)));
+    assert!(f.message.contains("bad key"));
+    assert!(
+        !f.message.contains("sk-test-secret"),
+        "the key never appears in errors"
+    );
+    assert_eq!(server.requests.lock().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_are_retried_with_backoff_until_success() {
+    let server = serve(vec![
+        Reply::Status {
+            code: 429,
+            body: r#"{"error":{"message":"slow down"}}"#.into(),
+            retry_after: None,
+        },
+        Reply::Status {
+            code: 503,
+            body: "{}".into(),
+            retry_after: None,
+        },
+        Reply::Sse {
+            events: vec![
+                r#"{"choices":[{"delta":{"content":"ok"},"finish_reason":"stop"}]}"#.into(),
+            ],
+            cut: false,
+        },
+    ])
+    .await;
+    let (rt, llm) = setup(&server, true).await;
+    let a = call(&rt, &llm).await.map_err(|(_, f)| f).unwrap();
+    assert_eq!(a.blocks().unwrap(), vec![ContentBlock::text("ok")]);
+    assert_eq!(server.requests.lock().unwrap().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_and_a_malformed_chunk_end_the_call() {
+    let server = serve(vec![
+        Reply::Sse {
+            events: vec![r#"{"choices":[{"delta":{"content":"half"}}]}"#.into()],
+            cut: true,
+        },
+        Reply::Sse {
+            events: vec!["{not json".into()],
+            cut: false,
+        },
+    ])
+    .await;
+    let (rt, llm) = setup(&server, false).await;
+    let (a, f) = call(&rt, &llm).await.err().unwrap();
+    assert_eq!(f.code, "CONNECTION_LOST");
+    assert_eq!(a.interrupted_blocks(), vec![ContentBlock::text("half")]);
+    let (_, f) = call(&rt, &llm).await.err().unwrap();
+    assert_eq!(f.code, "MALFORMED_CHUNK");
+}

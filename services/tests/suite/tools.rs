@@ -1,0 +1,335 @@
+//! Built-in tools run for real: workspace confinement, read-before-edit,
+//! bash timeouts and cancellation killing the whole process group.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dsh_services::llm::ContentBlock;
+use dsh_services::tools::builtin::{Bash, Glob, Grep, file_tools};
+use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use dsh_supervisors::{Runtime, RuntimeSettings};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn workspace() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dsh-tools-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.canonicalize().unwrap()
+}
+
+async fn call(
+    tool: Arc<dyn Tool>,
+    rt: &Runtime,
+    cwd: &Path,
+    args: Value,
+) -> Result<ToolOutput, ToolError> {
+    call_with(tool, rt, cwd, args, CancellationToken::new()).await
+}
+
+async fn call_with(
+    tool: Arc<dyn Tool>,
+    rt: &Runtime,
+    cwd: &Path,
+    args: Value,
+    cancel: CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let cx = ToolContext {
+        call_id: "c1".into(),
+        args,
+        cancel,
+        ctx: rt.root(),
+        cwd: Arc::new(cwd.to_path_buf()),
+    };
+    tool.execute(cx).await
+}
+
+fn text(out: &ToolOutput) -> String {
+    out.content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn rt() -> Runtime {
+    Runtime::start(RuntimeSettings::default()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_tools_stay_inside_the_workspace() {
+    let rt = rt().await;
+    let ws = workspace();
+    let outside = workspace();
+    std::fs::write(outside.join("secret.txt"), "top secret").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.txt"), ws.join("link.txt")).unwrap();
+    let (read, write, _edit) = file_tools();
+    let read: Arc<dyn Tool> = Arc::new(read);
+    let write: Arc<dyn Tool> = Arc::new(write);
+    for escape in [
+        "../../etc/passwd",
+        "/etc/passwd",
+        "link.txt",
+        "sub/../../x.txt",
+    ] {
+        let err = call(read.clone(), &rt, &ws, json!({"file_path": escape}))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE", "{escape}: {err}");
+    }
+    let err = call(
+        write.clone(),
+        &rt,
+        &ws,
+        json!({"file_path": "../evil.txt", "content": "x"}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+    assert!(!ws.parent().unwrap().join("evil.txt").exists());
+    // Inside is fine, including new subdirectories.
+    let out = call(
+        write.clone(),
+        &rt,
+        &ws,
+        json!({"file_path": "notes/a.txt", "content": "one\ntwo\n"}),
+    )
+    .await
+    .unwrap();
+    assert!(text(&out).contains("Created file"));
+    let out = call(read.clone(), &rt, &ws, json!({"file_path": "notes/a.txt"}))
+        .await
+        .unwrap();
+    assert!(text(&out).contains("1: one\n2: two\n"), "{}", text(&out));
+    assert!(text(&out).contains("(End of file - total 2 lines)"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edit_requires_a_read_of_the_current_content() {
+    let rt = rt().await;
+    let ws = workspace();
+    std::fs::write(ws.join("f.txt"), "alpha beta").unwrap();
+    let (read, write, edit) = file_tools();
+    let (read, write, edit): (Arc<dyn Tool>, Arc<dyn Tool>, Arc<dyn Tool>) =
+        (Arc::new(read), Arc::new(write), Arc::new(edit));
+    let args = json!({"file_path": "f.txt", "old_string": "beta", "new_string": "gamma"});
+    assert_eq!(
+        call(edit.clone(), &rt, &ws, args.clone())
+            .await
+            .unwrap_err()
+            .code,
+        "NOT_READ"
+    );
+    assert_eq!(
+        call(
+            write.clone(),
+            &rt,
+            &ws,
+            json!({"file_path": "f.txt", "content": "x"})
+        )
+        .await
+        .unwrap_err()
+        .code,
+        "NOT_READ"
+    );
+    call(read.clone(), &rt, &ws, json!({"file_path": "f.txt"}))
+        .await
+        .unwrap();
+    std::fs::write(ws.join("f.txt"), "alpha beta delta").unwrap();
+    assert_eq!(
+        call(edit.clone(), &rt, &ws, args.clone())
+            .await
+            .unwrap_err()
+            .code,
+        "STALE_READ"
+    );
+    call(read.clone(), &rt, &ws, json!({"file_path": "f.txt"}))
+        .await
+        .unwrap();
+    call(edit.clone(), &rt, &ws, args.clone()).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("f.txt")).unwrap(),
+        "alpha gamma delta"
+    );
+    // Its own edit counts as seen: a second edit needs no new read.
+    let again =
+        json!({"file_path": "f.txt", "old_string": "a", "new_string": "A", "replace_all": false});
+    assert_eq!(
+        call(edit.clone(), &rt, &ws, again).await.unwrap_err().code,
+        "AMBIGUOUS"
+    );
+    let all =
+        json!({"file_path": "f.txt", "old_string": "a", "new_string": "A", "replace_all": true});
+    call(edit, &rt, &ws, all).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("f.txt")).unwrap(),
+        "AlphA gAmmA deltA"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glob_and_grep_search_the_workspace() {
+    let rt = rt().await;
+    let ws = workspace();
+    std::fs::create_dir_all(ws.join("src/deep")).unwrap();
+    std::fs::create_dir_all(ws.join(".git")).unwrap();
+    std::fs::write(ws.join("src/deep/x.rs"), "fn main() {}\n// TODO: more\n").unwrap();
+    std::fs::write(ws.join("src/y.txt"), "TODO later\n").unwrap();
+    std::fs::write(ws.join(".git/config.rs"), "// TODO hidden vcs\n").unwrap();
+    let out = call(Arc::new(Glob), &rt, &ws, json!({"pattern": "*.rs"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "src/deep/x.rs\n");
+    let out = call(Arc::new(Glob), &rt, &ws, json!({"pattern": "src/*.txt"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&out), "src/y.txt\n");
+    let out = call(
+        Arc::new(Grep),
+        &rt,
+        &ws,
+        json!({"pattern": "TODO", "include": "*.rs"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(text(&out), "src/deep/x.rs:\n  2: // TODO: more\n");
+    let err = call(Arc::new(Grep), &rt, &ws, json!({"pattern": "("}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, "INVALID_ARGS");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_reports_exit_codes_and_caps_output() {
+    let rt = rt().await;
+    let ws = workspace();
+    let out = call(
+        Arc::new(Bash),
+        &rt,
+        &ws,
+        json!({"command": "echo hi; echo oops >&2; exit 3", "description": "t"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(text(&out), "hi\noops\n\n[exit code: 3]");
+    let out = call(
+        Arc::new(Bash),
+        &rt,
+        &ws,
+        json!({"command": "head -c 100000 /dev/zero | tr '\\0' a", "description": "t"}),
+    )
+    .await
+    .unwrap();
+    assert!(text(&out).starts_with("[output truncated: showing the last 30000 of 100000 bytes]"));
+    let out = call(
+        Arc::new(Bash),
+        &rt,
+        &ws,
+        json!({"command": "pwd", "description": "t", "workdir": "."}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(text(&out).trim(), ws.display().to_string());
+    let err = call(
+        Arc::new(Bash),
+        &rt,
+        &ws,
+        json!({"command": "pwd", "description": "t", "workdir": "/"}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "OUTSIDE_WORKSPACE");
+}
+
+/// Whether `pid` is gone (or a zombie waiting to be reaped).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .split(") ")
+            .nth(1)
+            .is_some_and(|rest| rest.starts_with('Z')),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bash_timeout_kills_the_whole_process_group() {
+    let rt = rt().await;
+    let ws = workspace();
+    let command = "sleep 30 & echo $! > bg.pid; wait";
+    let err = call(
+        Arc::new(Bash),
+        &rt,
+        &ws,
+        json!({"command": command, "description": "t", "timeoutMs": 300}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "TIMEOUT");
+    let pid: i32 = std::fs::read_to_string(ws.join("bg.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // killpg is synchronous for the signal; the process may linger only as a zombie.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone(pid) && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    assert!(gone(pid), "the background child {pid} survived the timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_bash_mid_run_kills_it() {
+    let rt = rt().await;
+    let ws = workspace();
+    let fifo = ws.join("started");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn({
+        let (rt, ws, cancel) = (rt.clone(), ws.clone(), cancel.clone());
+        async move {
+            call_with(
+                Arc::new(Bash),
+                &rt,
+                &ws,
+                json!({"command": "echo $$ > started; sleep 30", "description": "t"}),
+                cancel,
+            )
+            .await
+        }
+    });
+    // Opening the FIFO blocks until the command writes: a real start signal.
+    let pid: i32 = tokio::task::spawn_blocking(move || {
+        std::fs::read_to_string(fifo)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    cancel.cancel();
+    let err = running.await.unwrap().unwrap_err();
+    assert_eq!(err.code, "ABORTED");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !gone(pid) && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    assert!(gone(pid), "bash {pid} survived the cancel");
+}
