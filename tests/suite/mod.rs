@@ -1,2 +1,3 @@
 mod cli;
 mod embedding;
+mod run;
