@@ -3,6 +3,7 @@
 //! ## Code map
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
+//! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
 //! - [`bench`]: `dsh bench …` workloads, printing per-operation costs and ratios.
 //! - `main.rs`: the CLI (`dsh check`, `dsh tree`, `dsh bench`).
 //!
@@ -15,4 +16,5 @@ pub use dsh_supervisors as kernel;
 
 pub mod bench;
 pub mod catalogue;
+pub mod replay;
 pub mod run;

@@ -90,6 +90,22 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         max_steps: u32,
     },
+    /// Re-run a recorded session (ours or the upstream harness's): its prompts
+    /// turn by turn, its model output step by step, the tools for real; then
+    /// compare turns, steps, tool calls, final texts and end reasons.
+    Replay {
+        /// The recorded `session.jsonl`.
+        log: PathBuf,
+        /// Workspace the tools run in.
+        #[arg(long, default_value = ".")]
+        cwd: PathBuf,
+        /// Write the new session log here.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Print the verdict as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a benchmark and print its figures (last line: `RESULT {json}`).
     Bench {
         #[command(subcommand)]
@@ -155,6 +171,24 @@ async fn run(command: Command) -> ExitCode {
             patches,
             json,
         } => tree(file, patches, json).await,
+        Command::Replay {
+            log,
+            cwd,
+            out,
+            json,
+        } => {
+            let exit = dsh::replay::replay(dsh::replay::ReplayOptions {
+                log,
+                cwd,
+                out,
+                json,
+            })
+            .await;
+            if let Some(m) = exit.message {
+                eprintln!("dsh replay: {m}");
+            }
+            ExitCode::from(exit.code)
+        }
         Command::Run {
             prompt,
             script,

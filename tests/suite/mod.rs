@@ -1,3 +1,4 @@
 mod cli;
+mod conformance;
 mod embedding;
 mod run;

@@ -23,7 +23,14 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn the_keyless_demo_runs_tools_and_answers() {
-    let out = dsh(&["run", "--script", "demo/hello.json", "--approval", "never", "What is in this workspace?"]);
+    let out = dsh(&[
+        "run",
+        "--script",
+        "demo/hello.json",
+        "--approval",
+        "never",
+        "What is in this workspace?",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("This workspace holds dsh"), "{stdout}");
@@ -36,9 +43,20 @@ fn the_keyless_demo_runs_tools_and_answers() {
 
 #[test]
 fn json_mode_prints_the_session_event_stream() {
-    let out = dsh(&["run", "--script", "demo/hello.json", "--json", "--approval", "never", "go"]);
+    let out = dsh(&[
+        "run",
+        "--script",
+        "demo/hello.json",
+        "--json",
+        "--approval",
+        "never",
+        "go",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let events: Vec<serde_json::Value> = text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(kinds.first(), Some(&"turn/start"));
     assert_eq!(kinds.last(), Some(&"turn/end"));
@@ -55,11 +73,18 @@ fn without_an_endpoint_it_says_how_to_configure_one() {
     let out = dsh(&["run", "hello"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("no model endpoint is configured"), "{stderr}");
+    assert!(
+        stderr.contains("no model endpoint is configured"),
+        "{stderr}"
+    );
     assert!(stderr.contains("--base-url"), "{stderr}");
     let bad = dsh(&["run", "--script", "Cargo.toml", "x"]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(text(&bad.stderr).contains("invalid script"), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("invalid script"),
+        "{}",
+        text(&bad.stderr)
+    );
 }
 
 #[test]
@@ -71,7 +96,8 @@ fn a_provider_failure_exits_non_zero_with_the_cause() {
     let out = dsh(&["run", "--script", script.to_str().unwrap(), "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("the model call failed: quota exhausted (RATE_LIMITED, HTTP 429)"),
+        text(&out.stderr)
+            .contains("the model call failed: quota exhausted (RATE_LIMITED, HTTP 429)"),
         "{}",
         text(&out.stderr)
     );
@@ -82,12 +108,24 @@ fn the_session_log_is_written_and_loads_back() {
     let dir = std::env::temp_dir().join(format!("dsh-run-log-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("session.jsonl");
-    let out = dsh(&["run", "--script", "demo/hello.json", "--approval", "never", "--session", log.to_str().unwrap(), "go"]);
+    let out = dsh(&[
+        "run",
+        "--script",
+        "demo/hello.json",
+        "--approval",
+        "never",
+        "--session",
+        log.to_str().unwrap(),
+        "go",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let written = std::fs::read_to_string(&log).unwrap();
     let (header, events) = dsh::services::session::jsonl::parse(&written).unwrap();
     assert_eq!(header.delegation_depth, 0);
     assert_eq!(events.last().unwrap().kind(), "turn/end");
     let mut session = dsh::services::session::SessionLog::from_seed(header, events, 0).unwrap();
-    assert_eq!(session.derive_messages().last().unwrap().role, dsh::services::llm::Role::Assistant);
+    assert_eq!(
+        session.derive_messages().last().unwrap().role,
+        dsh::services::llm::Role::Assistant
+    );
 }

@@ -6,6 +6,7 @@
 
 mod assembler;
 pub mod openai;
+pub mod replay;
 mod runtime;
 pub mod scripted;
 

@@ -639,3 +639,9 @@ impl SessionEvent {
         Value::Object(obj)
     }
 }
+
+impl AsRef<SessionEvent> for SessionEvent {
+    fn as_ref(&self) -> &SessionEvent {
+        self
+    }
+}
