@@ -790,6 +790,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         tools: schemas,
         temperature: inner.spec.temperature,
         max_tokens: inner.spec.max_tokens,
+        options: Default::default(),
     };
     let call_token = token.child_token();
     let stream = tokio::select! {

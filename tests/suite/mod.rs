@@ -1,4 +1,5 @@
 mod cli;
 mod conformance;
 mod embedding;
+mod peers;
 mod run;

@@ -103,6 +103,9 @@ pub fn request_body(request: &LlmRequest) -> Value {
     if let Some(m) = request.max_tokens {
         body["max_tokens"] = json!(m);
     }
+    for (k, v) in &request.options {
+        body[k] = v.clone();
+    }
     body
 }
 
@@ -527,6 +530,20 @@ fn async_stream(
                                 Err(status_failure(status, retry_after, &body)),
                                 (State::Done, queue, cancel),
                             ));
+                        }
+                        let streaming = response
+                            .headers()
+                            .get("content-type")
+                            .and_then(|v| v.to_str().ok())
+                            .is_none_or(|v| v.starts_with("text/event-stream"));
+                        if !streaming {
+                            let body = response.text().await.unwrap_or_default();
+                            let snippet: String = body.chars().take(200).collect();
+                            let f = fail(
+                                "MALFORMED_RESPONSE",
+                                format!("expected an event stream, got: {snippet}"),
+                            );
+                            return Some((Err(f), (State::Done, queue, cancel)));
                         }
                         let events = response
                             .bytes_stream()

