@@ -542,3 +542,46 @@ pub mod workloads {
             .unwrap_or(1)
     }
 }
+
+/// `derive_messages` cost as history grows: the time to append one message
+/// and derive the history again, at several history sizes. Incremental
+/// derivation keeps it flat per new node.
+pub fn derive_costs(sizes: &[usize]) -> serde_json::Value {
+    use dsh_services::llm::Message;
+    use dsh_services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent};
+    let mut log = SessionLog::new(SessionHeader::new("bench-derive", None));
+    let prompt = Arc::new(Message::user_text("x"));
+    let mut out = serde_json::Map::new();
+    let mut at = 0usize;
+    for &size in sizes {
+        while at < size {
+            let _ = log.append(
+                EventData::UserMessage(prompt.clone()),
+                Some(SurfaceIntent::append()),
+                0,
+            );
+            at += 1;
+        }
+        let _ = log.derive_messages();
+        // Measure: one append + one derive, repeated.
+        let rounds = 2_000usize;
+        let t = Instant::now();
+        for _ in 0..rounds {
+            let _ = log.append(
+                EventData::UserMessage(prompt.clone()),
+                Some(SurfaceIntent::append()),
+                0,
+            );
+            std::hint::black_box(log.derive_messages());
+        }
+        at += rounds;
+        let ns = t.elapsed().as_secs_f64() * 1e9 / rounds as f64;
+        println!(
+            "history of {size:>7} messages: append + derive_messages {ns:.0} ns per new message"
+        );
+        out.insert(size.to_string(), ns.into());
+    }
+    let result = serde_json::json!({"workload": "derive", "ns_per_new_message_at_size": out});
+    println!("RESULT {result}");
+    result
+}

@@ -122,6 +122,8 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         rounds: usize,
     },
+    /// `derive_messages` cost per new message as the history grows.
+    Derive,
     /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
     W1 {
         /// Turns R.
@@ -232,6 +234,12 @@ async fn run(command: Command) -> ExitCode {
                 ExitCode::from(EXIT_FAILURE)
             }
         },
+        Command::Bench {
+            which: Bench::Derive,
+        } => {
+            dsh::bench::derive_costs(&[1_000, 10_000, 100_000, 1_000_000]);
+            ExitCode::SUCCESS
+        }
         Command::Bench {
             which:
                 Bench::W1 {

@@ -29,6 +29,7 @@ use dsh_services::llm::{
     BlockAssembler, ContentBlock, FinishReason, LlmFailure, LlmRequest, LlmRuntime, Message,
     MessageSource, Role, StreamChunk, ToolSchema,
 };
+use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
 use dsh_services::session::{
     EventData, RequestContext, SessionError, SessionEvent, SessionHeader, SessionLog,
     SurfaceIntent, TurnEndReason,
@@ -152,6 +153,54 @@ impl Event for AgentDisposed {
 }
 impl Emit for AgentDisposed {}
 
+/// Before each step (mode: emit).
+#[derive(Clone, Debug)]
+pub struct AgentPreStep {
+    /// Agent id.
+    pub agent: String,
+    /// Turn number.
+    pub turn: u32,
+    /// Step number.
+    pub step: u32,
+}
+impl Event for AgentPreStep {
+    const NAME: &'static str = "agent/pre-step";
+}
+impl Emit for AgentPreStep {}
+
+/// The request of a step, before `llm/stream` (mode: waterfall); listeners
+/// may rewrite it.
+pub struct AgentRequest {
+    /// Agent id.
+    pub agent: String,
+    /// The request.
+    pub request: LlmRequest,
+}
+impl Event for AgentRequest {
+    const NAME: &'static str = "agent/request";
+}
+impl dsh_supervisors::Waterfall for AgentRequest {
+    type Output = LlmRequest;
+}
+
+/// The model answered without tool calls and the turn is about to end
+/// (mode: serial). A listener returning `Some(text)` continues the turn with
+/// that text as a new user-role message (a goal or loop continuation).
+pub struct AgentTurnStopping {
+    /// Agent id.
+    pub agent: String,
+    /// Turn number.
+    pub turn: u32,
+    /// The answer that would end the turn.
+    pub text: String,
+}
+impl Event for AgentTurnStopping {
+    const NAME: &'static str = "agent/turn-stopping";
+}
+impl dsh_supervisors::Serial for AgentTurnStopping {
+    type Output = String;
+}
+
 /// The `agents` service: every live agent by id.
 #[derive(Default)]
 pub struct Agents {
@@ -209,6 +258,7 @@ struct Inner {
 #[derive(Clone)]
 struct Envelope {
     generation: u64,
+    system: Option<String>,
     schemas: Arc<[ToolSchema]>,
     header: Arc<serde_json::Value>,
 }
@@ -307,6 +357,18 @@ impl Agent {
         let setup = async {
             if let Some(r) = spec.restriction.clone() {
                 tools.restrict(&sctx, r).map_err(AgentError::Kernel)?;
+            }
+            if let (Some(text), Some(prompt)) = (
+                spec.system.clone(),
+                sctx.get::<SystemPrompt>(SystemPrompt::SERVICE),
+            ) {
+                let persona = PromptSection {
+                    name: "persona".into(),
+                    order: 0,
+                    text: Text::Static(text),
+                    complete: false,
+                };
+                prompt.section(&sctx, persona).map_err(AgentError::Kernel)?;
             }
             let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
             sctx.provide(dsh_services::session::SESSION_SERVICE, writer)
@@ -615,6 +677,15 @@ async fn run_turn(
         steps += 1;
         let step = steps;
         log_append(agent, EventData::StepStart { turn, step }, None);
+        let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
+        agent.inner.ctx.events().emit(
+            &target,
+            &AgentPreStep {
+                agent: agent.inner.id.clone(),
+                turn,
+                step,
+            },
+        );
         {
             let mut inbox = agent.inbox();
             entering.extend(inbox.steer.drain(..));
@@ -637,6 +708,20 @@ async fn run_turn(
                 log_append(agent, EventData::StepEnd { turn, step }, None);
                 let steered = !agent.inbox().steer.is_empty();
                 if steered && !token.is_cancelled() {
+                    continue;
+                }
+                let stopping = AgentTurnStopping {
+                    agent: agent.inner.id.clone(),
+                    turn,
+                    text: text.clone(),
+                };
+                let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
+                if !token.is_cancelled()
+                    && let Some(more) = agent.inner.ctx.events().serial(&target, stopping).await
+                {
+                    let mut continuation = Message::user_text(more);
+                    continuation.source = MessageSource::plugin("agent/turn-stopping");
+                    entering.push(Arc::new(continuation));
                     continue;
                 }
                 break if max_tokens_hit {
@@ -694,6 +779,7 @@ fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
     let mut cache = inner.envelope.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(e) = cache.as_ref()
         && e.generation == generation
+        && e.system.as_deref() == system
     {
         return e.clone();
     }
@@ -701,6 +787,7 @@ fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
     let header = Arc::new(header_value(&inner.spec, system, &schemas));
     let fresh = Envelope {
         generation,
+        system: system.map(str::to_owned),
         schemas,
         header,
     };
@@ -736,7 +823,14 @@ fn header_value(spec: &AgentSpec, system: Option<&str>, tools: &[ToolSchema]) ->
 async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken) -> StepEnd {
     let inner = &agent.inner;
     let scope = inner.ctx.scope_key();
-    let system: Option<Arc<str>> = inner.spec.system.as_deref().map(Arc::from);
+    let system: Option<Arc<str>> = match inner.ctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
+        Some(prompt) => match prompt.assemble(&inner.ctx).await {
+            Ok(text) if text.is_empty() => None,
+            Ok(text) => Some(Arc::from(text)),
+            Err(e) => return StepEnd::Failed(failure("SYSTEM_PROMPT", e)),
+        },
+        None => inner.spec.system.as_deref().map(Arc::from),
+    };
     let envelope = envelope(inner, system.as_deref());
     // The request envelope is logged state: a full snapshot at the first
     // request of this agent instance, then whenever it changes.
@@ -791,6 +885,20 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         temperature: inner.spec.temperature,
         max_tokens: inner.spec.max_tokens,
         options: Default::default(),
+    };
+    let target = dsh_supervisors::Target::Scope(scope.cloned());
+    let wrapped = AgentRequest {
+        agent: inner.id.clone(),
+        request,
+    };
+    let request = match inner
+        .ctx
+        .events()
+        .waterfall(&target, wrapped, |r: AgentRequest| async move { r.request })
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return StepEnd::Failed(failure("LISTENER_PANICKED", e.to_string())),
     };
     let call_token = token.child_token();
     let stream = tokio::select! {

@@ -8,6 +8,8 @@
 //! - [`tools`]: tool definitions, the scoped registry with restrictions, and
 //!   the guarded pipeline (pre-execute → guards → execute → post-execute →
 //!   finalize → `tools/result`).
+//! - [`prompt`]: system prompt sections and variables (scoped, shadowing),
+//!   the `system-prompt/assemble` waterfall and rendering.
 //! - [`approval`]: the approval seam (never / ask / always; fails closed).
 //! - [`session`]: the session event log — typed events in dsh's JSON
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
@@ -24,5 +26,6 @@ pub use dsh_supervisors as kernel;
 
 pub mod approval;
 pub mod llm;
+pub mod prompt;
 pub mod session;
 pub mod tools;

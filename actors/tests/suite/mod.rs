@@ -1,2 +1,3 @@
 mod agent;
 mod harness;
+mod prompt;

@@ -1,0 +1,194 @@
+//! System prompt assembly inside the agent loop, and the agent's events.
+
+use std::sync::Arc;
+
+use dsh_actors::agent::{Agent, AgentRequest, AgentSpec, AgentTurnStopping};
+use dsh_services::prompt::{
+    PromptAssembly, PromptSection, SystemPrompt, SystemPromptAssemble, Text, render,
+};
+use dsh_services::session::EventData;
+
+use super::harness::{Harness, WAIT, text};
+
+fn section(name: &str, order: i32, body: &str) -> PromptSection {
+    PromptSection {
+        name: name.into(),
+        order,
+        text: Text::Static(body.into()),
+        complete: false,
+    }
+}
+
+fn headers(agent: &Agent) -> Vec<(String, String)> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::RequestHeader { header, reason } => Some((
+                reason.clone(),
+                header["system"].as_str().unwrap_or("").to_owned(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sections_and_variables_assemble_with_scoped_shadowing() {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    let prompt = Arc::new(SystemPrompt::new());
+    root.provide(SystemPrompt::SERVICE, prompt.clone()).unwrap();
+    prompt
+        .section(&root, section("identity", -100, "You are dsh."))
+        .unwrap();
+    prompt
+        .section(&root, section("tools", 100, "Work in {{workspace}}."))
+        .unwrap();
+    prompt
+        .variable(&root, "workspace", Text::Static("/srv/app".into()))
+        .unwrap();
+    assert!(
+        prompt
+            .variable(&root, "Bad-Name", Text::Static(String::new()))
+            .is_err()
+    );
+    assert!(
+        prompt
+            .section(&root, section("identity", 1, "again"))
+            .unwrap_err()
+            .contains("already registered")
+    );
+
+    h.script("scripted", vec![text("one"), text("two")]);
+    let mut spec = AgentSpec::new("scripted", "m", std::env::temp_dir());
+    spec.system = Some("Be terse.".into());
+    let agent = Agent::create(&root, spec).await.unwrap();
+    agent.run("a", WAIT).await.unwrap();
+    // The agent's persona (order 0) sits between identity and tools.
+    assert_eq!(
+        headers(&agent),
+        [(
+            "initial".to_owned(),
+            "You are dsh.\n\nBe terse.\n\nWork in /srv/app.".to_owned()
+        )]
+    );
+
+    // A scoped variable shadows the global one for this agent only: the
+    // header is logged again with reason `change`.
+    prompt
+        .variable(
+            agent.context(),
+            "workspace",
+            Text::Static("/tmp/agent".into()),
+        )
+        .unwrap();
+    agent.run("b", WAIT).await.unwrap();
+    let h2 = headers(&agent);
+    assert_eq!(h2.len(), 2);
+    assert_eq!(
+        h2[1],
+        (
+            "change".to_owned(),
+            "You are dsh.\n\nBe terse.\n\nWork in /tmp/agent.".to_owned()
+        )
+    );
+    let other = Agent::create(&root, AgentSpec::new("scripted", "m", std::env::temp_dir()))
+        .await
+        .unwrap();
+    assert_eq!(
+        prompt.assemble(other.context()).await.unwrap(),
+        "You are dsh.\n\nWork in /srv/app."
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_assemble_waterfall_and_a_complete_section_decide_the_prompt() {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    let prompt = Arc::new(SystemPrompt::new());
+    root.provide(SystemPrompt::SERVICE, prompt.clone()).unwrap();
+    prompt.section(&root, section("a", 0, "alpha")).unwrap();
+    root.on_waterfall(|mut e: SystemPromptAssemble, next| async move {
+        e.assembly
+            .sections
+            .push(("added".into(), 50, "added by a listener".into()));
+        next.run(e).await
+    })
+    .unwrap();
+    assert_eq!(
+        prompt.assemble(&root).await.unwrap(),
+        "alpha\n\nadded by a listener"
+    );
+    let scope = root
+        .scope(dsh_supervisors::ScopeKey::new("s"))
+        .await
+        .unwrap();
+    prompt
+        .section(
+            scope.ctx(),
+            PromptSection {
+                name: "all".into(),
+                order: 0,
+                text: Text::Static("the whole prompt".into()),
+                complete: true,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        prompt.assemble(scope.ctx()).await.unwrap(),
+        "the whole prompt"
+    );
+    let missing = PromptAssembly {
+        sections: vec![("x".into(), 0, "uses {{nope}}".into())],
+        variables: Default::default(),
+    };
+    assert_eq!(
+        render(&missing).unwrap_err(),
+        "prompt section `x` references {{nope}}, which no variable provides"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_stopping_can_continue_a_turn_and_agent_request_can_rewrite_it() {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    let continued = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c = continued.clone();
+    root.on_serial(move |e: Arc<AgentTurnStopping>| {
+        let c = c.clone();
+        async move {
+            (e.text == "first" && !c.swap(true, std::sync::atomic::Ordering::SeqCst))
+                .then(|| "keep going".to_owned())
+        }
+    })
+    .unwrap();
+    root.on_waterfall(|mut r: AgentRequest, next| async move {
+        r.request.temperature = Some(0.25);
+        next.run(r).await
+    })
+    .unwrap();
+    let seen_temperature = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let st = seen_temperature.clone();
+    root.on_waterfall(move |call: dsh_services::llm::LlmStream, next| {
+        st.lock().unwrap().push(call.request.temperature);
+        next.run(call)
+    })
+    .unwrap();
+    h.script("scripted", vec![text("first"), text("second")]);
+    let agent = h.agent("scripted").await;
+    let summary = agent.run("go", WAIT).await.unwrap();
+    assert_eq!((summary.text.as_str(), summary.steps), ("second", 2));
+    let continuation = agent
+        .session()
+        .events()
+        .iter()
+        .find_map(|e| match &e.data {
+            EventData::UserMessage(m) if m.source.kind == "plugin" => Some(m.text()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(continuation, "keep going");
+    assert_eq!(*seen_temperature.lock().unwrap(), [Some(0.25), Some(0.25)]);
+}

@@ -1,0 +1,294 @@
+//! System prompt assembly: ordered sections and `{{variables}}`, registered
+//! globally or in a scope (the nearest same-named registration shadows), run
+//! through the `system-prompt/assemble` waterfall, then rendered.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, ScopedLayers};
+use dsh_supervisors::{Context, Disposer, Event, Target, Waterfall};
+
+/// Text evaluated at each assembly.
+pub type TextFn = Arc<dyn Fn(Option<&ScopeKey>) -> String + Send + Sync>;
+
+/// Static or computed text.
+#[derive(Clone)]
+pub enum Text {
+    /// Fixed text.
+    Static(String),
+    /// Computed for each assembly (for the assembling scope).
+    Dynamic(TextFn),
+}
+
+impl Text {
+    fn eval(&self, scope: Option<&ScopeKey>) -> String {
+        match self {
+            Text::Static(s) => s.clone(),
+            Text::Dynamic(f) => f(scope),
+        }
+    }
+}
+
+/// One contributed section.
+#[derive(Clone)]
+pub struct PromptSection {
+    /// Unique within a layer; a scoped section shadows the global one of the same name.
+    pub name: String,
+    /// Ascending order (convention: -100 identity, 0 persona, 100–199 tool guidance).
+    pub order: i32,
+    /// The text; may reference `{{variable}}`s.
+    pub text: Text,
+    /// This section is the whole prompt (at most one may be in effect).
+    pub complete: bool,
+}
+
+/// One evaluated section: name, order, text.
+pub type RenderedSection = (String, i32, String);
+
+/// The assembled parts, before rendering.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PromptAssembly {
+    /// `(name, order, text)` in render order.
+    pub sections: Vec<RenderedSection>,
+    /// Variable values.
+    pub variables: BTreeMap<String, String>,
+}
+
+/// `system-prompt/assemble` (waterfall): listeners may rewrite the assembly.
+pub struct SystemPromptAssemble {
+    /// The assembly so far.
+    pub assembly: PromptAssembly,
+}
+
+impl Event for SystemPromptAssemble {
+    const NAME: &'static str = "system-prompt/assemble";
+}
+impl Waterfall for SystemPromptAssemble {
+    type Output = PromptAssembly;
+}
+
+#[derive(Default)]
+struct Layer {
+    sections: NamedEntries<PromptSection>,
+    variables: NamedEntries<Text>,
+}
+
+impl ScopeLayer for Layer {
+    fn is_empty(&self) -> bool {
+        self.sections.is_empty() && self.variables.is_empty()
+    }
+}
+
+/// The `systemPrompt` service.
+#[derive(Default)]
+pub struct SystemPrompt {
+    layers: RwLock<ScopedLayers<Layer>>,
+    generation: AtomicU64,
+}
+
+impl SystemPrompt {
+    /// The capability name.
+    pub const SERVICE: &'static str = "systemPrompt";
+
+    /// An empty registry.
+    pub fn new() -> SystemPrompt {
+        SystemPrompt::default()
+    }
+
+    /// Changes with every registration and removal.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Registers a section in `ctx`'s scope layer (removed with its fiber).
+    pub fn section(
+        self: &Arc<Self>,
+        ctx: &Context,
+        section: PromptSection,
+    ) -> Result<Disposer, String> {
+        let name = section.name.clone();
+        let scope = ctx.scope_key().cloned();
+        {
+            let mut layers = self
+                .layers
+                .write()
+                .map_err(|_| "prompt registry poisoned".to_owned())?;
+            if layers
+                .layer_mut(scope.as_ref())
+                .sections
+                .insert(&name, section)
+                .is_err()
+            {
+                return Err(format!(
+                    "prompt section `{name}` is already registered in this scope"
+                ));
+            }
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let me = self.clone();
+        ctx.effect(&format!("prompt section {name}"), move || {
+            if let Ok(mut layers) = me.layers.write() {
+                layers.layer_mut(scope.as_ref()).sections.remove(&name);
+                if let Some(k) = &scope {
+                    layers.reclaim(k);
+                }
+            }
+            me.generation.fetch_add(1, Ordering::AcqRel);
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// Registers a `{{name}}` variable in `ctx`'s scope layer.
+    pub fn variable(
+        self: &Arc<Self>,
+        ctx: &Context,
+        name: &str,
+        value: Text,
+    ) -> Result<Disposer, String> {
+        let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !valid {
+            return Err(format!(
+                "`{name}` is not a variable name (expected [a-z][a-z0-9_]*)"
+            ));
+        }
+        let scope = ctx.scope_key().cloned();
+        {
+            let mut layers = self
+                .layers
+                .write()
+                .map_err(|_| "prompt registry poisoned".to_owned())?;
+            if layers
+                .layer_mut(scope.as_ref())
+                .variables
+                .insert(name, value)
+                .is_err()
+            {
+                return Err(format!(
+                    "prompt variable `{name}` is already registered in this scope"
+                ));
+            }
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let me = self.clone();
+        let owned = name.to_owned();
+        ctx.effect(&format!("prompt variable {name}"), move || {
+            if let Ok(mut layers) = me.layers.write() {
+                layers.layer_mut(scope.as_ref()).variables.remove(&owned);
+                if let Some(k) = &scope {
+                    layers.reclaim(k);
+                }
+            }
+            me.generation.fetch_add(1, Ordering::AcqRel);
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// Collects the sections and variables visible from `scope` (nearest
+    /// shadowing), evaluated now.
+    fn collect(
+        &self,
+        scope: Option<&ScopeKey>,
+    ) -> Result<(PromptAssembly, Option<RenderedSection>), String> {
+        let layers = self
+            .layers
+            .read()
+            .map_err(|_| "prompt registry poisoned".to_owned())?;
+        let mut sections: BTreeMap<String, PromptSection> = BTreeMap::new();
+        let mut variables: BTreeMap<String, Text> = BTreeMap::new();
+        for layer in layers.visible(scope).into_iter().rev() {
+            for (name, s) in layer.sections.iter() {
+                sections.insert(name.to_owned(), s.clone());
+            }
+            for (name, v) in layer.variables.iter() {
+                variables.insert(name.to_owned(), v.clone());
+            }
+        }
+        drop(layers);
+        let complete: Vec<&PromptSection> = sections.values().filter(|s| s.complete).collect();
+        if complete.len() > 1 {
+            let names: Vec<&str> = complete.iter().map(|s| s.name.as_str()).collect();
+            return Err(format!(
+                "more than one complete prompt section is in effect: {}",
+                names.join(", ")
+            ));
+        }
+        let complete = complete
+            .first()
+            .map(|s| (s.name.clone(), s.order, s.text.eval(scope)));
+        let mut list: Vec<RenderedSection> = sections
+            .into_values()
+            .map(|s| (s.name.clone(), s.order, s.text.eval(scope)))
+            .collect();
+        list.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        let variables = variables
+            .into_iter()
+            .map(|(k, v)| (k, v.eval(scope)))
+            .collect();
+        Ok((
+            PromptAssembly {
+                sections: list,
+                variables,
+            },
+            complete,
+        ))
+    }
+
+    /// Assembles and renders the system prompt for `ctx`'s scope.
+    pub async fn assemble(&self, ctx: &Context) -> Result<String, String> {
+        let scope = ctx.scope_key();
+        let (assembly, complete) = self.collect(scope)?;
+        let target = Target::Scope(scope.cloned());
+        let mut assembly = ctx
+            .events()
+            .waterfall(
+                &target,
+                SystemPromptAssemble { assembly },
+                |a: SystemPromptAssemble| async move { a.assembly },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(c) = complete {
+            assembly.sections = vec![c];
+        }
+        render(&assembly)
+    }
+}
+
+/// Joins the sections (blank line between) and interpolates `{{name}}`.
+pub fn render(assembly: &PromptAssembly) -> Result<String, String> {
+    let mut out = String::new();
+    for (name, _, text) in &assembly.sections {
+        if text.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str("\n\n");
+        }
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("{{") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let Some(end) = after.find("}}") else {
+                out.push_str(&rest[start..]);
+                rest = "";
+                break;
+            };
+            let var = after[..end].trim();
+            match assembly.variables.get(var) {
+                Some(v) => out.push_str(v),
+                None => {
+                    return Err(format!(
+                        "prompt section `{name}` references {{{{{var}}}}}, which no variable provides"
+                    ));
+                }
+            }
+            rest = &after[end + 2..];
+        }
+        out.push_str(rest);
+    }
+    Ok(out)
+}
