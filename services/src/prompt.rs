@@ -3,10 +3,10 @@
 //! through the `system-prompt/assemble` waterfall, then rendered.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
-use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, ScopedLayers};
+use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, SharedLayers, register_scoped};
 use dsh_supervisors::{Context, Disposer, Event, Target, Waterfall};
 
 /// Text evaluated at each assembly.
@@ -83,7 +83,7 @@ impl ScopeLayer for Layer {
 /// The `systemPrompt` service.
 #[derive(Default)]
 pub struct SystemPrompt {
-    layers: RwLock<ScopedLayers<Layer>>,
+    layers: SharedLayers<Layer>,
     generation: AtomicU64,
 }
 
@@ -108,35 +108,24 @@ impl SystemPrompt {
         section: PromptSection,
     ) -> Result<Disposer, String> {
         let name = section.name.clone();
-        let scope = ctx.scope_key().cloned();
-        {
-            let mut layers = self
-                .layers
-                .write()
-                .map_err(|_| "prompt registry poisoned".to_owned())?;
-            if layers
-                .layer_mut(scope.as_ref())
-                .sections
-                .insert(&name, section)
-                .is_err()
-            {
-                return Err(format!(
-                    "prompt section `{name}` is already registered in this scope"
-                ));
-            }
-        }
-        self.generation.fetch_add(1, Ordering::AcqRel);
         let me = self.clone();
-        ctx.effect(&format!("prompt section {name}"), move || {
-            if let Ok(mut layers) = me.layers.write() {
-                layers.layer_mut(scope.as_ref()).sections.remove(&name);
-                if let Some(k) = &scope {
-                    layers.reclaim(k);
-                }
-            }
-            me.generation.fetch_add(1, Ordering::AcqRel);
-        })
-        .map_err(|e| e.to_string())
+        let removed = name.clone();
+        let (_, disposer) = register_scoped(
+            &self.layers,
+            ctx,
+            &format!("prompt section {name}"),
+            |layer| {
+                layer.sections.insert(&name, section).map_err(|_| {
+                    format!("prompt section `{name}` is already registered in this scope")
+                })
+            },
+            move |layer| {
+                layer.sections.remove(&removed);
+                me.generation.fetch_add(1, Ordering::AcqRel);
+            },
+        )?;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(disposer)
     }
 
     /// Registers a `{{name}}` variable in `ctx`'s scope layer.
@@ -155,36 +144,24 @@ impl SystemPrompt {
                 "`{name}` is not a variable name (expected [a-z][a-z0-9_]*)"
             ));
         }
-        let scope = ctx.scope_key().cloned();
-        {
-            let mut layers = self
-                .layers
-                .write()
-                .map_err(|_| "prompt registry poisoned".to_owned())?;
-            if layers
-                .layer_mut(scope.as_ref())
-                .variables
-                .insert(name, value)
-                .is_err()
-            {
-                return Err(format!(
-                    "prompt variable `{name}` is already registered in this scope"
-                ));
-            }
-        }
-        self.generation.fetch_add(1, Ordering::AcqRel);
         let me = self.clone();
-        let owned = name.to_owned();
-        ctx.effect(&format!("prompt variable {name}"), move || {
-            if let Ok(mut layers) = me.layers.write() {
-                layers.layer_mut(scope.as_ref()).variables.remove(&owned);
-                if let Some(k) = &scope {
-                    layers.reclaim(k);
-                }
-            }
-            me.generation.fetch_add(1, Ordering::AcqRel);
-        })
-        .map_err(|e| e.to_string())
+        let removed = name.to_owned();
+        let (_, disposer) = register_scoped(
+            &self.layers,
+            ctx,
+            &format!("prompt variable {name}"),
+            |layer| {
+                layer.variables.insert(name, value).map_err(|_| {
+                    format!("prompt variable `{name}` is already registered in this scope")
+                })
+            },
+            move |layer| {
+                layer.variables.remove(&removed);
+                me.generation.fetch_add(1, Ordering::AcqRel);
+            },
+        )?;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(disposer)
     }
 
     /// Collects the sections and variables visible from `scope` (nearest

@@ -4,10 +4,12 @@
 //! prompt and refuses execution alike.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
-use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, ScopedLayers};
+use dsh_supervisors::scope::{
+    NamedEntries, ScopeKey, ScopeLayer, ScopedLayers, SharedLayers, register_scoped,
+};
 use dsh_supervisors::{Context, Disposer};
 
 use super::Tool;
@@ -89,7 +91,7 @@ pub enum Resolution {
 /// The `tools` service.
 #[derive(Default)]
 pub struct ToolRegistry {
-    layers: RwLock<ScopedLayers<ToolLayer>>,
+    layers: SharedLayers<ToolLayer>,
     next: AtomicU64,
     generation: AtomicU64,
 }
@@ -134,33 +136,25 @@ impl ToolRegistry {
             schema,
             validator,
         });
-        let scope = ctx.scope_key().cloned();
-        {
-            let mut layers = self
-                .layers
-                .write()
-                .map_err(|_| "tool registry poisoned".to_owned())?;
-            if layers
-                .layer_mut(scope.as_ref())
-                .tools
-                .insert(&name, entry)
-                .is_err()
-            {
-                return Err(format!("tool `{name}` is already registered in this scope"));
-            }
-        }
         let me = self.clone();
-        let label = format!("tool {name}");
-        let undo = move || {
-            if let Ok(mut layers) = me.layers.write() {
-                layers.layer_mut(scope.as_ref()).tools.remove(&name);
-                if let Some(k) = &scope {
-                    layers.reclaim(k);
-                }
-            }
-            me.bump();
-        };
-        ctx.effect(&label, undo).map_err(|e| e.to_string())
+        let removed = name.clone();
+        let (_, disposer) = register_scoped(
+            &self.layers,
+            ctx,
+            &format!("tool {name}"),
+            |layer| {
+                layer
+                    .tools
+                    .insert(&name, entry)
+                    .map_err(|_| format!("tool `{name}` is already registered in this scope"))
+            },
+            move |layer| {
+                layer.tools.remove(&removed);
+                me.bump();
+            },
+        )?;
+        self.bump();
+        Ok(disposer)
     }
 
     /// Adds a restriction to `ctx`'s scope layer; lifted when `ctx`'s fiber unloads.
@@ -170,28 +164,22 @@ impl ToolRegistry {
         restriction: Restriction,
     ) -> Result<Disposer, String> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let scope = ctx.scope_key().cloned();
-        self.layers
-            .write()
-            .map_err(|_| "tool registry poisoned".to_owned())?
-            .layer_mut(scope.as_ref())
-            .restrictions
-            .push((id, restriction));
-        self.bump();
         let me = self.clone();
-        let undo = move || {
-            if let Ok(mut layers) = me.layers.write() {
-                layers
-                    .layer_mut(scope.as_ref())
-                    .restrictions
-                    .retain(|(i, _)| *i != id);
-                if let Some(k) = &scope {
-                    layers.reclaim(k);
-                }
-            }
-        };
-        ctx.effect("tool restriction", undo)
-            .map_err(|e| e.to_string())
+        let (_, disposer) = register_scoped(
+            &self.layers,
+            ctx,
+            "tool restriction",
+            |layer| {
+                layer.restrictions.push((id, restriction));
+                Ok(())
+            },
+            move |layer| {
+                layer.restrictions.retain(|(i, _)| *i != id);
+                me.bump();
+            },
+        )?;
+        self.bump();
+        Ok(disposer)
     }
 
     fn admitted(layers: &ScopedLayers<ToolLayer>, scope: Option<&ScopeKey>, name: &str) -> bool {
