@@ -535,10 +535,10 @@ pub mod workloads {
         }))
     }
 
-    /// Worker threads of the runtime (tokio's default: one per core).
+    /// Worker threads of the runtime running the workload.
     pub fn threads() -> usize {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
+        tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
             .unwrap_or(1)
     }
 }

@@ -136,6 +136,9 @@ enum Bench {
         /// report the median, min and max.
         #[arg(long, default_value_t = 1)]
         processes: u32,
+        /// Tokio worker threads (default: one per core).
+        #[arg(long)]
+        threads: Option<usize>,
     },
 }
 
@@ -148,10 +151,16 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Bench {
+        which: Bench::W1 {
+            threads: Some(n), ..
+        },
+    } = &cli.command
     {
+        builder.worker_threads((*n).max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dsh: cannot start the async runtime: {e}");
@@ -246,6 +255,7 @@ async fn run(command: Command) -> ExitCode {
                     turns,
                     steps,
                     processes,
+                    threads,
                 },
         } => {
             if steps == 0 || turns == 0 {
@@ -253,7 +263,11 @@ async fn run(command: Command) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
             let (t, s) = (turns.to_string(), steps.to_string());
-            let args = ["bench", "w1", "--turns", &t, "--steps", &s];
+            let mut args = vec!["bench", "w1", "--turns", &t, "--steps", &s];
+            let n = threads.map(|n| n.to_string());
+            if let Some(n) = &n {
+                args.extend(["--threads", n.as_str()]);
+            }
             if processes > 1 {
                 return report(dsh::bench::across_processes(&args, processes, "us_per_step").await);
             }

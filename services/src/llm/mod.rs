@@ -109,60 +109,80 @@ pub enum Role {
     Assistant,
 }
 
-/// Where a message came from. Open: plugins add kinds; unknown kinds keep
-/// their fields verbatim.
+/// Where a message came from. Open: plugins add kinds; fields other than
+/// the common ones are kept verbatim in `extra`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MessageSource {
     /// `user`, `plugin`, `model`, `tool`, or a plugin-defined kind.
     pub kind: String,
-    /// Every other field (`plugin`, `provider`, `model`, `callId`, `form`, …).
+    /// Provider route of a model message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Model id of a model message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The call a tool message answers.
+    #[serde(default, rename = "callId", skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The plugin that produced a plugin message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// Every other field (`form`, `sections`, `replayState`, …).
     #[serde(flatten)]
-    pub fields: serde_json::Map<String, serde_json::Value>,
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl MessageSource {
+    fn of(kind: &str) -> MessageSource {
+        MessageSource {
+            kind: kind.to_owned(),
+            provider: None,
+            model: None,
+            call_id: None,
+            plugin: None,
+            extra: serde_json::Map::new(),
+        }
+    }
+
     /// `{kind: "user"}`.
     pub fn user() -> MessageSource {
-        MessageSource {
-            kind: "user".into(),
-            fields: Default::default(),
-        }
+        MessageSource::of("user")
     }
 
     /// `{kind: "model", provider, model}`.
     pub fn model(provider: &str, model: &str) -> MessageSource {
-        let mut fields = serde_json::Map::new();
-        fields.insert("provider".into(), provider.into());
-        fields.insert("model".into(), model.into());
         MessageSource {
-            kind: "model".into(),
-            fields,
+            provider: Some(provider.to_owned()),
+            model: Some(model.to_owned()),
+            ..MessageSource::of("model")
         }
     }
 
     /// `{kind: "tool", callId}`.
     pub fn tool(call_id: &str) -> MessageSource {
-        let mut fields = serde_json::Map::new();
-        fields.insert("callId".into(), call_id.into());
         MessageSource {
-            kind: "tool".into(),
-            fields,
+            call_id: Some(call_id.to_owned()),
+            ..MessageSource::of("tool")
         }
     }
 
     /// `{kind: "plugin", plugin}`.
     pub fn plugin(plugin: &str) -> MessageSource {
-        let mut fields = serde_json::Map::new();
-        fields.insert("plugin".into(), plugin.into());
         MessageSource {
-            kind: "plugin".into(),
-            fields,
+            plugin: Some(plugin.to_owned()),
+            ..MessageSource::of("plugin")
         }
     }
 
-    /// A string field of the source (`provider`, `model`, `callId`, …).
+    /// A string field of the source (`provider`, `model`, `callId`, `plugin`, or an extra one).
     pub fn field(&self, name: &str) -> Option<&str> {
-        self.fields.get(name).and_then(|v| v.as_str())
+        match name {
+            "provider" => self.provider.as_deref(),
+            "model" => self.model.as_deref(),
+            "callId" => self.call_id.as_deref(),
+            "plugin" => self.plugin.as_deref(),
+            other => self.extra.get(other).and_then(|v| v.as_str()),
+        }
     }
 }
 
