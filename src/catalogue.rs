@@ -1,7 +1,17 @@
 //! The default plugin catalogue: every plugin a `cordis.yml` may name.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use dsh_actors::agent::Agents;
+use dsh_services::approval::{Approval, ApprovalPolicy};
+use dsh_services::llm::LlmRuntime;
+use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
+use dsh_services::llm::scripted::ScriptedModel;
+use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
+use dsh_services::tools::ToolRegistry;
+use dsh_services::tools::builtin::register_builtin;
 use dsh_supervisors::{BoxError, Catalogue, Context, Plugin};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -41,5 +51,228 @@ impl Plugin for Value {
 pub fn default_catalogue() -> Catalogue {
     let mut c = Catalogue::new();
     c.register("value", || Value);
+    c.register("agent-services", || AgentServices);
+    c.register("openai", || OpenAi);
+    c.register("scripted", || Scripted);
+    c.register("prompt-section", || PromptSectionPlugin);
     c
+}
+
+/// Config of the `agent-services` plugin.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentServicesConfig {
+    /// Policy for actions that ask for approval (default `ask`; with no
+    /// answerer, asks fail closed).
+    #[serde(default)]
+    pub approval: Option<ApprovalPolicy>,
+    /// Register the built-in tools (default true).
+    #[serde(default)]
+    pub builtin_tools: Option<bool>,
+    /// Retry of model requests refused before the first chunk.
+    #[serde(default)]
+    pub retry: Option<RetryConfig>,
+}
+
+/// Backoff of the `llm/stream` retry listener.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Retries after the first attempt.
+    pub max_retries: u32,
+    /// First backoff, in milliseconds.
+    #[serde(default = "default_initial_ms")]
+    pub initial_ms: u64,
+    /// Backoff ceiling, in milliseconds.
+    #[serde(default = "default_max_ms")]
+    pub max_ms: u64,
+}
+
+fn default_initial_ms() -> u64 {
+    500
+}
+
+fn default_max_ms() -> u64 {
+    20_000
+}
+
+/// Provides what agents need: `llm`, `tools` (with the built-in tools),
+/// `approval`, `agents` and `systemPrompt`, and the retry listener.
+pub struct AgentServices;
+
+impl Plugin for AgentServices {
+    type Config = AgentServicesConfig;
+
+    fn name(&self) -> &str {
+        "agent-services"
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<AgentServicesConfig>) -> Result<(), BoxError> {
+        let tools = Arc::new(ToolRegistry::new());
+        ctx.provide(LlmRuntime::SERVICE, Arc::new(LlmRuntime::new()))?;
+        ctx.provide(ToolRegistry::SERVICE, tools.clone())?;
+        ctx.provide(
+            Approval::SERVICE,
+            Arc::new(Approval::new(
+                config.approval.unwrap_or(ApprovalPolicy::Ask),
+            )),
+        )?;
+        ctx.provide(Agents::SERVICE, Arc::new(Agents::default()))?;
+        ctx.provide(SystemPrompt::SERVICE, Arc::new(SystemPrompt::new()))?;
+        if config.builtin_tools.unwrap_or(true) {
+            register_builtin(&ctx, &tools)?;
+        }
+        let retry = match &config.retry {
+            Some(r) => RetryListener {
+                max_retries: r.max_retries,
+                initial: Duration::from_millis(r.initial_ms),
+                max: Duration::from_millis(r.max_ms.max(r.initial_ms)),
+            },
+            None => RetryListener::default(),
+        };
+        retry.install(&ctx)?;
+        Ok(())
+    }
+}
+
+/// Config of the `openai` plugin.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiPluginConfig {
+    /// Provider route agents name (default `openai`).
+    #[serde(default = "default_openai_route")]
+    pub provider: String,
+    /// Endpoint up to the API version, e.g. `https://api.deepseek.com/v1`.
+    pub base_url: String,
+    /// Environment variable holding the API key (default `DSH_API_KEY`); the
+    /// key itself never appears in a config file or a log.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Longest silence between stream events, in seconds (default 300).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+}
+
+fn default_openai_route() -> String {
+    "openai".into()
+}
+
+/// Registers an OpenAI-compatible streaming adapter under a provider route.
+pub struct OpenAi;
+
+impl Plugin for OpenAi {
+    type Config = OpenAiPluginConfig;
+
+    fn name(&self) -> &str {
+        "openai"
+    }
+
+    fn inject(&self) -> &[&'static str] {
+        &[LlmRuntime::SERVICE]
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<OpenAiPluginConfig>) -> Result<(), BoxError> {
+        let llm = ctx
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .ok_or("the `llm` service is gone")?;
+        let key_env = config
+            .api_key_env
+            .clone()
+            .unwrap_or_else(|| "DSH_API_KEY".into());
+        let adapter = OpenAiCompatible::new(OpenAiConfig {
+            base_url: config.base_url.clone(),
+            api_key: std::env::var(&key_env).ok().filter(|k| !k.is_empty()),
+            idle_timeout: Duration::from_secs(config.idle_timeout_s.unwrap_or(300).max(1)),
+        })?;
+        llm.register(&ctx, &[config.provider.as_str()], Arc::new(adapter))?;
+        Ok(())
+    }
+}
+
+/// Config of the `scripted` plugin.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedPluginConfig {
+    /// Provider route agents name (default `scripted`).
+    #[serde(default = "default_scripted_route")]
+    pub provider: String,
+    /// The script file (`{"steps": [...]}`).
+    pub script: PathBuf,
+}
+
+fn default_scripted_route() -> String {
+    "scripted".into()
+}
+
+/// Registers the keyless scripted model under a provider route.
+pub struct Scripted;
+
+impl Plugin for Scripted {
+    type Config = ScriptedPluginConfig;
+
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn inject(&self) -> &[&'static str] {
+        &[LlmRuntime::SERVICE]
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<ScriptedPluginConfig>) -> Result<(), BoxError> {
+        let llm = ctx
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .ok_or("the `llm` service is gone")?;
+        let path = config.script.clone();
+        let text = tokio::fs::read_to_string(&path)
+            .await
+            .map_err(|e| format!("cannot read the script {}: {e}", path.display()))?;
+        let model =
+            ScriptedModel::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        llm.register(&ctx, &[config.provider.as_str()], Arc::new(model))?;
+        Ok(())
+    }
+}
+
+/// Config of the `prompt-section` plugin.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSectionConfig {
+    /// Section name (a scoped section of the same name shadows it).
+    pub name: String,
+    /// Ascending order (-100 identity, 0 persona, 100–199 tool guidance).
+    #[serde(default)]
+    pub order: i32,
+    /// The text; may use `{{variables}}`.
+    pub text: String,
+}
+
+/// Adds a global system prompt section.
+pub struct PromptSectionPlugin;
+
+impl Plugin for PromptSectionPlugin {
+    type Config = PromptSectionConfig;
+
+    fn name(&self) -> &str {
+        "prompt-section"
+    }
+
+    fn inject(&self) -> &[&'static str] {
+        &[SystemPrompt::SERVICE]
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<PromptSectionConfig>) -> Result<(), BoxError> {
+        let prompt = ctx
+            .get::<SystemPrompt>(SystemPrompt::SERVICE)
+            .ok_or("the `systemPrompt` service is gone")?;
+        prompt.section(
+            &ctx,
+            PromptSection {
+                name: config.name.clone(),
+                order: config.order,
+                text: Text::Static(config.text.clone()),
+                complete: false,
+            },
+        )?;
+        Ok(())
+    }
 }

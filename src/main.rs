@@ -68,9 +68,18 @@ enum Command {
         /// Environment variable holding the API key.
         #[arg(long, default_value = "DSH_API_KEY")]
         api_key_env: String,
-        /// Approval policy for actions that ask: never, ask, always.
-        #[arg(long, default_value = "ask")]
-        approval: dsh_services::approval::ApprovalPolicy,
+        /// Approval policy for actions that ask: never, ask, always (default ask).
+        #[arg(long)]
+        approval: Option<dsh_services::approval::ApprovalPolicy>,
+        /// Boot this cordis.yml for the services and the model provider.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["script", "base_url"])]
+        config: Option<PathBuf>,
+        /// Patch layers of --config, applied by entry id.
+        #[arg(long = "patch", requires = "config")]
+        patches: Vec<PathBuf>,
+        /// Provider route to use (default: the only one registered).
+        #[arg(long)]
+        provider: Option<String>,
         /// Print the session events as JSON lines on stdout.
         #[arg(long)]
         json: bool,
@@ -207,6 +216,9 @@ async fn run(command: Command) -> ExitCode {
             model,
             api_key_env,
             approval,
+            config,
+            patches,
+            provider,
             json,
             tree,
             cwd,
@@ -221,6 +233,9 @@ async fn run(command: Command) -> ExitCode {
                 model,
                 api_key_env,
                 approval,
+                config,
+                patches,
+                provider,
                 json,
                 tree,
                 cwd,

@@ -5,14 +5,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dsh_actors::agent::{Agent, AgentSpec, Agents};
+use dsh_actors::agent::{Agent, AgentSpec};
 use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
-use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
-use dsh_services::llm::scripted::ScriptedModel;
-use dsh_services::llm::{ContentBlock, LlmAdapter, LlmRuntime, StreamChunk};
+use dsh_services::llm::{ContentBlock, LlmRuntime, StreamChunk};
 use dsh_services::session::{EventData, TurnEndReason};
-use dsh_services::tools::ToolRegistry;
-use dsh_services::tools::builtin::register_builtin;
+
+use crate::catalogue::{
+    AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
+    default_catalogue,
+};
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
@@ -29,8 +30,14 @@ pub struct RunOptions {
     pub model: Option<String>,
     /// Environment variable holding the API key.
     pub api_key_env: String,
-    /// Approval policy.
-    pub approval: ApprovalPolicy,
+    /// Approval policy (overrides the config's).
+    pub approval: Option<ApprovalPolicy>,
+    /// Boot this `cordis.yml` for the services and providers.
+    pub config: Option<PathBuf>,
+    /// Patch layers of the config.
+    pub patches: Vec<PathBuf>,
+    /// Provider route to use (default: the only one registered).
+    pub provider: Option<String>,
     /// Print the session events as JSON lines instead of text.
     pub json: bool,
     /// Print the actor tree at the end.
@@ -62,26 +69,24 @@ impl RunExit {
     }
 }
 
-const HOW_TO_CONFIGURE: &str = "no model endpoint is configured.\n\
-  Use an OpenAI-compatible endpoint:  dsh run --base-url https://api.deepseek.com/v1 --model deepseek-chat \"…\"\n\
-    (the API key is read from $DSH_API_KEY, or the variable named by --api-key-env;\n\
-     DSH_BASE_URL and DSH_MODEL may stand in for the flags)\n\
-  or the keyless scripted model:      dsh run --script demo/hello.json \"…\"";
+const HOW_TO_CONFIGURE: &str = concat!(
+    "no model endpoint is configured.\n",
+    "  an OpenAI-compatible endpoint:  dsh run --base-url https://api.deepseek.com/v1 --model deepseek-chat \"…\"\n",
+    "    (the API key is read from $DSH_API_KEY, or the variable named by --api-key-env;\n",
+    "     DSH_BASE_URL and DSH_MODEL may stand in for the flags)\n",
+    "  the keyless scripted model:     dsh run --script demo/hello.json \"…\"\n",
+    "  a plugin tree:                  dsh run --config demo/cordis.yml \"…\"  (agent-services + openai or scripted entries)"
+);
 
-/// The endpoint `run` talks to.
+/// The endpoint `run` talks to when no config is given.
 enum Endpoint {
-    Scripted(ScriptedModel),
-    OpenAi { config: OpenAiConfig, model: String },
+    Scripted(PathBuf),
+    OpenAi { base_url: String, model: String },
 }
 
 fn endpoint(opts: &RunOptions) -> Result<Endpoint, RunExit> {
     if let Some(path) = &opts.script {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            RunExit::fail(2, format!("cannot read the script {}: {e}", path.display()))
-        })?;
-        let model = ScriptedModel::from_json(&text)
-            .map_err(|e| RunExit::fail(2, format!("{}: {e}", path.display())))?;
-        return Ok(Endpoint::Scripted(model));
+        return Ok(Endpoint::Scripted(path.clone()));
     }
     let base_url = opts
         .base_url
@@ -92,19 +97,7 @@ fn endpoint(opts: &RunOptions) -> Result<Endpoint, RunExit> {
         .clone()
         .or_else(|| std::env::var("DSH_MODEL").ok());
     match (base_url, model) {
-        (Some(base_url), Some(model)) => {
-            let api_key = std::env::var(&opts.api_key_env)
-                .ok()
-                .filter(|k| !k.is_empty());
-            Ok(Endpoint::OpenAi {
-                config: OpenAiConfig {
-                    base_url,
-                    api_key,
-                    idle_timeout: Duration::from_secs(300),
-                },
-                model,
-            })
-        }
+        (Some(base_url), Some(model)) => Ok(Endpoint::OpenAi { base_url, model }),
         (Some(_), None) => Err(RunExit::fail(2, "--base-url needs --model (or DSH_MODEL)")),
         _ => Err(RunExit::fail(2, HOW_TO_CONFIGURE)),
     }
@@ -196,9 +189,12 @@ fn observe(agent: &Agent, json: bool) {
 
 /// Runs the prompt; returns how the process should exit.
 pub async fn run(opts: RunOptions) -> RunExit {
-    let endpoint = match endpoint(&opts) {
-        Ok(e) => e,
-        Err(exit) => return exit,
+    let endpoint = match &opts.config {
+        Some(_) => None,
+        None => match endpoint(&opts) {
+            Ok(e) => Some(e),
+            Err(exit) => return exit,
+        },
     };
     let cwd = match opts.cwd.canonicalize() {
         Ok(c) => c,
@@ -226,48 +222,133 @@ pub async fn run(opts: RunOptions) -> RunExit {
     exit
 }
 
-async fn drive(rt: &Runtime, opts: RunOptions, endpoint: Endpoint, cwd: PathBuf) -> RunExit {
+/// Loads the services and the provider: from `--config`, or from the flags.
+async fn load(rt: &Runtime, opts: &RunOptions, endpoint: Option<Endpoint>) -> Result<(), RunExit> {
     let root = rt.root();
-    let llm = Arc::new(LlmRuntime::new());
-    let tools = Arc::new(ToolRegistry::new());
-    let approval = Arc::new(Approval::new(opts.approval));
-    let setup = (|| -> Result<(), String> {
-        root.provide(LlmRuntime::SERVICE, llm.clone())
-            .map_err(|e| e.to_string())?;
-        root.provide(ToolRegistry::SERVICE, tools.clone())
-            .map_err(|e| e.to_string())?;
-        root.provide(Approval::SERVICE, approval.clone())
-            .map_err(|e| e.to_string())?;
-        root.provide(Agents::SERVICE, Arc::new(Agents::default()))
-            .map_err(|e| e.to_string())?;
-        register_builtin(&root, &tools)?;
-        Ok(())
-    })();
-    if let Err(e) = setup {
-        return RunExit::fail(1, format!("cannot set up the runtime: {e}"));
-    }
-    let (provider, model, adapter): (&str, String, Arc<dyn LlmAdapter>) = match endpoint {
-        Endpoint::Scripted(m) => ("scripted", "script".into(), Arc::new(m)),
-        Endpoint::OpenAi { config, model } => match OpenAiCompatible::new(config) {
-            Ok(a) => {
-                if let Err(e) = RetryListener::default().install(&root) {
-                    return RunExit::fail(1, e.to_string());
-                }
-                ("openai", model, Arc::new(a))
+    if let Some(file) = &opts.config {
+        let source = dsh_supervisors::Source {
+            base: file.clone(),
+            patches: opts.patches.clone(),
+        };
+        return match dsh_supervisors::Loader::boot(rt, default_catalogue(), source).await {
+            Err(dsh_supervisors::Error::Config(e)) => Err(RunExit::fail(2, e.to_string())),
+            Err(e) => Err(RunExit::fail(1, e.to_string())),
+            Ok((_, failures)) if !failures.is_empty() => {
+                let list: Vec<String> = failures
+                    .iter()
+                    .map(|(id, why)| format!("entry `{id}`: {why}"))
+                    .collect();
+                Err(RunExit::fail(
+                    1,
+                    format!("the config did not start:\n{}", list.join("\n")),
+                ))
             }
-            Err(e) => return RunExit::fail(1, e),
-        },
-    };
-    if let Err(e) = llm.register(&root, &[provider], adapter) {
-        return RunExit::fail(1, e);
+            Ok(_) => Ok(()),
+        };
     }
-    if opts.approval == ApprovalPolicy::Ask
+    let services = AgentServicesConfig {
+        approval: opts.approval,
+        ..AgentServicesConfig::default()
+    };
+    let started = match endpoint {
+        None => return Err(RunExit::fail(2, HOW_TO_CONFIGURE)),
+        Some(Endpoint::Scripted(path)) => {
+            root.plugin(AgentServices, services)
+                .await
+                .map_err(|e| RunExit::fail(1, e.to_string()))?;
+            root.plugin(
+                Scripted,
+                ScriptedPluginConfig {
+                    provider: "scripted".into(),
+                    script: path,
+                },
+            )
+            .await
+        }
+        Some(Endpoint::OpenAi { base_url, .. }) => {
+            root.plugin(AgentServices, services)
+                .await
+                .map_err(|e| RunExit::fail(1, e.to_string()))?;
+            root.plugin(
+                OpenAi,
+                OpenAiPluginConfig {
+                    provider: "openai".into(),
+                    base_url,
+                    api_key_env: Some(opts.api_key_env.clone()),
+                    idle_timeout_s: None,
+                },
+            )
+            .await
+        }
+    };
+    started.map(|_| ()).map_err(|e| match e {
+        dsh_supervisors::Error::PluginFailed { reason, .. } => RunExit::fail(2, reason),
+        other => RunExit::fail(1, other.to_string()),
+    })
+}
+
+async fn drive(
+    rt: &Runtime,
+    opts: RunOptions,
+    endpoint: Option<Endpoint>,
+    cwd: PathBuf,
+) -> RunExit {
+    let default_model = match &endpoint {
+        Some(Endpoint::OpenAi { model, .. }) => Some(model.clone()),
+        _ => None,
+    };
+    if let Err(exit) = load(rt, &opts, endpoint).await {
+        return exit;
+    }
+    let root = rt.root();
+    let Some(llm) = root.get::<LlmRuntime>(LlmRuntime::SERVICE) else {
+        return RunExit::fail(
+            2,
+            "the config provides no `llm` service; add an `agent-services` entry",
+        );
+    };
+    let providers = llm.providers();
+    let provider = match (&opts.provider, providers.as_slice()) {
+        (Some(p), _) if providers.contains(p) => p.clone(),
+        (Some(p), _) => {
+            return RunExit::fail(
+                2,
+                format!(
+                    "no provider `{p}` is registered (registered: {})",
+                    providers.join(", ")
+                ),
+            );
+        }
+        (None, [only]) => only.clone(),
+        (None, []) => return RunExit::fail(2, HOW_TO_CONFIGURE),
+        (None, many) => {
+            return RunExit::fail(
+                2,
+                format!(
+                    "several providers are registered ({}); choose one with --provider",
+                    many.join(", ")
+                ),
+            );
+        }
+    };
+    let model = opts
+        .model
+        .clone()
+        .or(default_model)
+        .or_else(|| std::env::var("DSH_MODEL").ok())
+        .unwrap_or_else(|| "default".into());
+    if let (Some(policy), Some(approval)) = (opts.approval, root.get::<Approval>(Approval::SERVICE))
+    {
+        approval.set_policy(policy);
+    }
+    let policy = root.get::<Approval>(Approval::SERVICE).map(|a| a.policy());
+    if policy == Some(ApprovalPolicy::Ask)
         && std::io::IsTerminal::is_terminal(&std::io::stdin())
         && let Err(e) = install_terminal_answerer(rt)
     {
         return RunExit::fail(1, e.to_string());
     }
-    let mut spec = AgentSpec::new(provider, &model, cwd.clone());
+    let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(opts.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
     spec.session_path = opts.session_out.clone();
     spec.max_steps = opts.max_steps;

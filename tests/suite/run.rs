@@ -92,12 +92,12 @@ fn a_provider_failure_exits_non_zero_with_the_cause() {
     let dir = std::env::temp_dir().join(format!("dsh-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("fail.json");
-    std::fs::write(&script, r#"{"steps": [{"error": {"code": "RATE_LIMITED", "message": "quota exhausted", "status": 429}}]}"#).unwrap();
+    std::fs::write(&script, r#"{"steps": [{"error": {"code": "INSUFFICIENT_QUOTA", "message": "quota exhausted", "status": 402}}]}"#).unwrap();
     let out = dsh(&["run", "--script", script.to_str().unwrap(), "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr)
-            .contains("the model call failed: quota exhausted (RATE_LIMITED, HTTP 429)"),
+            .contains("the model call failed: quota exhausted (INSUFFICIENT_QUOTA, HTTP 402)"),
         "{}",
         text(&out.stderr)
     );
@@ -127,5 +127,66 @@ fn the_session_log_is_written_and_loads_back() {
     assert_eq!(
         session.derive_messages().last().unwrap().role,
         dsh::services::llm::Role::Assistant
+    );
+}
+
+#[test]
+fn a_config_supplies_the_services_the_provider_and_prompt_sections() {
+    let out = dsh(&["run", "--config", "demo/cordis.yml", "--json", "go"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let header = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["type"] == "request/header")
+        .unwrap();
+    let system = header["data"]["header"]["system"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        system.ends_with("Answer in one short paragraph."),
+        "{system}"
+    );
+    assert_eq!(header["data"]["header"]["config"]["provider"], "scripted");
+
+    let dir = std::env::temp_dir().join(format!("dsh-run-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let two = dir.join("two.yml");
+    std::fs::write(
+        &two,
+        "plugins:\n  - id: s\n    name: agent-services\n  - id: a\n    name: scripted\n    config: { provider: a, script: demo/hello.json }\n  - id: b\n    name: scripted\n    config: { provider: b, script: demo/hello.json }\n",
+    )
+    .unwrap();
+    let out = dsh(&["run", "--config", two.to_str().unwrap(), "go"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr)
+            .contains("several providers are registered (a, b); choose one with --provider"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dsh(&[
+        "run",
+        "--config",
+        two.to_str().unwrap(),
+        "--provider",
+        "b",
+        "--approval",
+        "never",
+        "go",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let bad = dir.join("bad.yml");
+    std::fs::write(
+        &bad,
+        "plugins:\n  - id: s\n    name: agent-services\n    config: { approval: sometimes }\n",
+    )
+    .unwrap();
+    let out = dsh(&["run", "--config", bad.to_str().unwrap(), "go"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("entry `s`, field `config.approval`"),
+        "{}",
+        text(&out.stderr)
     );
 }
