@@ -273,10 +273,12 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
         .arg(repo().join("tests/peers/chatml_tools.jinja"));
     let _server = start(cmd, "READY");
     healthy(port).await;
+    // With the retry listener, as `agent-services` configures it: a pooled
+    // connection the server already closed is retried, not fatal.
     let rt = runtime(
         &format!("http://127.0.0.1:{port}/v1"),
         vec![Arc::new(Weather)],
-        false,
+        true,
     )
     .await;
     // A tiny model needs to be told when to call a tool: `required` while the
