@@ -3,6 +3,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentSpec};
@@ -138,18 +139,96 @@ fn install_terminal_answerer(rt: &Runtime) -> dsh_supervisors::Result<()> {
         .map(|_| ())
 }
 
+/// What the spinner shows: nothing, the model thinking, tools running.
+const IDLE: u8 = 0;
+const THINKING: u8 = 1;
+const TOOLS: u8 = 2;
+
+/// A spinner on stderr (terminals only), ticking in its own supervised actor.
+struct Spinner {
+    phase: Arc<AtomicU8>,
+}
+
+enum Tick {
+    Tick,
+}
+
+impl ractor::Actor for Spinner {
+    type Msg = Tick;
+    type State = (usize, bool);
+    type Arguments = ();
+
+    async fn pre_start(
+        &self,
+        me: ractor::ActorRef<Tick>,
+        _: (),
+    ) -> Result<(usize, bool), ractor::ActorProcessingErr> {
+        // The interval task ends when the actor stops (its sends then fail).
+        me.send_interval(Duration::from_millis(120), || Tick::Tick);
+        Ok((0, false))
+    }
+
+    async fn handle(
+        &self,
+        _me: ractor::ActorRef<Tick>,
+        Tick::Tick: Tick,
+        (frame, shown): &mut (usize, bool),
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        const FRAMES: [&str; 8] = ["⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧"];
+        let label = match self.phase.load(Ordering::Relaxed) {
+            THINKING => "thinking",
+            TOOLS => "running tools",
+            _ => {
+                *shown = false;
+                return Ok(());
+            }
+        };
+        *frame = (*frame + 1) % FRAMES.len();
+        eprint!("\r\x1b[2K{} {label}", FRAMES[*frame]);
+        *shown = true;
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ractor::ActorRef<Tick>,
+        (_, shown): &mut (usize, bool),
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        if *shown {
+            eprint!("\r\x1b[2K");
+        }
+        Ok(())
+    }
+}
+
+/// Sets the spinner's phase; leaving a shown phase clears its line first.
+fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
+    if let Some(p) = spinner
+        && p.swap(to, Ordering::Relaxed) != IDLE
+        && to == IDLE
+    {
+        eprint!("\r\x1b[2K");
+    }
+}
+
 /// Prints what the agent does as it happens.
-fn observe(agent: &Agent, json: bool) {
+fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
     agent.session().observe(Arc::new(move |e| {
         if json {
             println!("{}", e.to_json());
             return;
         }
         match &e.data {
+            EventData::StepStart { .. } => phase(&spinner, THINKING),
+            EventData::TurnEnd { .. } => phase(&spinner, IDLE),
+            _ => {}
+        }
+        match &e.data {
             EventData::AssistantChunk {
                 chunk: StreamChunk::TextDelta { text, .. },
                 ..
             } => {
+                phase(&spinner, IDLE);
                 print!("{text}");
                 let _ = std::io::stdout().flush();
             }
@@ -159,10 +238,13 @@ fn observe(agent: &Agent, json: bool) {
             EventData::ToolCall {
                 name, arguments, ..
             } => {
+                phase(&spinner, IDLE);
                 let args: String = arguments.chars().take(160).collect();
                 eprintln!("\n▸ {name} {args}");
+                phase(&spinner, TOOLS);
             }
             EventData::ToolResult { message, error, .. } => {
+                phase(&spinner, IDLE);
                 let text: String = message
                     .content
                     .iter()
@@ -356,7 +438,21 @@ async fn drive(
         Ok(a) => a,
         Err(e) => return RunExit::fail(1, format!("cannot create the agent: {e}")),
     };
-    observe(&agent, opts.json);
+    let spinner = if !opts.json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let state = Arc::new(AtomicU8::new(IDLE));
+        let spec = dsh_supervisors::WorkerSpec::new(
+            "ui",
+            "ui/spinner",
+            Spinner {
+                phase: state.clone(),
+            },
+            (),
+        );
+        root.spawn(spec).await.ok().map(|_| state)
+    } else {
+        None
+    };
+    observe(&agent, opts.json, spinner);
     let outcome = tokio::select! {
         r = agent.run(&opts.prompt, Duration::from_secs(6 * 3600)) => r,
         _ = tokio::signal::ctrl_c() => {

@@ -12,6 +12,8 @@ use dsh_supervisors::{Context, Event, Target, Waterfall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::session::{EventData, SESSION_SERVICE, SessionWriter};
+
 /// What happens to an ask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -121,8 +123,34 @@ impl Approval {
         }
     }
 
-    /// Obtains one outcome for `request`.
+    /// Obtains one outcome for `request`. When `ctx` belongs to an agent,
+    /// the question and its outcome are recorded in its session as
+    /// `approval/asked` and `approval/decided` (log-only audit).
     pub async fn request(&self, ctx: &Context, request: ApprovalRequest) -> ApprovalOutcome {
+        let session = ctx.get::<dyn SessionWriter>(SESSION_SERVICE);
+        let id = format!("approval_{}", crate::llm::Message::new_id());
+        if let Some(s) = &session {
+            let mut asked =
+                serde_json::json!({"id": id, "toolName": request.tool, "reason": request.reason});
+            if let Some(call) = &request.call_id {
+                asked["callId"] = call.clone().into();
+            }
+            let _ = s.append_log_only(EventData::Other {
+                kind: std::sync::Arc::from("approval/asked"),
+                data: asked,
+            });
+        }
+        let outcome = self.decide(ctx, request).await;
+        if let Some(s) = &session {
+            let _ = s.append_log_only(EventData::Other {
+                kind: std::sync::Arc::from("approval/decided"),
+                data: serde_json::json!({"id": id, "outcome": outcome.as_str()}),
+            });
+        }
+        outcome
+    }
+
+    async fn decide(&self, ctx: &Context, request: ApprovalRequest) -> ApprovalOutcome {
         match self.policy() {
             ApprovalPolicy::Never => ApprovalOutcome::Rejected,
             ApprovalPolicy::Always => ApprovalOutcome::AllowedOnce,

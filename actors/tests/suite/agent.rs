@@ -453,6 +453,40 @@ async fn the_pipeline_runs_in_order_and_approval_fails_closed() {
     let never = h.agent("scripted-3").await;
     never.run("go", WAIT).await.unwrap();
     assert!(results(&never)[0].2.contains("the answer was rejected"));
+    // The question and its outcome are audited in the agent's log.
+    let audit: Vec<(String, serde_json::Value)> = never
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Other { kind, data } if kind.starts_with("approval/") => {
+                Some((kind.to_string(), data.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    assert_eq!(audit[0].0, "approval/asked");
+    assert_eq!(audit[0].1["toolName"], "record");
+    assert_eq!(audit[1].0, "approval/decided");
+    assert_eq!(audit[1].1["outcome"], "rejected");
+    assert_eq!(audit[0].1["id"], audit[1].1["id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creation_without_its_services_fails_and_leaves_nothing_behind() {
+    let rt = dsh_supervisors::Runtime::start(dsh_supervisors::RuntimeSettings::default())
+        .await
+        .unwrap();
+    let err = Agent::create(&rt.root(), AgentSpec::new("x", "m", std::env::temp_dir()))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "the `llm` service is not provided; load its plugin first"
+    );
+    assert_eq!(rt.tree().live_len(), 1, "only the root");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
