@@ -270,7 +270,7 @@ impl Events {
 
     /// Dispatches a [`Parallel`] event and waits for every listener.
     pub async fn parallel<E: Parallel>(&self, target: &Target, event: E) {
-        let Some(list) = self.peek::<ParallelFn<E>>() else {
+        let Some(list) = self.peek::<ParallelFn<E>>().filter(|l| !l.is_empty()) else {
             return;
         };
         let event = Arc::new(event);
@@ -292,7 +292,7 @@ impl Events {
 
     /// Dispatches a [`Serial`] event; the first `Some` wins.
     pub async fn serial<E: Serial>(&self, target: &Target, event: E) -> Option<E::Output> {
-        let list = self.peek::<SerialFn<E>>()?;
+        let list = self.peek::<SerialFn<E>>().filter(|l| !l.is_empty())?;
         let event = Arc::new(event);
         for entry in list.iter().filter(|e| e.admitted(target)) {
             let outcome =
@@ -321,7 +321,11 @@ impl Events {
         T: Fn(E) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = E::Output> + Send + 'static,
     {
-        let list = self.peek::<WaterfallFn<E>>().unwrap_or_default();
+        let list = match self.peek::<WaterfallFn<E>>() {
+            Some(list) if list.iter().any(|e| e.admitted(target)) => list,
+            // Nobody wraps this dispatch: the built-in behaviour, directly.
+            _ => return Ok(terminal(event).await),
+        };
         let terminal: Arc<TerminalFn<E>> = Arc::new(move |e| terminal(e).boxed());
         let fault = Arc::new(Mutex::new(None));
         let next = Next {

@@ -182,14 +182,17 @@ pub async fn run_pipeline(
             meta: None,
         },
     };
-    events.emit(
-        &target,
-        &ToolResultEvent {
-            call,
-            content: settled.content.clone(),
-            error: settled.error.clone(),
-        },
-    );
+    // Nobody listening: skip building the event (it copies the content).
+    if events.listener_count::<dsh_supervisors::events::EmitFn<ToolResultEvent>>() > 0 {
+        events.emit(
+            &target,
+            &ToolResultEvent {
+                call,
+                content: settled.content.clone(),
+                error: settled.error.clone(),
+            },
+        );
+    }
     settled
 }
 
