@@ -1010,11 +1010,16 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
                 j += 1;
             }
         }
-        let batch: Vec<_> = calls[i..j]
-            .iter()
-            .map(|c| execute(agent, c.clone(), token))
-            .collect();
-        let outcomes = futures::future::join_all(batch).await;
+        // A lone call is awaited in place (no batch of large futures to move).
+        let outcomes = if j == i + 1 {
+            vec![execute(agent, calls[i].clone(), token).await]
+        } else {
+            let batch: Vec<_> = calls[i..j]
+                .iter()
+                .map(|c| execute(agent, c.clone(), token))
+                .collect();
+            futures::future::join_all(batch).await
+        };
         for (k, outcome) in outcomes.into_iter().enumerate() {
             let call = &calls[i + k];
             let message = Message {
