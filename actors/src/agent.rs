@@ -472,11 +472,35 @@ impl Agent {
             if !inbox.accepting {
                 return Err(AgentError::Closed(self.inner.id.clone()));
             }
-            inbox.followups.push_back(Arc::new(message));
+            let start = inbox.followups.len();
+            let message = Arc::new(message);
+            self.splice(start, 0, std::slice::from_ref(&message));
+            inbox.followups.push_back(message);
             self.inner.idle.send_replace(false);
         }
         self.wake();
         Ok(())
+    }
+
+    /// Records one mutation of the pending prompts (`agent/inbox/spliced`),
+    /// under the inbox lock so positions match the queue.
+    fn splice(&self, start: usize, removed: usize, inserted: &[Arc<Message>]) {
+        let mut data = serde_json::json!({
+            "target": "next-turn",
+            "start": start,
+            "inserted": inserted.iter().map(|m| serde_json::to_value(m.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
+        });
+        if removed > 0 {
+            data["removedCount"] = removed.into();
+        }
+        log_append(
+            self,
+            EventData::Other {
+                kind: Arc::from("agent/inbox/spliced"),
+                data,
+            },
+            None,
+        );
     }
 
     /// Adds a message to the running turn at its next step (a new turn when idle).
@@ -488,7 +512,10 @@ impl Agent {
                 inbox.steer.push_back(Arc::new(message));
                 return Ok(());
             }
-            inbox.followups.push_back(Arc::new(message));
+            let start = inbox.followups.len();
+            let message = Arc::new(message);
+            self.splice(start, 0, std::slice::from_ref(&message));
+            inbox.followups.push_back(message);
             self.inner.idle.send_replace(false);
         }
         self.wake();
@@ -596,6 +623,10 @@ impl Actor for Driver {
                 } else if let Some(prompt) = inbox.followups.pop_front() {
                     inbox.running = true;
                     inbox.turn += 1;
+                    // Under the inbox lock: the claim is logged at the
+                    // position the queue had, right after the turn opens.
+                    log_append(&agent, EventData::TurnStart { turn: inbox.turn }, None);
+                    agent.splice(0, 1, &[]);
                     let token = CancellationToken::new();
                     inbox.cancel = Some(token.clone());
                     Some((prompt, inbox.turn, token))
@@ -648,13 +679,13 @@ fn failure(code: &str, message: impl Into<String>) -> LlmFailure {
     }
 }
 
+/// Runs one turn; its `turn/start` was logged when the driver claimed the prompt.
 async fn run_turn(
     agent: &Agent,
     prompt: Arc<Message>,
     turn: u32,
     token: CancellationToken,
 ) -> TurnSummary {
-    log_append(agent, EventData::TurnStart { turn }, None);
     let mut entering = vec![prompt];
     let mut steps = 0u32;
     let mut max_tokens_hit = false;

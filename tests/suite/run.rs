@@ -58,7 +58,7 @@ fn json_mode_prints_the_session_event_stream() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert_eq!(kinds.first(), Some(&"turn/start"));
+    assert_eq!(kinds[..2], ["agent/inbox/spliced", "turn/start"]);
     assert_eq!(kinds.last(), Some(&"turn/end"));
     assert_eq!(kinds.iter().filter(|k| **k == "tool/call").count(), 4);
     assert_eq!(kinds.iter().filter(|k| **k == "tool/result").count(), 4);

@@ -30,7 +30,9 @@ async fn a_text_turn_records_the_full_event_sequence() {
     assert_eq!(
         kinds(&agent),
         [
+            "agent/inbox/spliced",
             "turn/start",
+            "agent/inbox/spliced",
             "step/start",
             "user/message",
             "request/header",
@@ -47,10 +49,20 @@ async fn a_text_turn_records_the_full_event_sequence() {
     );
     let events = agent.session().events();
     assert_eq!(
-        events[10].source_event_seqs.as_deref(),
-        Some(&[5, 6, 7, 8, 9][..])
+        events[12].source_event_seqs.as_deref(),
+        Some(&[7, 8, 9, 10, 11][..])
     );
-    let EventData::RequestHeader { header, reason } = &events[3].data else {
+    // The prompt entered the inbox, then was claimed when the turn opened.
+    let EventData::Other { data: queued, .. } = &events[0].data else {
+        panic!()
+    };
+    assert_eq!(queued["start"], 0);
+    assert_eq!(queued["inserted"][0]["content"][0]["text"], "hi");
+    let EventData::Other { data: claimed, .. } = &events[2].data else {
+        panic!()
+    };
+    assert_eq!(claimed["removedCount"], 1);
+    let EventData::RequestHeader { header, reason } = &events[5].data else {
         panic!()
     };
     assert_eq!(reason, "initial");
@@ -300,9 +312,15 @@ async fn restricted_tools_are_absent_from_the_prompt_and_refuse_execution() {
     });
     let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
     agent.run("go", WAIT).await.unwrap();
-    let EventData::RequestHeader { header, .. } = &agent.session().events()[3].data else {
-        panic!()
-    };
+    let header = agent
+        .session()
+        .events()
+        .iter()
+        .find_map(|e| match &e.data {
+            EventData::RequestHeader { header, .. } => Some(header.clone()),
+            _ => None,
+        })
+        .unwrap();
     let names: Vec<&str> = header["tools"]
         .as_array()
         .unwrap()
@@ -555,4 +573,120 @@ async fn a_provider_failure_ends_the_turn_with_the_structured_error() {
         ("RATE_LIMITED", Some(429))
     );
     assert!(!kinds(&agent).contains(&"assistant/message".to_owned()));
+}
+
+/// Waits until the test opens the gate.
+struct Gate(Arc<tokio::sync::Notify>);
+
+impl dsh_services::tools::Tool for Gate {
+    fn schema(&self) -> dsh_services::llm::ToolSchema {
+        dsh_services::llm::ToolSchema {
+            name: "gate".into(),
+            description: "waits for the test".into(),
+            parameters: json!({"type": "object"}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        _cx: dsh_services::tools::ToolContext,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<dsh_services::tools::ToolOutput, dsh_services::tools::ToolError>,
+    > {
+        Box::pin(async move {
+            self.0.notified().await;
+            Ok(dsh_services::tools::ToolOutput::text("opened"))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steer_and_inject_enter_the_running_turn_at_its_next_step() {
+    let h = Harness::new().await;
+    let gate = Arc::new(tokio::sync::Notify::new());
+    h.tools
+        .register(&h.rt.root(), Arc::new(Gate(gate.clone())))
+        .unwrap();
+    h.script(
+        "scripted",
+        vec![calls(&[("gate", json!({}))]), text("done")],
+    );
+    let agent = h.agent("scripted").await;
+    let mut feed = h.rt.tree().subscribe();
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    loop {
+        if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
+            && node.name.starts_with("tool/gate")
+        {
+            break;
+        }
+    }
+    agent
+        .steer(dsh_services::llm::Message::user_text("also this"))
+        .unwrap();
+    let mut notice = dsh_services::llm::Message::user_text("a file changed");
+    notice.source = dsh_services::llm::MessageSource::plugin("watcher");
+    agent.inject(notice).unwrap();
+    gate.notify_one();
+    agent.when_idle(WAIT).await.unwrap();
+    let summary = agent.last_turn().unwrap();
+    assert_eq!(
+        (summary.turn, summary.steps, summary.text.as_str()),
+        (1, 2, "done"),
+        "one turn, steered"
+    );
+    let kinds_texts: Vec<(String, String)> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::StepStart { step, .. } => Some(("step".into(), step.to_string())),
+            EventData::UserMessage(m) => Some((m.source.kind.clone(), m.text())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        kinds_texts,
+        [
+            ("step".to_owned(), "1".to_owned()),
+            ("user".to_owned(), "go".to_owned()),
+            ("step".to_owned(), "2".to_owned()),
+            ("user".to_owned(), "also this".to_owned()),
+            ("plugin".to_owned(), "a file changed".to_owned()),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_observer_is_isolated_and_routes_register_all_or_nothing() {
+    let h = Harness::new().await;
+    h.script("scripted", vec![text("ok")]);
+    let agent = h.agent("scripted").await;
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    agent
+        .session()
+        .observe(Arc::new(|_| panic!("observer down")));
+    let s = seen.clone();
+    agent.session().observe(Arc::new(move |_| {
+        s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }));
+    agent.run("go", WAIT).await.unwrap();
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst) as u64,
+        agent.session().next_seq()
+    );
+    // Provider routes: a registration naming a taken route changes nothing.
+    let err = h
+        .llm
+        .register(
+            &h.rt.root(),
+            &["fresh", "scripted"],
+            Arc::new(dsh_services::llm::scripted::ScriptedModel::new(vec![])),
+        )
+        .err()
+        .unwrap();
+    assert_eq!(err, "provider route `scripted` is already registered");
+    assert!(!h.llm.providers().contains(&"fresh".to_owned()));
 }
