@@ -485,22 +485,14 @@ impl Agent {
     /// Records one mutation of the pending prompts (`agent/inbox/spliced`),
     /// under the inbox lock so positions match the queue.
     fn splice(&self, start: usize, removed: usize, inserted: &[Arc<Message>]) {
-        let mut data = serde_json::json!({
-            "target": "next-turn",
-            "start": start,
-            "inserted": inserted.iter().map(|m| serde_json::to_value(m.as_ref()).unwrap_or_default()).collect::<Vec<_>>(),
-        });
-        if removed > 0 {
-            data["removedCount"] = removed.into();
-        }
-        log_append(
-            self,
-            EventData::Other {
-                kind: Arc::from("agent/inbox/spliced"),
-                data,
-            },
-            None,
-        );
+        let splice = dsh_services::session::InboxSplice {
+            target: "next-turn".into(),
+            start: start as u64,
+            removed_count: (removed > 0).then_some(removed as u64),
+            inserted: inserted.to_vec(),
+            outcome: None,
+        };
+        log_append(self, EventData::InboxSpliced(splice), None);
     }
 
     /// Adds a message to the running turn at its next step (a new turn when idle).

@@ -53,15 +53,17 @@ async fn a_text_turn_records_the_full_event_sequence() {
         Some(&[7, 8, 9, 10, 11][..])
     );
     // The prompt entered the inbox, then was claimed when the turn opened.
-    let EventData::Other { data: queued, .. } = &events[0].data else {
+    let EventData::InboxSpliced(queued) = &events[0].data else {
         panic!()
     };
-    assert_eq!(queued["start"], 0);
-    assert_eq!(queued["inserted"][0]["content"][0]["text"], "hi");
-    let EventData::Other { data: claimed, .. } = &events[2].data else {
+    assert_eq!(
+        (queued.start, queued.inserted[0].text().as_str()),
+        (0, "hi")
+    );
+    let EventData::InboxSpliced(claimed) = &events[2].data else {
         panic!()
     };
-    assert_eq!(claimed["removedCount"], 1);
+    assert_eq!(claimed.removed_count, Some(1));
     let EventData::RequestHeader { header, reason } = &events[5].data else {
         panic!()
     };

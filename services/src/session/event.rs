@@ -141,6 +141,24 @@ pub struct RequestContext {
     pub context_window: Option<u64>,
 }
 
+/// One normalized mutation of an agent's pending-message list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InboxSplice {
+    /// Which list (`next-turn`, …).
+    pub target: String,
+    /// Position of the change.
+    pub start: u64,
+    /// Entries removed at `start`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_count: Option<u64>,
+    /// Messages inserted at `start`.
+    pub inserted: Vec<Arc<Message>>,
+    /// Set when the removal cancelled queued input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}
+
 /// The payload of one event.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EventData {
@@ -236,6 +254,8 @@ pub enum EventData {
     RequestContext(RequestContext),
     /// `session/end-seed`: the end of a constructor seed.
     EndSeed,
+    /// `agent/inbox/spliced`: one mutation of the agent's pending prompts.
+    InboxSpliced(InboxSplice),
     /// Any other type, payload verbatim.
     Other {
         /// The event type.
@@ -253,7 +273,6 @@ pub fn is_surface_type(kind: &str) -> bool {
 /// Core types that are carried as [`EventData::Other`] but are known (not
 /// "unknown" for the load-time refusal rule).
 pub const CARRIED_TYPES: &[&str] = &[
-    "agent/inbox/spliced",
     "session/title",
     "session/title-llm-request",
     "llm/retry",
@@ -396,6 +415,7 @@ impl EventData {
             EventData::RequestHeader { .. } => "request/header",
             EventData::RequestContext(_) => "request/context",
             EventData::EndSeed => "session/end-seed",
+            EventData::InboxSpliced(_) => "agent/inbox/spliced",
             EventData::Other { kind, .. } => kind,
         }
     }
@@ -512,6 +532,7 @@ impl EventData {
             }
             "request/context" => EventData::RequestContext(parse(data)?),
             "session/end-seed" => EventData::EndSeed,
+            "agent/inbox/spliced" => EventData::InboxSpliced(parse(data)?),
             other => EventData::Other {
                 kind: Arc::from(other),
                 data,
@@ -587,6 +608,7 @@ impl EventData {
             }),
             EventData::RequestContext(c) => serde_json::to_value(c),
             EventData::EndSeed => Ok(serde_json::json!({})),
+            EventData::InboxSpliced(splice) => serde_json::to_value(splice),
             EventData::Other { data, .. } => Ok(data.clone()),
         };
         // Every payload type above serializes infallibly (plain data).

@@ -12,8 +12,8 @@ pub mod jsonl;
 mod log;
 
 pub use event::{
-    CARRIED_TYPES, EventData, RequestContext, SessionEvent, SurfaceOp, TodoItem, TodoStatus,
-    ToolErrorId, TurnEndReason, is_surface_type,
+    CARRIED_TYPES, EventData, InboxSplice, RequestContext, SessionEvent, SurfaceOp, TodoItem,
+    TodoStatus, ToolErrorId, TurnEndReason, is_surface_type,
 };
 pub use log::{
     History, SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface,
