@@ -4,6 +4,7 @@
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
+//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`bench`]: `dsh bench …` workloads, printing per-operation costs and ratios.
 //! - `main.rs`: the CLI (`dsh check`, `dsh tree`, `dsh bench`).
 //!
@@ -18,3 +19,4 @@ pub mod bench;
 pub mod catalogue;
 pub mod replay;
 pub mod run;
+pub mod sessions;

@@ -31,6 +31,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process; boxing the large `Run` variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Validate a cordis.yml (and its patches) without starting anything.
@@ -104,6 +106,20 @@ enum Command {
         /// Steps allowed in the turn.
         #[arg(long, default_value_t = 64)]
         max_steps: u32,
+        /// Continue a stored session (its id, as `dsh sessions list` shows).
+        #[arg(long, value_name = "ID", conflicts_with = "session")]
+        resume: Option<String>,
+        /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
+        #[arg(long, value_name = "DIR")]
+        sessions_dir: Option<PathBuf>,
+    },
+    /// Stored sessions: list, show, fork, export.
+    Sessions {
+        #[command(subcommand)]
+        what: SessionsCommand,
+        /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
+        #[arg(long, value_name = "DIR", global = true)]
+        sessions_dir: Option<PathBuf>,
     },
     /// Re-run a recorded session (ours or the upstream harness's): its prompts
     /// turn by turn, its model output step by step, the tools for real; then
@@ -125,6 +141,34 @@ enum Command {
     Bench {
         #[command(subcommand)]
         which: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum SessionsCommand {
+    /// Every stored session, newest first.
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A session's header, repairs and turns.
+    Show {
+        /// Session id.
+        id: String,
+    },
+    /// A new session seeded with the events through `--at` (a turn boundary).
+    Fork {
+        /// Session id.
+        id: String,
+        /// Last seq to include (default: the whole log).
+        #[arg(long)]
+        at: Option<u64>,
+    },
+    /// The session log (repaired) as JSONL on stdout.
+    Export {
+        /// Session id.
+        id: String,
     },
 }
 
@@ -197,6 +241,21 @@ async fn run(command: Command) -> ExitCode {
             patches,
             json,
         } => tree(file, patches, json).await,
+        Command::Sessions { what, sessions_dir } => {
+            let store = dsh::services::persistence::JsonlStore::new(dsh::sessions::sessions_dir(
+                sessions_dir,
+            ));
+            let exit = match what {
+                SessionsCommand::List { json } => dsh::sessions::list(&store, json),
+                SessionsCommand::Show { id } => dsh::sessions::show(&store, &id),
+                SessionsCommand::Fork { id, at } => dsh::sessions::fork(&store, &id, at),
+                SessionsCommand::Export { id } => dsh::sessions::export(&store, &id),
+            };
+            if let Some(m) = exit.message {
+                eprintln!("dsh sessions: {m}");
+            }
+            ExitCode::from(exit.code)
+        }
         Command::Replay {
             log,
             cwd,
@@ -231,6 +290,8 @@ async fn run(command: Command) -> ExitCode {
             session,
             system,
             max_steps,
+            resume,
+            sessions_dir,
         } => {
             let opts = dsh::run::RunOptions {
                 prompt,
@@ -248,6 +309,8 @@ async fn run(command: Command) -> ExitCode {
                 session_out: session,
                 system,
                 max_steps,
+                resume,
+                sessions_dir,
             };
             let exit = dsh::run::run(opts).await;
             if let Some(m) = exit.message {

@@ -11,10 +11,13 @@ use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPol
 use dsh_services::llm::{ContentBlock, LlmRuntime, StreamChunk};
 use dsh_services::session::{EventData, TurnEndReason};
 
+use dsh_services::persistence::JsonlStore;
+
 use crate::catalogue::{
     AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
     default_catalogue,
 };
+use crate::sessions::sessions_dir;
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
@@ -51,6 +54,10 @@ pub struct RunOptions {
     pub system: Option<String>,
     /// Step limit.
     pub max_steps: u32,
+    /// Continue this stored session.
+    pub resume: Option<String>,
+    /// Where sessions are stored (see `sessions::sessions_dir`).
+    pub sessions_dir: Option<PathBuf>,
 }
 
 /// How `run` ended, as an exit code and a message for stderr.
@@ -111,6 +118,51 @@ fn system_prompt(cwd: &std::path::Path) -> String {
          and to run commands; keep answers short and concrete.",
         cwd.display()
     )
+}
+
+/// Where the session is written, and what it continues: a resumed session
+/// is loaded (repaired when a crash cut it) and appended to in place.
+fn place_session(
+    store: &JsonlStore,
+    opts: &RunOptions,
+    spec: &mut AgentSpec,
+) -> Result<(), RunExit> {
+    let Some(id) = &opts.resume else {
+        let id = dsh_services::llm::Message::new_id();
+        spec.session_path = Some(match &opts.session_out {
+            Some(p) => p.clone(),
+            None => store
+                .path(&id)
+                .map_err(|e| RunExit::fail(2, e.to_string()))?,
+        });
+        spec.id = Some(id);
+        return Ok(());
+    };
+    let loaded = store
+        .load(id)
+        .map_err(|e| RunExit::fail(2, e.to_string()))?;
+    let path = store
+        .path(id)
+        .map_err(|e| RunExit::fail(2, e.to_string()))?;
+    if let Some(line) = loaded.torn_line {
+        eprintln!(
+            "dsh run: {}: line {line} was a torn write; it is dropped, the lines before it are kept",
+            path.display()
+        );
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| RunExit::fail(1, format!("{}: {e}", path.display())))?;
+        file.set_len(loaded.good_bytes)
+            .map_err(|e| RunExit::fail(1, format!("{}: {e}", path.display())))?;
+    }
+    for r in &loaded.repairs {
+        eprintln!("dsh run: resumed {id}: {r}");
+    }
+    spec.durable = loaded.durable;
+    spec.session_path = Some(path);
+    spec.seed = Some((loaded.header, loaded.events));
+    Ok(())
 }
 
 /// Asks on the terminal; anything but `y`/`yes` rejects.
@@ -432,8 +484,11 @@ async fn drive(
     }
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(opts.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
-    spec.session_path = opts.session_out.clone();
     spec.max_steps = opts.max_steps;
+    let store = JsonlStore::new(sessions_dir(opts.sessions_dir.clone()));
+    if let Err(exit) = place_session(&store, &opts, &mut spec) {
+        return exit;
+    }
     let agent = match Agent::create(&root, spec).await {
         Ok(a) => a,
         Err(e) => return RunExit::fail(1, format!("cannot create the agent: {e}")),

@@ -71,6 +71,11 @@ pub struct AgentSpec {
     pub name: Option<String>,
     /// Delegation depth (0 for a top-level agent).
     pub depth: u32,
+    /// How many seed events are already in `session_path` (a resumed
+    /// session appends after them).
+    pub durable: u64,
+    /// Session id of a new session (a fresh one when `None`).
+    pub id: Option<String>,
 }
 
 impl AgentSpec {
@@ -89,6 +94,8 @@ impl AgentSpec {
             seed: None,
             name: None,
             depth: 0,
+            durable: 0,
+            id: None,
         }
     }
 }
@@ -289,8 +296,10 @@ impl Agent {
         let (header, seed) = match spec.seed.clone() {
             Some((h, events)) => (h, Some(events)),
             None => {
-                let mut h =
-                    SessionHeader::new(Message::new_id(), Some(spec.cwd.display().to_string()));
+                let mut h = SessionHeader::new(
+                    spec.id.clone().unwrap_or_else(Message::new_id),
+                    Some(spec.cwd.display().to_string()),
+                );
                 h.delegation_depth = spec.depth;
                 (h, None)
             }
@@ -374,7 +383,7 @@ impl Agent {
             sctx.provide(dsh_services::session::SESSION_SERVICE, writer)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
             session
-                .attach(&sctx, spec.session_path.clone())
+                .attach_after(&sctx, spec.session_path.clone(), spec.durable)
                 .await
                 .map_err(|e| AgentError::Kernel(e.to_string()))
         };
@@ -383,6 +392,7 @@ impl Agent {
             return Err(e);
         }
         let (idle, _) = watch::channel(true);
+        let first_turn = turns_in(&session);
         let inner = Arc::new(Inner {
             id,
             cwd: Arc::new(spec.cwd.clone()),
@@ -395,6 +405,8 @@ impl Agent {
             approval,
             inbox: Mutex::new(Inbox {
                 accepting: true,
+                // A resumed session numbers its turns after the seed's.
+                turn: first_turn,
                 ..Inbox::default()
             }),
             idle,
@@ -580,6 +592,20 @@ impl Agent {
     pub fn status(&self) -> Status {
         self.inner.scope.fiber().status()
     }
+}
+
+/// The last turn number a session's log holds.
+fn turns_in(session: &SessionHandle) -> u32 {
+    session.with_log(|log| {
+        log.events()
+            .iter()
+            .filter_map(|e| match e.data {
+                EventData::TurnStart { turn } => Some(turn),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
+    })
 }
 
 /// The driver actor: runs queued turns one at a time.

@@ -29,6 +29,8 @@ pub enum SessionMsg {
     Committed(Arc<SessionEvent>),
     /// Write everything buffered, then reply.
     Flush(RpcReplyPort<Result<(), String>>),
+    /// The batching window closed: write what is pending.
+    Tick,
 }
 
 /// Shared state of one session.
@@ -161,10 +163,23 @@ impl SessionHandle {
         ctx: &Context,
         path: Option<PathBuf>,
     ) -> dsh_supervisors::Result<()> {
+        self.attach_after(ctx, path, 0).await
+    }
+
+    /// Like [`SessionHandle::attach`] for a file that already holds the
+    /// header and the first `durable` events (a resumed session): only later
+    /// events are appended.
+    pub async fn attach_after(
+        &self,
+        ctx: &Context,
+        path: Option<PathBuf>,
+        durable: u64,
+    ) -> dsh_supervisors::Result<()> {
         let (header, backlog) = {
             let log = self.log();
             (log.header().clone(), log.events().to_vec())
         };
+        let durable_events = durable;
         let durable = path.is_some();
         let spec = WorkerSpec::new(
             "session",
@@ -174,6 +189,7 @@ impl SessionHandle {
                 header,
                 backlog,
                 path,
+                on_disk: durable_events,
             },
         );
         let actor = ctx.spawn(spec).await?;
@@ -208,6 +224,8 @@ pub struct SessionArgs {
     header: SessionHeader,
     backlog: Vec<Arc<SessionEvent>>,
     path: Option<PathBuf>,
+    /// Events (and the header) already in the file.
+    on_disk: u64,
 }
 
 /// Owns durability of one session.
@@ -219,6 +237,8 @@ pub struct SessionState {
     pending: String,
     header_written: bool,
     header: SessionHeader,
+    /// A write is scheduled at the end of the batching window.
+    scheduled: bool,
 }
 
 impl SessionState {
@@ -263,6 +283,8 @@ impl SessionState {
 
 /// Lines buffered before a write is forced.
 const FLUSH_BYTES: usize = 64 * 1024;
+/// How long the first pending event waits for others before a write.
+const BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl Actor for SessionActor {
     type Msg = SessionMsg;
@@ -276,22 +298,23 @@ impl Actor for SessionActor {
     ) -> Result<SessionState, ActorProcessingErr> {
         let mut pending = String::new();
         if args.path.is_some() {
-            for e in &args.backlog {
+            for e in args.backlog.iter().filter(|e| e.seq >= args.on_disk) {
                 pending.push_str(&e.to_json().to_string());
                 pending.push('\n');
             }
         }
         Ok(SessionState {
+            header_written: args.on_disk > 0 && args.path.as_ref().is_some_and(|p| p.exists()),
             path: args.path,
             pending,
-            header_written: false,
             header: args.header,
+            scheduled: false,
         })
     }
 
     async fn handle(
         &self,
-        _me: ActorRef<SessionMsg>,
+        me: ActorRef<SessionMsg>,
         msg: SessionMsg,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
@@ -300,11 +323,25 @@ impl Actor for SessionActor {
                 if state.path.is_some() {
                     state.pending.push_str(&event.to_json().to_string());
                     state.pending.push('\n');
-                    if state.pending.len() >= FLUSH_BYTES
-                        && let Err(e) = state.write_pending().await
-                    {
-                        tracing::error!("{e}; keeping the events for the next write");
+                    if state.pending.len() >= FLUSH_BYTES {
+                        if let Err(e) = state.write_pending().await {
+                            tracing::error!("{e}; keeping the events for the next write");
+                        }
+                    } else if !state.scheduled {
+                        // The batching window: the first pending event
+                        // schedules one write; later ones join it.
+                        state.scheduled = true;
+                        me.send_after(BATCH_WINDOW, || SessionMsg::Tick);
                     }
+                }
+            }
+            SessionMsg::Tick => {
+                state.scheduled = false;
+                if let Err(e) = state.write_pending().await {
+                    tracing::error!("{e}; keeping the events for the next write");
+                    // A failed write keeps its lines; try again later.
+                    state.scheduled = true;
+                    me.send_after(BATCH_WINDOW, || SessionMsg::Tick);
                 }
             }
             SessionMsg::Flush(reply) => {

@@ -10,6 +10,8 @@
 //!   finalize → `tools/result`).
 //! - [`prompt`]: system prompt sections and variables (scoped, shadowing),
 //!   the `system-prompt/assemble` waterfall and rendering.
+//! - [`persistence`]: sessions on disk in dsh's JSONL format, crash repair
+//!   on load (torn tails reported, interrupted turns closed), listing.
 //! - [`approval`]: the approval seam (never / ask / always; fails closed).
 //! - [`session`]: the session event log — typed events in dsh's JSON
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
@@ -26,6 +28,7 @@ pub use dsh_supervisors as kernel;
 
 pub mod approval;
 pub mod llm;
+pub mod persistence;
 pub mod prompt;
 pub mod session;
 pub mod tools;

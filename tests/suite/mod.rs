@@ -2,4 +2,5 @@ mod cli;
 mod conformance;
 mod embedding;
 mod peers;
+mod persistence;
 mod run;

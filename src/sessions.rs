@@ -1,0 +1,160 @@
+//! `dsh sessions list|show|fork|export` and where sessions live.
+
+use std::path::PathBuf;
+
+use dsh_services::persistence::{JsonlStore, StoreError};
+use dsh_services::session::compare::shape;
+use dsh_services::session::{SessionHeader, SessionLog, jsonl};
+
+use crate::run::RunExit;
+
+/// The sessions directory: `--sessions-dir`, else `$DSH_SESSIONS_DIR`, else
+/// `$HOME/.dsh/sessions`.
+pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
+    given
+        .or_else(|| std::env::var_os("DSH_SESSIONS_DIR").map(PathBuf::from))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".dsh/sessions")))
+        .unwrap_or_else(|| PathBuf::from(".dsh/sessions"))
+}
+
+fn fail(e: StoreError) -> RunExit {
+    let code = match e {
+        StoreError::NotFound(..) | StoreError::BadId(_) | StoreError::Load { .. } => 2,
+        StoreError::Io { .. } => 1,
+    };
+    RunExit {
+        code,
+        message: Some(e.to_string()),
+    }
+}
+
+/// `dsh sessions list`.
+pub fn list(store: &JsonlStore, json: bool) -> RunExit {
+    let all = match store.list() {
+        Ok(v) => v,
+        Err(e) => return fail(e),
+    };
+    for entry in all {
+        match entry {
+            Ok(s) if json => println!("{}", serde_json::to_string(&s).unwrap_or_default()),
+            Ok(s) => println!(
+                "{}  turns={:<3} events={:<6} {}{}",
+                s.id,
+                s.turns,
+                s.events,
+                s.parent_session
+                    .map(|p| format!("(fork of {p}) "))
+                    .unwrap_or_default(),
+                s.title
+            ),
+            Err(e) => eprintln!("unreadable: {e}"),
+        }
+    }
+    RunExit {
+        code: 0,
+        message: None,
+    }
+}
+
+/// `dsh sessions show <id>`: header, repairs, and each turn's shape.
+pub fn show(store: &JsonlStore, id: &str) -> RunExit {
+    let loaded = match store.load(id) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let h = &loaded.header;
+    println!(
+        "session {}  created_at={}  cwd={}",
+        h.id,
+        h.created_at,
+        h.cwd.as_deref().unwrap_or("-")
+    );
+    if let Some(p) = &h.parent_session {
+        println!(
+            "forked from {p} after {} events",
+            h.seed_length.unwrap_or(0)
+        );
+    }
+    if let Some(line) = loaded.torn_line {
+        println!("line {line} is a torn write and was left out");
+    }
+    for r in &loaded.repairs {
+        println!("repair: {r}");
+    }
+    for t in shape(&loaded.events) {
+        let calls: Vec<String> = t.calls.iter().map(|(n, _)| n.clone()).collect();
+        let text: String = t.final_text.chars().take(80).collect();
+        println!(
+            "turn {}: {} steps, ended {}, tools [{}]: {}",
+            t.turn,
+            t.steps,
+            t.end,
+            calls.join(", "),
+            text
+        );
+    }
+    RunExit {
+        code: 0,
+        message: None,
+    }
+}
+
+/// `dsh sessions export <id>`: the log (repaired) as JSONL on stdout.
+pub fn export(store: &JsonlStore, id: &str) -> RunExit {
+    match store.load(id) {
+        Ok(l) => {
+            print!("{}", jsonl::render(&l.header, &l.events));
+            RunExit {
+                code: 0,
+                message: None,
+            }
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `dsh sessions fork <id> [--at SEQ]`: a new session seeded with the
+/// events through `at` (default: all), which must end outside a turn.
+pub fn fork(store: &JsonlStore, id: &str, at: Option<u64>) -> RunExit {
+    let loaded = match store.load(id) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let last = loaded.events.len() as u64;
+    let log = match SessionLog::from_seed(loaded.header.clone(), loaded.events, 0) {
+        Ok(l) => l,
+        Err(e) => {
+            return RunExit {
+                code: 2,
+                message: Some(format!("{id}: {e}")),
+            };
+        }
+    };
+    let boundary = at.unwrap_or(last.saturating_sub(1));
+    let prefix = match log.fork_prefix(Some(boundary)) {
+        Ok(p) => p,
+        Err(e) => {
+            return RunExit {
+                code: 2,
+                message: Some(e.to_string()),
+            };
+        }
+    };
+    let mut header = SessionHeader::new(
+        dsh_services::llm::Message::new_id(),
+        loaded.header.cwd.clone(),
+    );
+    header.parent_session = Some(id.to_owned());
+    header.seed_length = Some(prefix.len() as u64);
+    header.delegation_depth = loaded.header.delegation_depth;
+    match store.create(&header, &prefix) {
+        Ok(_) => {
+            println!("{}", header.id);
+            RunExit {
+                code: 0,
+                message: None,
+            }
+        }
+        Err(e) => fail(e),
+    }
+}

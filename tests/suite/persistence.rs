@@ -1,0 +1,336 @@
+//! Durable sessions as a user meets them: a `dsh run` killed mid-turn and
+//! resumed, plus `dsh sessions`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dsh::services::persistence::JsonlStore;
+use dsh::services::session::{EventData, TurnEndReason};
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dsh-persist-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn dsh() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dsh"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn only_session(dir: &Path) -> String {
+    let out = dsh()
+        .args([
+            "sessions",
+            "list",
+            "--json",
+            "--sessions-dir",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    serde_json::from_str::<serde_json::Value>(&line).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
+    let sessions = temp("sessions");
+    let work = temp("work");
+    let fifo = work.join("started");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let script = work.join("script.json");
+    std::fs::write(
+        &script,
+        r#"{"steps": [
+            {"text": "Let me run it.", "tool_calls": [{"name": "bash", "arguments": {"command": "echo $$ > started; sleep 30", "description": "long job"}}]},
+            {"text": "never reached"}
+        ]}"#,
+    )
+    .unwrap();
+    let mut child = dsh()
+        .args([
+            "run",
+            "--approval",
+            "never",
+            "--script",
+            script.to_str().unwrap(),
+        ])
+        .args([
+            "--sessions-dir",
+            sessions.to_str().unwrap(),
+            "--cwd",
+            work.to_str().unwrap(),
+            "run the long job",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The FIFO opens when the tool's shell writes to it: the tool is running.
+    let mut pid = String::new();
+    std::fs::File::open(&fifo)
+        .unwrap()
+        .read_to_string(&mut pid)
+        .unwrap();
+    let shell: i32 = pid.trim().parse().unwrap();
+    // Wait (bounded) until the batching window has written the tool call.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let file = loop {
+        let found = std::fs::read_dir(&sessions)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| e.path().join("session.jsonl"));
+        if let Some(f) = found
+            && std::fs::read_to_string(&f)
+                .unwrap_or_default()
+                .contains("\"tool/call\"")
+        {
+            break f;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tool call never reached the disk"
+        );
+        std::thread::yield_now();
+    };
+    let id = only_session(&sessions);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(shell),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let before: Vec<String> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+
+    // Resume with a new prompt: the orphan turn is closed, the agent goes on.
+    let script2 = work.join("script2.json");
+    std::fs::write(&script2, r#"{"steps": [{"text": "resumed and done"}]}"#).unwrap();
+    let out = dsh()
+        .args([
+            "run",
+            "--approval",
+            "never",
+            "--script",
+            script2.to_str().unwrap(),
+            "--resume",
+            &id,
+        ])
+        .args([
+            "--sessions-dir",
+            sessions.to_str().unwrap(),
+            "--cwd",
+            work.to_str().unwrap(),
+            "carry on",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("resumed and done"));
+    assert!(stderr.contains("closed turn 1 as interrupted"), "{stderr}");
+    assert!(stderr.contains("TOOL_OUTCOME_UNKNOWN"), "{stderr}");
+
+    // No flushed event was lost: the old file is a prefix of the new one.
+    let after: Vec<String> = std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(after[..before.len()], before[..]);
+    let loaded = JsonlStore::new(&sessions).load(&id).unwrap();
+    assert!(
+        loaded.repairs.is_empty(),
+        "the repair was written: {:?}",
+        loaded.repairs
+    );
+    let events = &loaded.events;
+    let ends: Vec<(u32, TurnEndReason)> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::TurnEnd { turn, reason } => Some((*turn, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            (1, TurnEndReason::Interrupted),
+            (2, TurnEndReason::Completed)
+        ]
+    );
+    // Every tool/call has its tool/result.
+    let calls: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolCall { call_id, .. } => Some(call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    for call in calls {
+        assert!(
+            events.iter().any(|e| matches!(&e.data, EventData::ToolResult { message, .. }
+                if message.content.iter().any(|b| matches!(b, dsh::services::llm::ContentBlock::ToolResult { tool_call_id, .. } if *tool_call_id == call)))),
+            "call {call} has no result"
+        );
+    }
+    assert!(events.iter().any(|e| matches!(e.data, EventData::EndSeed)));
+}
+
+#[test]
+fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
+    let sessions = temp("torn");
+    let out = dsh()
+        .args([
+            "run",
+            "--approval",
+            "never",
+            "--script",
+            "demo/hello.json",
+            "--sessions-dir",
+            sessions.to_str().unwrap(),
+            "go",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let id = only_session(&sessions);
+    let file = JsonlStore::new(&sessions).path(&id).unwrap();
+    let good = std::fs::read_to_string(&file).unwrap();
+    let count = good.lines().count();
+    std::fs::write(&file, format!("{good}{{\"type\":\"turn/start\",\"seq\":")).unwrap();
+    let show = dsh()
+        .args([
+            "sessions",
+            "show",
+            &id,
+            "--sessions-dir",
+            sessions.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(show.status.success());
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        text.contains(&format!(
+            "line {} is a torn write and was left out",
+            count + 1
+        )),
+        "{text}"
+    );
+    assert!(text.contains("turn 1: 3 steps, ended completed"), "{text}");
+    // Resuming cuts the torn bytes and keeps every good line.
+    let out = dsh()
+        .args([
+            "run",
+            "--approval",
+            "never",
+            "--script",
+            "demo/hello.json",
+            "--resume",
+            &id,
+        ])
+        .args(["--sessions-dir", sessions.to_str().unwrap(), "again"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("torn write"));
+    let after = std::fs::read_to_string(&file).unwrap();
+    assert!(after.starts_with(&good));
+    assert!(
+        JsonlStore::new(&sessions)
+            .load(&id)
+            .unwrap()
+            .torn_line
+            .is_none()
+    );
+}
+
+#[test]
+fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
+    let sessions = temp("fork");
+    let dir = sessions.to_str().unwrap();
+    assert!(
+        dsh()
+            .args([
+                "run",
+                "--approval",
+                "never",
+                "--script",
+                "demo/hello.json",
+                "--sessions-dir",
+                dir,
+                "go"
+            ])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let id = only_session(&sessions);
+    let out = dsh()
+        .args(["sessions", "fork", &id, "--sessions-dir", dir])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let child = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let loaded = JsonlStore::new(&sessions).load(&child).unwrap();
+    assert_eq!(loaded.header.parent_session.as_deref(), Some(id.as_str()));
+    assert_eq!(loaded.header.seed_length, Some(loaded.events.len() as u64));
+    // Inside a turn: refused with the reason.
+    let inside = dsh()
+        .args(["sessions", "fork", &id, "--at", "3", "--sessions-dir", dir])
+        .output()
+        .unwrap();
+    assert_eq!(inside.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&inside.stderr).contains("turn 1 is still open there"));
+    let missing = dsh()
+        .args(["sessions", "show", "nope", "--sessions-dir", dir])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no session `nope`"));
+    let export = dsh()
+        .args(["sessions", "export", &child, "--sessions-dir", dir])
+        .output()
+        .unwrap();
+    let (header, events) =
+        dsh::services::session::jsonl::parse(&String::from_utf8_lossy(&export.stdout)).unwrap();
+    assert_eq!(header.id, child);
+    assert_eq!(events.len(), loaded.events.len());
+}
