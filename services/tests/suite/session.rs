@@ -409,3 +409,57 @@ fn the_text_turn_recording_derives_the_expected_history() {
         "deepseek-v4-flash"
     );
 }
+
+mod loaders {
+    use dsh_services::persistence::load_text;
+    use dsh_services::session::SessionLog;
+    use dsh_services::session::jsonl;
+    use proptest::prelude::*;
+
+    fn recording() -> String {
+        std::fs::read_to_string(super::conformance_dir().join("tool-call-turn/session.jsonl"))
+            .unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Arbitrary bytes: never a panic, always a typed answer.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = jsonl::parse(&text);
+            let _ = load_text(&text);
+        }
+
+        /// Any cut of a real log loads to a valid session (repaired) or is
+        /// refused with a typed error; never a panic, never an invalid session.
+        #[test]
+        fn every_cut_of_a_real_log_loads_or_is_refused(fraction in 0.0f64..=1.0) {
+            let full = recording();
+            let mut at = ((full.len() as f64) * fraction) as usize;
+            while !full.is_char_boundary(at) {
+                at -= 1;
+            }
+            if let Ok(loaded) = load_text(&full[..at]) {
+                let count = loaded.events.len();
+                let log = SessionLog::from_seed(loaded.header, loaded.events, 0);
+                prop_assert!(log.is_ok(), "a loaded prefix must seed a session: {:?}", log.err());
+                prop_assert!(log.unwrap().open_turn().is_none(), "repair closes every turn ({count} events)");
+            }
+        }
+
+        /// Garbage lines inserted into a real log are refused with their line.
+        #[test]
+        fn a_garbage_line_is_refused_with_its_number(line in 2usize..40, junk in "[a-z{}\\[\\]:,\"]{1,40}") {
+            let full = recording();
+            let mut lines: Vec<&str> = full.lines().collect();
+            let at = line.min(lines.len());
+            lines.insert(at, &junk);
+            let text = lines.join("\n") + "\n";
+            if let Err(e) = jsonl::parse(&text) {
+                prop_assert!(e.to_string().starts_with(&format!("line {}", at + 1)), "{e}");
+            }
+        }
+    }
+}
