@@ -585,3 +585,87 @@ pub fn derive_costs(sizes: &[usize]) -> serde_json::Value {
     println!("RESULT {result}");
     result
 }
+
+/// `dsh bench persist`: append throughput to a JSONL session (batched by the
+/// session actor, timed until flushed) and load + derive time of the result.
+pub async fn persist(events: u64) -> Result<serde_json::Value, BoxError> {
+    use dsh_actors::session::SessionHandle;
+    use dsh_services::llm::{Message, StreamChunk};
+    use dsh_services::persistence::JsonlStore;
+    use dsh_services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent};
+
+    let root = std::env::temp_dir().join(format!("dsh-bench-persist-{}", std::process::id()));
+    let store = JsonlStore::new(&root);
+    let id = Message::new_id();
+    let path = store.path(&id)?;
+    let rt = Runtime::start(RuntimeSettings::default()).await?;
+    let session = SessionHandle::new(SessionLog::new(SessionHeader::new(id.clone(), None)));
+    session.attach(&rt.root(), Some(path.clone())).await?;
+    let prompt = Arc::new(Message::user_text(
+        "a prompt of a realistic length, about one line of text",
+    ));
+    let t = Instant::now();
+    for i in 0..events {
+        if i % 5 == 0 {
+            session.append(
+                EventData::UserMessage(prompt.clone()),
+                Some(SurfaceIntent::append()),
+            )?;
+        } else {
+            let chunk = StreamChunk::TextDelta {
+                index: 0,
+                text: "token ".into(),
+            };
+            session.append(
+                EventData::AssistantChunk {
+                    turn: 1,
+                    step: 1,
+                    chunk,
+                },
+                None,
+            )?;
+        }
+    }
+    session.flush().await?;
+    let append_s = t.elapsed().as_secs_f64();
+    rt.shutdown().await;
+    let bytes = std::fs::metadata(&path)?.len();
+    // Five loads; the median is reported (the first one also pays for
+    // reading the file into the page cache).
+    let mut load_ms = Vec::new();
+    let (mut count, mut messages) = (0, 0);
+    for _ in 0..5 {
+        let t = Instant::now();
+        let loaded = store.load(&id)?;
+        count = loaded.events.len();
+        let mut log = SessionLog::from_seed(loaded.header, loaded.events, 0)?;
+        messages = log.derive_messages().len();
+        load_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    load_ms.sort_by(f64::total_cmp);
+    let (load_min, load_ms) = (load_ms[0], load_ms[2]);
+    let _ = std::fs::remove_dir_all(&root);
+    if count as u64 != events || messages as u64 != events.div_ceil(5) {
+        return Err(format!(
+            "loaded {count} events and {messages} messages from {events} appended"
+        )
+        .into());
+    }
+    let per_s = events as f64 / append_s;
+    println!(
+        "jsonl append: {events} events in {:.1} ms = {per_s:.0} events/s flushed ({bytes} bytes; aim >= 200000/s)",
+        append_s * 1e3
+    );
+    println!(
+        "jsonl load + derive of {events} events: median {load_ms:.1} ms, min {load_min:.1} ms of 5 (aim < 300 ms)"
+    );
+    Ok(serde_json::json!({
+        "workload": "persist",
+        "backend": "jsonl",
+        "events": events,
+        "append_events_per_s": per_s,
+        "bytes": bytes,
+        "load_derive_ms": load_ms,
+        "load_derive_min_ms": load_min,
+    }))
+}

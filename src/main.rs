@@ -183,6 +183,12 @@ enum Bench {
     },
     /// `derive_messages` cost per new message as the history grows.
     Derive,
+    /// Session persistence: JSONL append throughput and load + derive time.
+    Persist {
+        /// Events to append and load back.
+        #[arg(long, default_value_t = 100_000)]
+        events: u64,
+    },
     /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
     W1 {
         /// Turns R.
@@ -327,6 +333,9 @@ async fn run(command: Command) -> ExitCode {
                 ExitCode::from(EXIT_FAILURE)
             }
         },
+        Command::Bench {
+            which: Bench::Persist { events },
+        } => report(dsh::bench::persist(events).await),
         Command::Bench {
             which: Bench::Derive,
         } => {

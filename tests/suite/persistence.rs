@@ -334,3 +334,26 @@ fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
     assert_eq!(header.id, child);
     assert_eq!(events.len(), loaded.events.len());
 }
+
+#[test]
+fn the_persist_bench_round_trips_what_it_appends() {
+    // The bench itself refuses a load that does not give back every
+    // appended event and message; a small run checks that path.
+    let out = dsh()
+        .args(["bench", "persist", "--events", "503"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .expect("a RESULT line");
+    let result: serde_json::Value = serde_json::from_str(result).unwrap();
+    assert_eq!(result["events"], 503);
+    assert!(result["bytes"].as_u64().unwrap() > 503 * 20);
+}

@@ -384,8 +384,32 @@ struct Header {
     reason: String,
 }
 
-fn parse<T: serde::de::DeserializeOwned>(data: Value) -> Result<T, String> {
-    serde_json::from_value(data).map_err(|e| e.to_string())
+/// An event payload as parsed JSON or as raw text still to parse.
+trait Payload {
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String>;
+    fn into_value(self) -> Result<Value, String>;
+}
+
+impl Payload for Value {
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
+        serde_json::from_value(self).map_err(|e| e.to_string())
+    }
+    fn into_value(self) -> Result<Value, String> {
+        Ok(self)
+    }
+}
+
+impl Payload for &serde_json::value::RawValue {
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
+        serde_json::from_str(self.get()).map_err(|e| e.to_string())
+    }
+    fn into_value(self) -> Result<Value, String> {
+        serde_json::from_str(self.get()).map_err(|e| e.to_string())
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(data: impl Payload) -> Result<T, String> {
+    data.parse()
 }
 
 fn role_check(message: &Message, want: Role, kind: &str) -> Result<(), String> {
@@ -439,6 +463,16 @@ impl EventData {
     /// Parses a payload of type `kind`. Unknown types become
     /// [`EventData::Other`]; the caller decides whether that is allowed.
     pub fn from_parts(kind: &str, data: Value) -> Result<EventData, String> {
+        Self::from_payload(kind, data)
+    }
+
+    /// [`EventData::from_parts`] from unparsed JSON text (one parse, no
+    /// intermediate `Value` for the core types).
+    pub fn from_raw(kind: &str, data: &serde_json::value::RawValue) -> Result<EventData, String> {
+        Self::from_payload(kind, data)
+    }
+
+    fn from_payload(kind: &str, data: impl Payload) -> Result<EventData, String> {
         Ok(match kind {
             "turn/start" => EventData::TurnStart {
                 turn: parse::<Turn>(data)?.turn,
@@ -535,7 +569,7 @@ impl EventData {
             "agent/inbox/spliced" => EventData::InboxSpliced(parse(data)?),
             other => EventData::Other {
                 kind: Arc::from(other),
-                data,
+                data: data.into_value()?,
             },
         })
     }

@@ -55,15 +55,15 @@ pub enum LoadError {
 }
 
 #[derive(Deserialize)]
-struct Envelope {
+struct Envelope<'a> {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
     seq: Option<u64>,
     #[serde(default)]
     time: Option<u64>,
-    #[serde(default)]
-    data: Value,
+    #[serde(borrow, default)]
+    data: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
     ignorable: Option<bool>,
     #[serde(default, rename = "surfaceOp")]
@@ -129,8 +129,9 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
         let prev_time = events.last().map(|e| e.time).unwrap_or(0);
         match envelope.kind.as_str() {
             "text-chunks" | "reasoning-chunks" | "tool-call-chunks" => {
-                let packed: Packed = serde_json::from_value(envelope.data)
-                    .map_err(|e| fail(format!("bad `{}` row: {e}", envelope.kind)))?;
+                let packed: Packed =
+                    serde_json::from_str(envelope.data.map_or("null", |r| r.get()))
+                        .map_err(|e| fail(format!("bad `{}` row: {e}", envelope.kind)))?;
                 expand(&envelope.kind, packed, &mut events, prev_time).map_err(fail)?;
             }
             _ => {
@@ -144,8 +145,11 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
                 }
                 let kind = envelope.kind;
                 let ignorable = envelope.ignorable.unwrap_or(false);
-                let data = EventData::from_parts(&kind, envelope.data)
-                    .map_err(|e| fail(format!("`{kind}` event: {e}")))?;
+                let data = match envelope.data {
+                    Some(raw) => EventData::from_raw(&kind, raw),
+                    None => EventData::from_parts(&kind, Value::Null),
+                }
+                .map_err(|e| fail(format!("`{kind}` event: {e}")))?;
                 if let EventData::Other { kind, .. } = &data
                     && !ignorable
                     && !CARRIED_TYPES.contains(&kind.as_ref())
