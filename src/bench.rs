@@ -591,7 +591,7 @@ pub fn derive_costs(sizes: &[usize]) -> serde_json::Value {
 pub async fn persist(events: u64) -> Result<serde_json::Value, BoxError> {
     use dsh_actors::session::SessionHandle;
     use dsh_services::llm::{Message, StreamChunk};
-    use dsh_services::persistence::JsonlStore;
+    use dsh_services::persistence::{JsonlStore, SessionPersistence};
     use dsh_services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent};
 
     let root = std::env::temp_dir().join(format!("dsh-bench-persist-{}", std::process::id()));
@@ -600,7 +600,9 @@ pub async fn persist(events: u64) -> Result<serde_json::Value, BoxError> {
     let path = store.path(&id)?;
     let rt = Runtime::start(RuntimeSettings::default()).await?;
     let session = SessionHandle::new(SessionLog::new(SessionHeader::new(id.clone(), None)));
-    session.attach(&rt.root(), Some(path.clone())).await?;
+    session
+        .attach(&rt.root(), Some(Arc::new(store.clone())))
+        .await?;
     let prompt = Arc::new(Message::user_text(
         "a prompt of a realistic length, about one line of text",
     ));

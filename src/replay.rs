@@ -133,7 +133,10 @@ async fn drive(
     register_builtin(&root, &tools)?;
     llm.register(&root, &["replay"], model)?;
     let mut spec = AgentSpec::new("replay", "recorded", cwd);
-    spec.session_path = out;
+    spec.store = out.map(|p| {
+        Arc::new(dsh_services::persistence::JsonlStore::file(p))
+            as Arc<dyn dsh_services::persistence::SessionPersistence>
+    });
     let agent = Agent::create(&root, spec)
         .await
         .map_err(|e| e.to_string())?;

@@ -11,7 +11,7 @@ use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPol
 use dsh_services::llm::{ContentBlock, LlmRuntime, StreamChunk};
 use dsh_services::session::{EventData, TurnEndReason};
 
-use dsh_services::persistence::JsonlStore;
+use dsh_services::persistence::{JsonlStore, SessionPersistence};
 
 use crate::catalogue::{
     AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
@@ -129,11 +129,9 @@ fn place_session(
 ) -> Result<(), RunExit> {
     let Some(id) = &opts.resume else {
         let id = dsh_services::llm::Message::new_id();
-        spec.session_path = Some(match &opts.session_out {
-            Some(p) => p.clone(),
-            None => store
-                .path(&id)
-                .map_err(|e| RunExit::fail(2, e.to_string()))?,
+        spec.store = Some(match &opts.session_out {
+            Some(p) => Arc::new(JsonlStore::file(p)),
+            None => Arc::new(store.clone()),
         });
         spec.id = Some(id);
         return Ok(());
@@ -141,26 +139,20 @@ fn place_session(
     let loaded = store
         .load(id)
         .map_err(|e| RunExit::fail(2, e.to_string()))?;
-    let path = store
-        .path(id)
-        .map_err(|e| RunExit::fail(2, e.to_string()))?;
     if let Some(line) = loaded.torn_line {
         eprintln!(
             "dsh run: {}: line {line} was a torn write; it is dropped, the lines before it are kept",
-            path.display()
+            store.locate(id)
         );
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(|e| RunExit::fail(1, format!("{}: {e}", path.display())))?;
-        file.set_len(loaded.good_bytes)
-            .map_err(|e| RunExit::fail(1, format!("{}: {e}", path.display())))?;
     }
+    store
+        .prepare_resume(id, &loaded)
+        .map_err(|e| RunExit::fail(1, e.to_string()))?;
     for r in &loaded.repairs {
         eprintln!("dsh run: resumed {id}: {r}");
     }
-    spec.durable = loaded.durable;
-    spec.session_path = Some(path);
+    spec.durable = Some(loaded.durable);
+    spec.store = Some(Arc::new(store.clone()));
     spec.seed = Some((loaded.header, loaded.events));
     Ok(())
 }

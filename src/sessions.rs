@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use dsh_services::persistence::{JsonlStore, StoreError};
+use dsh_services::persistence::{SessionPersistence, StoreError};
 use dsh_services::session::compare::shape;
 use dsh_services::session::{SessionHeader, SessionLog, jsonl};
 
@@ -19,7 +19,10 @@ pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
 
 fn fail(e: StoreError) -> RunExit {
     let code = match e {
-        StoreError::NotFound(..) | StoreError::BadId(_) | StoreError::Load { .. } => 2,
+        StoreError::NotFound(..)
+        | StoreError::BadId(_)
+        | StoreError::Exists(_)
+        | StoreError::Load { .. } => 2,
         StoreError::Io { .. } => 1,
     };
     RunExit {
@@ -29,7 +32,7 @@ fn fail(e: StoreError) -> RunExit {
 }
 
 /// `dsh sessions list`.
-pub fn list(store: &JsonlStore, json: bool) -> RunExit {
+pub fn list(store: &dyn SessionPersistence, json: bool) -> RunExit {
     let all = match store.list() {
         Ok(v) => v,
         Err(e) => return fail(e),
@@ -57,7 +60,7 @@ pub fn list(store: &JsonlStore, json: bool) -> RunExit {
 }
 
 /// `dsh sessions show <id>`: header, repairs, and each turn's shape.
-pub fn show(store: &JsonlStore, id: &str) -> RunExit {
+pub fn show(store: &dyn SessionPersistence, id: &str) -> RunExit {
     let loaded = match store.load(id) {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -100,7 +103,7 @@ pub fn show(store: &JsonlStore, id: &str) -> RunExit {
 }
 
 /// `dsh sessions export <id>`: the log (repaired) as JSONL on stdout.
-pub fn export(store: &JsonlStore, id: &str) -> RunExit {
+pub fn export(store: &dyn SessionPersistence, id: &str) -> RunExit {
     match store.load(id) {
         Ok(l) => {
             print!("{}", jsonl::render(&l.header, &l.events));
@@ -115,7 +118,7 @@ pub fn export(store: &JsonlStore, id: &str) -> RunExit {
 
 /// `dsh sessions fork <id> [--at SEQ]`: a new session seeded with the
 /// events through `at` (default: all), which must end outside a turn.
-pub fn fork(store: &JsonlStore, id: &str, at: Option<u64>) -> RunExit {
+pub fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> RunExit {
     let loaded = match store.load(id) {
         Ok(l) => l,
         Err(e) => return fail(e),
@@ -147,6 +150,7 @@ pub fn fork(store: &JsonlStore, id: &str, at: Option<u64>) -> RunExit {
     header.parent_session = Some(id.to_owned());
     header.seed_length = Some(prefix.len() as u64);
     header.delegation_depth = loaded.header.delegation_depth;
+    let prefix: Vec<_> = prefix.into_iter().map(std::sync::Arc::new).collect();
     match store.create(&header, &prefix) {
         Ok(_) => {
             println!("{}", header.id);

@@ -63,17 +63,17 @@ pub struct AgentSpec {
     pub temperature: Option<f64>,
     /// Output-token ceiling per call.
     pub max_tokens: Option<u64>,
-    /// Where to write the session log (JSONL); in memory only when `None`.
-    pub session_path: Option<PathBuf>,
+    /// Where the session is made durable; in memory only when `None`.
+    pub store: Option<Arc<dyn dsh_services::persistence::SessionPersistence>>,
     /// Resume or fork from these events (and header).
     pub seed: Option<(SessionHeader, Vec<SessionEvent>)>,
     /// Readable name for the tree.
     pub name: Option<String>,
     /// Delegation depth (0 for a top-level agent).
     pub depth: u32,
-    /// How many seed events are already in `session_path` (a resumed
-    /// session appends after them).
-    pub durable: u64,
+    /// How many seed events are already in `store` (`Some` for a resumed
+    /// session, which appends after them; `None` creates the session).
+    pub durable: Option<u64>,
     /// Session id of a new session (a fresh one when `None`).
     pub id: Option<String>,
 }
@@ -90,11 +90,11 @@ impl AgentSpec {
             max_steps: 64,
             temperature: None,
             max_tokens: None,
-            session_path: None,
+            store: None,
             seed: None,
             name: None,
             depth: 0,
-            durable: 0,
+            durable: None,
             id: None,
         }
     }
@@ -383,7 +383,7 @@ impl Agent {
             sctx.provide(dsh_services::session::SESSION_SERVICE, writer)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
             session
-                .attach_after(&sctx, spec.session_path.clone(), spec.durable)
+                .attach_after(&sctx, spec.store.clone(), spec.durable)
                 .await
                 .map_err(|e| AgentError::Kernel(e.to_string()))
         };

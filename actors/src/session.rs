@@ -7,13 +7,12 @@
 //! to the session's actor, which owns durability: it buffers JSONL lines and
 //! writes them off the async workers, and drains its buffer before it stops.
 
-use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use dsh_services::persistence::SessionPersistence;
 use dsh_services::session::{
-    EventData, History, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, jsonl,
+    EventData, History, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent,
 };
 use dsh_supervisors::events::panic_text;
 use dsh_supervisors::tree::now_ms;
@@ -157,30 +156,30 @@ impl SessionHandle {
     }
 
     /// Starts the session's actor under `ctx` (a child of the owner's
-    /// fiber); with `path`, committed events are written there as JSONL.
+    /// fiber); with `store`, committed events are made durable there, the
+    /// session being created by the first write.
     pub async fn attach(
         &self,
         ctx: &Context,
-        path: Option<PathBuf>,
+        store: Option<Arc<dyn SessionPersistence>>,
     ) -> dsh_supervisors::Result<()> {
-        self.attach_after(ctx, path, 0).await
+        self.attach_after(ctx, store, None).await
     }
 
-    /// Like [`SessionHandle::attach`] for a file that already holds the
-    /// header and the first `durable` events (a resumed session): only later
-    /// events are appended.
+    /// Like [`SessionHandle::attach`]; with `stored: Some(n)` the session
+    /// already exists in `store` holding its first `n` events (a resumed
+    /// session), and only later events are appended.
     pub async fn attach_after(
         &self,
         ctx: &Context,
-        path: Option<PathBuf>,
-        durable: u64,
+        store: Option<Arc<dyn SessionPersistence>>,
+        stored: Option<u64>,
     ) -> dsh_supervisors::Result<()> {
         let (header, backlog) = {
             let log = self.log();
             (log.header().clone(), log.events().to_vec())
         };
-        let durable_events = durable;
-        let durable = path.is_some();
+        let durable = store.is_some();
         let spec = WorkerSpec::new(
             "session",
             format!("session/{}", short(&self.id)),
@@ -188,8 +187,8 @@ impl SessionHandle {
             SessionArgs {
                 header,
                 backlog,
-                path,
-                on_disk: durable_events,
+                store,
+                stored,
             },
         );
         let actor = ctx.spawn(spec).await?;
@@ -223,66 +222,65 @@ pub fn short(id: &str) -> &str {
 pub struct SessionArgs {
     header: SessionHeader,
     backlog: Vec<Arc<SessionEvent>>,
-    path: Option<PathBuf>,
-    /// Events (and the header) already in the file.
-    on_disk: u64,
+    store: Option<Arc<dyn SessionPersistence>>,
+    /// Events already stored (`None`: the session is not created yet).
+    stored: Option<u64>,
 }
 
 /// Owns durability of one session.
 pub struct SessionActor;
 
-/// Its state: pending lines and the file they go to.
+/// Its state: committed events not yet durable, and where they go.
 pub struct SessionState {
-    path: Option<PathBuf>,
-    pending: String,
-    header_written: bool,
-    header: SessionHeader,
+    store: Option<Arc<dyn SessionPersistence>>,
+    pending: Vec<Arc<SessionEvent>>,
+    created: bool,
+    header: Arc<SessionHeader>,
     /// A write is scheduled at the end of the batching window.
     scheduled: bool,
 }
 
 impl SessionState {
+    /// Writes the pending events (creating the session first if needed).
+    /// A failed write keeps them, in order, for the next attempt.
     async fn write_pending(&mut self) -> Result<(), String> {
-        let Some(path) = self.path.clone() else {
+        let Some(store) = self.store.clone() else {
             self.pending.clear();
             return Ok(());
         };
-        if self.pending.is_empty() && self.header_written {
+        if self.pending.is_empty() && self.created {
             return Ok(());
         }
-        let mut text = String::new();
-        let create = !self.header_written;
-        if create {
-            text.push_str(&jsonl::render(&self.header, &[] as &[Arc<SessionEvent>]));
-        }
-        text.push_str(&self.pending);
-        let written = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let mut file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(!create)
-                .write(true)
-                .truncate(create)
-                .open(&path)?;
-            file.write_all(text.as_bytes())?;
-            file.sync_data()
+        let batch = std::mem::take(&mut self.pending);
+        let create = !self.created;
+        let header = self.header.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let result = if create {
+                store.create(&header, &batch)
+            } else {
+                store.append(&header.id, &batch)
+            };
+            (batch, result)
         })
-        .await
-        .map_err(|e| format!("session writer task failed: {e}"))?
-        .map_err(|e| format!("cannot write the session log: {e}"));
-        // A failed write keeps its lines for the next attempt.
-        if written.is_ok() {
-            self.pending.clear();
-            self.header_written = true;
+        .await;
+        match written {
+            Ok((_, Ok(()))) => {
+                self.created = true;
+                Ok(())
+            }
+            Ok((batch, Err(e))) => {
+                self.pending = batch;
+                Err(format!("cannot write the session log: {e}"))
+            }
+            // The batch went down with the panicking task; this is a bug in
+            // the backend, and the events stay in the in-memory log.
+            Err(e) => Err(format!("session writer task failed: {e}")),
         }
-        written
     }
 }
 
-/// Lines buffered before a write is forced.
-const FLUSH_BYTES: usize = 64 * 1024;
+/// Events buffered before a write is forced.
+const FLUSH_EVENTS: usize = 512;
 /// How long the first pending event waits for others before a write.
 const BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -296,18 +294,20 @@ impl Actor for SessionActor {
         _me: ActorRef<SessionMsg>,
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
-        let mut pending = String::new();
-        if args.path.is_some() {
-            for e in args.backlog.iter().filter(|e| e.seq >= args.on_disk) {
-                pending.push_str(&e.to_json().to_string());
-                pending.push('\n');
-            }
-        }
+        let on_disk = args.stored.unwrap_or(0);
+        let pending = match args.store {
+            Some(_) => args
+                .backlog
+                .into_iter()
+                .filter(|e| e.seq >= on_disk)
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(SessionState {
-            header_written: args.on_disk > 0 && args.path.as_ref().is_some_and(|p| p.exists()),
-            path: args.path,
+            created: args.stored.is_some(),
+            store: args.store,
             pending,
-            header: args.header,
+            header: Arc::new(args.header),
             scheduled: false,
         })
     }
@@ -320,10 +320,9 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SessionMsg::Committed(event) => {
-                if state.path.is_some() {
-                    state.pending.push_str(&event.to_json().to_string());
-                    state.pending.push('\n');
-                    if state.pending.len() >= FLUSH_BYTES {
+                if state.store.is_some() {
+                    state.pending.push(event);
+                    if state.pending.len() >= FLUSH_EVENTS {
                         if let Err(e) = state.write_pending().await {
                             tracing::error!("{e}; keeping the events for the next write");
                         }
@@ -339,7 +338,7 @@ impl Actor for SessionActor {
                 state.scheduled = false;
                 if let Err(e) = state.write_pending().await {
                     tracing::error!("{e}; keeping the events for the next write");
-                    // A failed write keeps its lines; try again later.
+                    // A failed write keeps its events; try again later.
                     state.scheduled = true;
                     me.send_after(BATCH_WINDOW, || SessionMsg::Tick);
                 }

@@ -24,6 +24,9 @@ pub enum StoreError {
     /// No session with this id.
     #[error("no session `{0}` in {1}")]
     NotFound(String, String),
+    /// A session with this id already exists (where it is).
+    #[error("a session already exists at {0}")]
+    Exists(String),
     /// The id cannot name a directory.
     #[error("`{0}` is not a usable session id")]
     BadId(String),
@@ -81,10 +84,49 @@ pub struct SessionSummary {
     pub title: String,
 }
 
+/// The service name a [`SessionPersistence`] is provided under.
+pub const PERSISTENCE_SERVICE: &str = "persistence";
+
+/// Where sessions are made durable: the seam between the session actor and a
+/// storage backend. Every call blocks (file or database I/O); callers run it
+/// off the async workers (`spawn_blocking`). Events reach a backend in seq
+/// order and exactly once per successful call, so a backend never reorders
+/// or deduplicates.
+pub trait SessionPersistence: Send + Sync + std::fmt::Debug + 'static {
+    /// The backend's name (`jsonl`, `sqlite`).
+    fn backend(&self) -> &'static str;
+    /// Where session `id` lives, for messages.
+    fn locate(&self, id: &str) -> String;
+    /// Writes a new session holding `header` and `events`; refuses an id
+    /// that already exists. Either all of it is durable or none of it.
+    fn create(
+        &self,
+        header: &SessionHeader,
+        events: &[Arc<SessionEvent>],
+    ) -> Result<(), StoreError>;
+    /// Appends `events` (the next seqs of session `id`) durably.
+    fn append(&self, id: &str, events: &[Arc<SessionEvent>]) -> Result<(), StoreError>;
+    /// Reads session `id`, repairing an interrupted tail in memory.
+    fn load(&self, id: &str) -> Result<Loaded, StoreError>;
+    /// Events of session `id` from `seq` on, as stored (no repair).
+    fn read_from(&self, id: &str, seq: u64) -> Result<Vec<SessionEvent>, StoreError>;
+    /// Every session, newest first; unreadable ones as the error they give.
+    fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError>;
+    /// One session's summary.
+    fn inspect(&self, id: &str) -> Result<SessionSummary, StoreError> {
+        self.load(id).map(|l| summarize(&l))
+    }
+    /// Makes a loaded session appendable again: drops a torn tail that
+    /// `load` reported (and kept out of `events`).
+    fn prepare_resume(&self, id: &str, loaded: &Loaded) -> Result<(), StoreError>;
+}
+
 /// A directory of JSONL sessions.
 #[derive(Clone, Debug)]
 pub struct JsonlStore {
     root: PathBuf,
+    /// Every id maps to this one file (`dsh run --session FILE`).
+    single: Option<PathBuf>,
 }
 
 fn io(path: &Path, error: std::io::Error) -> StoreError {
@@ -113,7 +155,19 @@ fn encode(id: &str) -> Result<String, StoreError> {
 impl JsonlStore {
     /// A store rooted at `root` (created on first write).
     pub fn new(root: impl Into<PathBuf>) -> JsonlStore {
-        JsonlStore { root: root.into() }
+        JsonlStore {
+            root: root.into(),
+            single: None,
+        }
+    }
+
+    /// A store of one session in the file `path`, whatever its id.
+    pub fn file(path: impl Into<PathBuf>) -> JsonlStore {
+        let path = path.into();
+        JsonlStore {
+            root: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            single: Some(path),
+        }
     }
 
     /// The root directory.
@@ -123,11 +177,13 @@ impl JsonlStore {
 
     /// Where session `id` lives.
     pub fn path(&self, id: &str) -> Result<PathBuf, StoreError> {
+        if let Some(file) = &self.single {
+            return Ok(file.clone());
+        }
         Ok(self.root.join(encode(id)?).join("session.jsonl"))
     }
 
-    /// Reads session `id`, repairing an interrupted tail in memory.
-    pub fn load(&self, id: &str) -> Result<Loaded, StoreError> {
+    fn read(&self, id: &str) -> Result<(PathBuf, String), StoreError> {
         let path = self.path(id)?;
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
@@ -139,15 +195,76 @@ impl JsonlStore {
             }
             Err(e) => return Err(io(&path, e)),
         };
+        Ok((path, text))
+    }
+}
+
+impl SessionPersistence for JsonlStore {
+    fn backend(&self) -> &'static str {
+        "jsonl"
+    }
+
+    fn locate(&self, id: &str) -> String {
+        match self.path(id) {
+            Ok(p) => p.display().to_string(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn load(&self, id: &str) -> Result<Loaded, StoreError> {
+        let (path, text) = self.read(id)?;
         load_text(&text).map_err(|error| StoreError::Load {
             path: path.display().to_string(),
             error,
         })
     }
 
-    /// Every session under the root, newest first. Unreadable entries are
-    /// listed by the error they give rather than hidden.
-    pub fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError> {
+    fn read_from(&self, id: &str, seq: u64) -> Result<Vec<SessionEvent>, StoreError> {
+        let (path, text) = self.read(id)?;
+        let (_, events) = match jsonl::parse(&text) {
+            Err(LoadError::TornTail { .. }) => {
+                let cut = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
+                jsonl::parse(&text[..cut])
+            }
+            other => other,
+        }
+        .map_err(|error| StoreError::Load {
+            path: path.display().to_string(),
+            error,
+        })?;
+        Ok(events.into_iter().skip(seq as usize).collect())
+    }
+
+    fn prepare_resume(&self, id: &str, loaded: &Loaded) -> Result<(), StoreError> {
+        if loaded.torn_line.is_none() {
+            return Ok(());
+        }
+        let path = self.path(id)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        file.set_len(loaded.good_bytes).map_err(|e| io(&path, e))?;
+        file.sync_data().map_err(|e| io(&path, e))
+    }
+
+    fn append(&self, id: &str, events: &[Arc<SessionEvent>]) -> Result<(), StoreError> {
+        use std::io::Write;
+        let path = self.path(id)?;
+        let mut text = String::new();
+        for e in events {
+            text.push_str(&e.to_json().to_string());
+            text.push('\n');
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        file.write_all(text.as_bytes()).map_err(|e| io(&path, e))?;
+        file.sync_data().map_err(|e| io(&path, e))
+    }
+
+    fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError> {
         let entries = match std::fs::read_dir(&self.root) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -176,24 +293,28 @@ impl JsonlStore {
         Ok(out)
     }
 
-    /// Writes a new session file holding `header` and `events` (a fork).
-    pub fn create(
+    fn create(
         &self,
         header: &SessionHeader,
-        events: &[SessionEvent],
-    ) -> Result<PathBuf, StoreError> {
+        events: &[Arc<SessionEvent>],
+    ) -> Result<(), StoreError> {
         let path = self.path(&header.id)?;
         if path.exists() {
-            return Err(StoreError::BadId(format!(
-                "{} (it already exists)",
-                header.id
-            )));
+            return Err(StoreError::Exists(self.locate(&header.id)));
         }
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         }
-        std::fs::write(&path, jsonl::render(header, events)).map_err(|e| io(&path, e))?;
-        Ok(path)
+        // Written aside and renamed into place: a crash leaves either no
+        // session or the whole first batch.
+        let part = path.with_extension("jsonl.part");
+        let write = || -> std::io::Result<()> {
+            let mut file = std::fs::File::create(&part)?;
+            std::io::Write::write_all(&mut file, jsonl::render(header, events).as_bytes())?;
+            file.sync_data()?;
+            std::fs::rename(&part, &path)
+        };
+        write().map_err(|e| io(&path, e))
     }
 }
 

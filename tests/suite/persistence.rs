@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dsh::services::persistence::JsonlStore;
+use dsh::services::persistence::{JsonlStore, SessionPersistence};
 use dsh::services::session::{EventData, TurnEndReason};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);

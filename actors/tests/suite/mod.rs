@@ -1,3 +1,4 @@
 mod agent;
+mod durability;
 mod harness;
 mod prompt;

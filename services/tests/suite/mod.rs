@@ -1,3 +1,4 @@
 mod openai;
+mod persistence;
 mod session;
 mod tools;

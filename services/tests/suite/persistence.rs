@@ -1,0 +1,191 @@
+//! The contract every [`SessionPersistence`] backend meets, run against
+//! each backend on a real file or database.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dsh_services::llm::Message;
+use dsh_services::persistence::{JsonlStore, SessionPersistence, StoreError};
+use dsh_services::session::{
+    EventData, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason,
+};
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn temp(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dsh-contract-{}-{}-{name}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A session of `turns` complete turns; with `open`, one more turn left
+/// open after a tool call without its result (a crash mid-turn).
+fn session(
+    id: &str,
+    created_at: u64,
+    turns: u32,
+    open: bool,
+) -> (SessionHeader, Vec<Arc<SessionEvent>>) {
+    let mut header = SessionHeader::new(id, Some("/work".into()));
+    header.created_at = created_at;
+    let mut log = SessionLog::new(header.clone());
+    let mut at = created_at;
+    let mut push = |log: &mut SessionLog, data: EventData, intent: Option<SurfaceIntent>| {
+        at += 1;
+        log.append(data, intent, at).unwrap();
+    };
+    for turn in 1..=turns + u32::from(open) {
+        push(&mut log, EventData::TurnStart { turn }, None);
+        push(&mut log, EventData::StepStart { turn, step: 1 }, None);
+        let prompt = format!("prompt {turn} of {id}");
+        push(
+            &mut log,
+            EventData::UserMessage(Arc::new(Message::user_text(prompt))),
+            Some(SurfaceIntent::append()),
+        );
+        push(
+            &mut log,
+            EventData::ToolCall {
+                turn,
+                step: 1,
+                call_id: format!("call-{turn}"),
+                name: "echo".into(),
+                arguments: "{\"text\":\"hi\"}".into(),
+            },
+            None,
+        );
+        if turn > turns {
+            break;
+        }
+        push(&mut log, EventData::StepEnd { turn, step: 1 }, None);
+        push(
+            &mut log,
+            EventData::TurnEnd {
+                turn,
+                reason: TurnEndReason::Completed,
+            },
+            None,
+        );
+    }
+    (header, log.events().to_vec())
+}
+
+fn json(events: &[impl AsRef<SessionEvent>]) -> Vec<serde_json::Value> {
+    events.iter().map(|e| e.as_ref().to_json()).collect()
+}
+
+/// The shared contract.
+fn contract(store: &dyn SessionPersistence) {
+    let backend = store.backend();
+    // Create, then append in batches: load gives back exactly what was written.
+    let (header, events) = session("first", 1_000, 3, false);
+    store.create(&header, &events[..4]).unwrap();
+    store.append("first", &events[4..9]).unwrap();
+    store.append("first", &events[9..]).unwrap();
+    let loaded = store.load("first").unwrap();
+    assert_eq!(loaded.header, header, "{backend}: header");
+    assert_eq!(json(&loaded.events), json(&events), "{backend}: events");
+    assert_eq!(loaded.durable, events.len() as u64);
+    assert!(loaded.repairs.is_empty() && loaded.torn_line.is_none());
+
+    // Read from a seq without the events before it.
+    let tail = store.read_from("first", 10).unwrap();
+    assert_eq!(json(&tail), json(&events[10..]), "{backend}: read_from");
+    assert!(store.read_from("first", 1_000).unwrap().is_empty());
+
+    // An existing id is refused, and the stored session is untouched.
+    match store.create(&header, &events[..1]) {
+        Err(StoreError::Exists(_)) => {}
+        other => panic!("{backend}: create over an existing session gave {other:?}"),
+    }
+    assert_eq!(store.load("first").unwrap().events.len(), events.len());
+
+    // Unknown ids are typed errors.
+    match store.load("missing") {
+        Err(StoreError::NotFound(id, _)) => assert_eq!(id, "missing"),
+        other => panic!("{backend}: load of a missing session gave {other:?}"),
+    }
+
+    // A session cut mid-turn loads repaired in memory; what is stored is
+    // unchanged (the repair is written by whoever resumes it).
+    let (h2, cut) = session("cut/with odd:chars ü", 2_000, 1, true);
+    store.create(&h2, &cut).unwrap();
+    let loaded = store.load(&h2.id).unwrap();
+    assert_eq!(loaded.durable, cut.len() as u64);
+    assert_eq!(
+        loaded.repairs,
+        vec![
+            "call call-2 had no result: recorded TOOL_OUTCOME_UNKNOWN".to_owned(),
+            "closed step 1 of turn 2".to_owned(),
+            "closed turn 2 as interrupted".to_owned(),
+        ],
+        "{backend}: repairs"
+    );
+    match &loaded.events.last().unwrap().data {
+        EventData::TurnEnd { turn: 2, reason } => assert_eq!(*reason, TurnEndReason::Interrupted),
+        other => panic!("{backend}: last event {other:?}"),
+    }
+    assert_eq!(store.read_from(&h2.id, 0).unwrap().len(), cut.len());
+    // Resuming writes the repairs after the stored events.
+    store.prepare_resume(&h2.id, &loaded).unwrap();
+    let repairs: Vec<_> = loaded.events[cut.len()..]
+        .iter()
+        .cloned()
+        .map(Arc::new)
+        .collect();
+    store.append(&h2.id, &repairs).unwrap();
+    let again = store.load(&h2.id).unwrap();
+    assert!(again.repairs.is_empty(), "{backend}: {:?}", again.repairs);
+    assert_eq!(again.durable, loaded.events.len() as u64);
+
+    // Listing: newest first, with what a user picks a session by.
+    let all: Vec<_> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let ids: Vec<_> = all.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, vec![h2.id.as_str(), "first"], "{backend}: list order");
+    assert_eq!(all[1].turns, 3);
+    assert_eq!(all[1].events, events.len() as u64);
+    assert_eq!(all[1].title, "prompt 1 of first");
+    assert_eq!(store.inspect("first").unwrap(), all[1]);
+}
+
+#[test]
+fn the_jsonl_backend_meets_the_persistence_contract() {
+    let dir = temp("jsonl");
+    contract(&JsonlStore::new(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn jsonl_create_is_all_or_nothing_and_ids_stay_inside_the_root() {
+    let dir = temp("jsonl-ids");
+    let store = JsonlStore::new(dir.join("sessions"));
+    for bad in ["", ".", ".."] {
+        assert!(
+            matches!(store.path(bad), Err(StoreError::BadId(_))),
+            "{bad:?}"
+        );
+    }
+    // Ids that differ only in characters a path cannot hold stay apart.
+    let (a, ea) = session("a/b", 1, 1, false);
+    let (b, eb) = session("a%2Fb", 2, 2, false);
+    store.create(&a, &ea).unwrap();
+    store.create(&b, &eb).unwrap();
+    assert_eq!(store.load("a/b").unwrap().events.len(), ea.len());
+    assert_eq!(store.load("a%2Fb").unwrap().events.len(), eb.len());
+    for p in [store.path("a/b").unwrap(), store.path("a%2Fb").unwrap()] {
+        assert!(p.starts_with(dir.join("sessions")), "{}", p.display());
+        // No half-written file is left beside the log.
+        assert!(!p.with_extension("jsonl.part").exists());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
