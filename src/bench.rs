@@ -588,21 +588,22 @@ pub fn derive_costs(sizes: &[usize]) -> serde_json::Value {
 
 /// `dsh bench persist`: append throughput to a JSONL session (batched by the
 /// session actor, timed until flushed) and load + derive time of the result.
-pub async fn persist(events: u64) -> Result<serde_json::Value, BoxError> {
+pub async fn persist(events: u64, backend: &str) -> Result<serde_json::Value, BoxError> {
     use dsh_actors::session::SessionHandle;
     use dsh_services::llm::{Message, StreamChunk};
-    use dsh_services::persistence::{JsonlStore, SessionPersistence};
+    use dsh_services::persistence::{JsonlStore, SessionPersistence, SqliteStore};
     use dsh_services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent};
 
     let root = std::env::temp_dir().join(format!("dsh-bench-persist-{}", std::process::id()));
-    let store = JsonlStore::new(&root);
+    let store: Arc<dyn SessionPersistence> = match backend {
+        "jsonl" => Arc::new(JsonlStore::new(&root)),
+        "sqlite" => Arc::new(SqliteStore::open(root.join("sessions.db"))?),
+        other => return Err(format!("unknown backend `{other}` (jsonl or sqlite)").into()),
+    };
     let id = Message::new_id();
-    let path = store.path(&id)?;
     let rt = Runtime::start(RuntimeSettings::default()).await?;
     let session = SessionHandle::new(SessionLog::new(SessionHeader::new(id.clone(), None)));
-    session
-        .attach(&rt.root(), Some(Arc::new(store.clone())))
-        .await?;
+    session.attach(&rt.root(), Some(store.clone())).await?;
     let prompt = Arc::new(Message::user_text(
         "a prompt of a realistic length, about one line of text",
     ));
@@ -631,7 +632,7 @@ pub async fn persist(events: u64) -> Result<serde_json::Value, BoxError> {
     session.flush().await?;
     let append_s = t.elapsed().as_secs_f64();
     rt.shutdown().await;
-    let bytes = std::fs::metadata(&path)?.len();
+    let bytes = disk_usage(&root)?;
     // Five loads; the median is reported (the first one also pays for
     // reading the file into the page cache).
     let mut load_ms = Vec::new();
@@ -655,19 +656,34 @@ pub async fn persist(events: u64) -> Result<serde_json::Value, BoxError> {
     }
     let per_s = events as f64 / append_s;
     println!(
-        "jsonl append: {events} events in {:.1} ms = {per_s:.0} events/s flushed ({bytes} bytes; aim >= 200000/s)",
+        "{backend} append: {events} events in {:.1} ms = {per_s:.0} events/s flushed ({bytes} bytes; aim >= 200000/s)",
         append_s * 1e3
     );
     println!(
-        "jsonl load + derive of {events} events: median {load_ms:.1} ms, min {load_min:.1} ms of 5 (aim < 300 ms)"
+        "{backend} load + derive of {events} events: median {load_ms:.1} ms, min {load_min:.1} ms of 5 (aim < 300 ms)"
     );
     Ok(serde_json::json!({
         "workload": "persist",
-        "backend": "jsonl",
+        "backend": backend,
         "events": events,
         "append_events_per_s": per_s,
         "bytes": bytes,
         "load_derive_ms": load_ms,
         "load_derive_min_ms": load_min,
     }))
+}
+
+/// Bytes of every file under `dir`.
+fn disk_usage(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            disk_usage(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
 }

@@ -112,6 +112,9 @@ enum Command {
         /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
         #[arg(long, value_name = "DIR")]
         sessions_dir: Option<PathBuf>,
+        /// Store sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
+        #[arg(long, value_name = "FILE", conflicts_with = "sessions_dir")]
+        sessions_db: Option<PathBuf>,
     },
     /// Stored sessions: list, show, fork, export.
     Sessions {
@@ -120,6 +123,14 @@ enum Command {
         /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
         #[arg(long, value_name = "DIR", global = true)]
         sessions_dir: Option<PathBuf>,
+        /// Sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
+        #[arg(
+            long,
+            value_name = "FILE",
+            global = true,
+            conflicts_with = "sessions_dir"
+        )]
+        sessions_db: Option<PathBuf>,
     },
     /// Re-run a recorded session (ours or the upstream harness's): its prompts
     /// turn by turn, its model output step by step, the tools for real; then
@@ -188,6 +199,9 @@ enum Bench {
         /// Events to append and load back.
         #[arg(long, default_value_t = 100_000)]
         events: u64,
+        /// `jsonl` or `sqlite`.
+        #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "sqlite"])]
+        backend: String,
     },
     /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
     W1 {
@@ -247,15 +261,19 @@ async fn run(command: Command) -> ExitCode {
             patches,
             json,
         } => tree(file, patches, json).await,
-        Command::Sessions { what, sessions_dir } => {
-            let store = dsh::services::persistence::JsonlStore::new(dsh::sessions::sessions_dir(
-                sessions_dir,
-            ));
-            let exit = match what {
-                SessionsCommand::List { json } => dsh::sessions::list(&store, json),
-                SessionsCommand::Show { id } => dsh::sessions::show(&store, &id),
-                SessionsCommand::Fork { id, at } => dsh::sessions::fork(&store, &id, at),
-                SessionsCommand::Export { id } => dsh::sessions::export(&store, &id),
+        Command::Sessions {
+            what,
+            sessions_dir,
+            sessions_db,
+        } => {
+            let exit = match dsh::sessions::open_store(sessions_dir, sessions_db) {
+                Err(exit) => exit,
+                Ok(store) => match what {
+                    SessionsCommand::List { json } => dsh::sessions::list(&*store, json),
+                    SessionsCommand::Show { id } => dsh::sessions::show(&*store, &id),
+                    SessionsCommand::Fork { id, at } => dsh::sessions::fork(&*store, &id, at),
+                    SessionsCommand::Export { id } => dsh::sessions::export(&*store, &id),
+                },
             };
             if let Some(m) = exit.message {
                 eprintln!("dsh sessions: {m}");
@@ -298,6 +316,7 @@ async fn run(command: Command) -> ExitCode {
             max_steps,
             resume,
             sessions_dir,
+            sessions_db,
         } => {
             let opts = dsh::run::RunOptions {
                 prompt,
@@ -317,6 +336,7 @@ async fn run(command: Command) -> ExitCode {
                 max_steps,
                 resume,
                 sessions_dir,
+                sessions_db,
             };
             let exit = dsh::run::run(opts).await;
             if let Some(m) = exit.message {
@@ -334,8 +354,8 @@ async fn run(command: Command) -> ExitCode {
             }
         },
         Command::Bench {
-            which: Bench::Persist { events },
-        } => report(dsh::bench::persist(events).await),
+            which: Bench::Persist { events, backend },
+        } => report(dsh::bench::persist(events, &backend).await),
         Command::Bench {
             which: Bench::Derive,
         } => {

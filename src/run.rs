@@ -17,7 +17,7 @@ use crate::catalogue::{
     AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
     default_catalogue,
 };
-use crate::sessions::sessions_dir;
+use crate::sessions::open_store;
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub resume: Option<String>,
     /// Where sessions are stored (see `sessions::sessions_dir`).
     pub sessions_dir: Option<PathBuf>,
+    /// A SQLite database of sessions instead (see `sessions::open_store`).
+    pub sessions_db: Option<PathBuf>,
 }
 
 /// How `run` ended, as an exit code and a message for stderr.
@@ -123,7 +125,7 @@ fn system_prompt(cwd: &std::path::Path) -> String {
 /// Where the session is written, and what it continues: a resumed session
 /// is loaded (repaired when a crash cut it) and appended to in place.
 fn place_session(
-    store: &JsonlStore,
+    store: Arc<dyn SessionPersistence>,
     opts: &RunOptions,
     spec: &mut AgentSpec,
 ) -> Result<(), RunExit> {
@@ -131,7 +133,7 @@ fn place_session(
         let id = dsh_services::llm::Message::new_id();
         spec.store = Some(match &opts.session_out {
             Some(p) => Arc::new(JsonlStore::file(p)),
-            None => Arc::new(store.clone()),
+            None => store,
         });
         spec.id = Some(id);
         return Ok(());
@@ -152,7 +154,7 @@ fn place_session(
         eprintln!("dsh run: resumed {id}: {r}");
     }
     spec.durable = Some(loaded.durable);
-    spec.store = Some(Arc::new(store.clone()));
+    spec.store = Some(store);
     spec.seed = Some((loaded.header, loaded.events));
     Ok(())
 }
@@ -477,8 +479,11 @@ async fn drive(
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(opts.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
     spec.max_steps = opts.max_steps;
-    let store = JsonlStore::new(sessions_dir(opts.sessions_dir.clone()));
-    if let Err(exit) = place_session(&store, &opts, &mut spec) {
+    let store = match open_store(opts.sessions_dir.clone(), opts.sessions_db.clone()) {
+        Ok(s) => s,
+        Err(exit) => return exit,
+    };
+    if let Err(exit) = place_session(store, &opts, &mut spec) {
         return exit;
     }
     let agent = match Agent::create(&root, spec).await {

@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use dsh_services::persistence::{SessionPersistence, StoreError};
+use std::sync::Arc;
+
+use dsh_services::persistence::{JsonlStore, SessionPersistence, SqliteStore, StoreError};
 use dsh_services::session::compare::shape;
 use dsh_services::session::{SessionHeader, SessionLog, jsonl};
 
@@ -15,6 +17,29 @@ pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
         .or_else(|| std::env::var_os("DSH_SESSIONS_DIR").map(PathBuf::from))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".dsh/sessions")))
         .unwrap_or_else(|| PathBuf::from(".dsh/sessions"))
+}
+
+/// The session store: the SQLite database `db` (else `$DSH_SESSIONS_DB`)
+/// when one is named, else the JSONL directory of [`sessions_dir`].
+pub fn open_store(
+    dir: Option<PathBuf>,
+    db: Option<PathBuf>,
+) -> Result<Arc<dyn SessionPersistence>, RunExit> {
+    let db = db.or_else(|| {
+        dir.is_none()
+            .then(|| std::env::var_os("DSH_SESSIONS_DB").map(PathBuf::from))
+            .flatten()
+    });
+    match db {
+        Some(db) => match SqliteStore::open(&db) {
+            Ok(s) => Ok(Arc::new(s)),
+            Err(e) => Err(RunExit {
+                code: 2,
+                message: Some(format!("cannot open the sessions database: {e}")),
+            }),
+        },
+        None => Ok(Arc::new(JsonlStore::new(sessions_dir(dir)))),
+    }
 }
 
 fn fail(e: StoreError) -> RunExit {

@@ -84,6 +84,9 @@ pub struct SessionSummary {
     pub title: String,
 }
 
+mod sqlite;
+pub use sqlite::SqliteStore;
+
 /// The service name a [`SessionPersistence`] is provided under.
 pub const PERSISTENCE_SERVICE: &str = "persistence";
 
@@ -316,6 +319,28 @@ impl SessionPersistence for JsonlStore {
         };
         write().map_err(|e| io(&path, e))
     }
+}
+
+/// Loads a session stored as rows (a header line, then one event line per
+/// row in seq order) with the same validation and repair as a JSONL file.
+fn load_parts(header: &str, rows: &[String]) -> Result<Loaded, LoadError> {
+    let mut text =
+        String::with_capacity(header.len() + rows.iter().map(|r| r.len() + 1).sum::<usize>() + 1);
+    for (i, row) in std::iter::once(header)
+        .chain(rows.iter().map(String::as_str))
+        .enumerate()
+    {
+        // One row is one event: a newline inside would smuggle in another.
+        if row.contains('\n') {
+            return Err(LoadError::Line {
+                line: i + 1,
+                reason: "a stored row holds a line break".into(),
+            });
+        }
+        text.push_str(row);
+        text.push('\n');
+    }
+    load_text(&text)
 }
 
 /// Parses a log, keeping the good prefix of a torn tail, and repairs an

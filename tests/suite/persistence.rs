@@ -2,12 +2,12 @@
 //! resumed, plus `dsh sessions`.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dsh::services::persistence::{JsonlStore, SessionPersistence};
+use dsh::services::persistence::{JsonlStore, SessionPersistence, SqliteStore};
 use dsh::services::session::{EventData, TurnEndReason};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -28,15 +28,10 @@ fn dsh() -> Command {
     c
 }
 
-fn only_session(dir: &Path) -> String {
+fn only_session(backend: &Backend) -> String {
     let out = dsh()
-        .args([
-            "sessions",
-            "list",
-            "--json",
-            "--sessions-dir",
-            dir.to_str().unwrap(),
-        ])
+        .args(["sessions", "list", "--json"])
+        .args(backend.args())
         .output()
         .unwrap();
     let line = String::from_utf8_lossy(&out.stdout)
@@ -50,9 +45,66 @@ fn only_session(dir: &Path) -> String {
         .to_owned()
 }
 
+/// Where a process test stores sessions: the flag dsh takes, and the same
+/// store opened by the test.
+struct Backend {
+    flag: &'static str,
+    place: PathBuf,
+}
+
+impl Backend {
+    fn jsonl() -> Backend {
+        Backend {
+            flag: "--sessions-dir",
+            place: temp("sessions"),
+        }
+    }
+
+    fn sqlite() -> Backend {
+        Backend {
+            flag: "--sessions-db",
+            place: temp("sessions-db").join("sessions.db"),
+        }
+    }
+
+    fn at(flag: &'static str, place: PathBuf) -> Backend {
+        Backend { flag, place }
+    }
+
+    fn args(&self) -> [&str; 2] {
+        [self.flag, self.place.to_str().unwrap()]
+    }
+
+    /// The store, once dsh has created it.
+    fn open(&self) -> Option<Box<dyn SessionPersistence>> {
+        if !self.place.exists() {
+            return None;
+        }
+        Some(if self.flag == "--sessions-db" {
+            Box::new(SqliteStore::open(&self.place).ok()?)
+        } else {
+            Box::new(JsonlStore::new(&self.place))
+        })
+    }
+
+    fn stored(&self, id: &str) -> Vec<serde_json::Value> {
+        let store = self.open().unwrap();
+        let events = store.read_from(id, 0).unwrap();
+        events.iter().map(|e| e.to_json()).collect()
+    }
+}
+
 #[test]
 fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
-    let sessions = temp("sessions");
+    killed_mid_turn_and_resumed(Backend::jsonl());
+}
+
+#[test]
+fn a_run_killed_mid_turn_resumes_from_sqlite_too() {
+    killed_mid_turn_and_resumed(Backend::sqlite());
+}
+
+fn killed_mid_turn_and_resumed(backend: Backend) {
     let work = temp("work");
     let fifo = work.join("started");
     assert!(
@@ -79,13 +131,8 @@ fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
             "--script",
             script.to_str().unwrap(),
         ])
-        .args([
-            "--sessions-dir",
-            sessions.to_str().unwrap(),
-            "--cwd",
-            work.to_str().unwrap(),
-            "run the long job",
-        ])
+        .args(backend.args())
+        .args(["--cwd", work.to_str().unwrap(), "run the long job"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -99,18 +146,17 @@ fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
     let shell: i32 = pid.trim().parse().unwrap();
     // Wait (bounded) until the batching window has written the tool call.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let file = loop {
-        let found = std::fs::read_dir(&sessions)
-            .ok()
-            .and_then(|mut d| d.next())
-            .and_then(|e| e.ok())
-            .map(|e| e.path().join("session.jsonl"));
-        if let Some(f) = found
-            && std::fs::read_to_string(&f)
-                .unwrap_or_default()
-                .contains("\"tool/call\"")
-        {
-            break f;
+    let id = loop {
+        let found = backend.open().and_then(|store| {
+            let summary = store.list().ok()?.into_iter().next()?.ok()?;
+            let events = store.read_from(&summary.id, 0).ok()?;
+            events
+                .iter()
+                .any(|e| matches!(e.data, EventData::ToolCall { .. }))
+                .then_some(summary.id)
+        });
+        if let Some(id) = found {
+            break id;
         }
         assert!(
             Instant::now() < deadline,
@@ -118,18 +164,14 @@ fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
         );
         std::thread::yield_now();
     };
-    let id = only_session(&sessions);
+    assert_eq!(only_session(&backend), id);
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(shell),
         nix::sys::signal::Signal::SIGKILL,
     );
-    let before: Vec<String> = std::fs::read_to_string(&file)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let before = backend.stored(&id);
 
     // Resume with a new prompt: the orphan turn is closed, the agent goes on.
     let script2 = work.join("script2.json");
@@ -144,13 +186,8 @@ fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
             "--resume",
             &id,
         ])
-        .args([
-            "--sessions-dir",
-            sessions.to_str().unwrap(),
-            "--cwd",
-            work.to_str().unwrap(),
-            "carry on",
-        ])
+        .args(backend.args())
+        .args(["--cwd", work.to_str().unwrap(), "carry on"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -159,14 +196,10 @@ fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
     assert!(stderr.contains("closed turn 1 as interrupted"), "{stderr}");
     assert!(stderr.contains("TOOL_OUTCOME_UNKNOWN"), "{stderr}");
 
-    // No flushed event was lost: the old file is a prefix of the new one.
-    let after: Vec<String> = std::fs::read_to_string(&file)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    // No flushed event was lost: the old log is a prefix of the new one.
+    let after = backend.stored(&id);
     assert_eq!(after[..before.len()], before[..]);
-    let loaded = JsonlStore::new(&sessions).load(&id).unwrap();
+    let loaded = backend.open().unwrap().load(&id).unwrap();
     assert!(
         loaded.repairs.is_empty(),
         "the repair was written: {:?}",
@@ -222,7 +255,7 @@ fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
         .output()
         .unwrap();
     assert!(out.status.success());
-    let id = only_session(&sessions);
+    let id = only_session(&Backend::at("--sessions-dir", sessions.clone()));
     let file = JsonlStore::new(&sessions).path(&id).unwrap();
     let good = std::fs::read_to_string(&file).unwrap();
     let count = good.lines().count();
@@ -280,8 +313,16 @@ fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
 
 #[test]
 fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
-    let sessions = temp("fork");
-    let dir = sessions.to_str().unwrap();
+    fork_and_refusals(Backend::jsonl());
+}
+
+#[test]
+fn sessions_fork_and_export_work_on_sqlite_too() {
+    fork_and_refusals(Backend::sqlite());
+}
+
+fn fork_and_refusals(backend: Backend) {
+    let [flag, dir] = backend.args();
     assert!(
         dsh()
             .args([
@@ -290,7 +331,7 @@ fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
                 "never",
                 "--script",
                 "demo/hello.json",
-                "--sessions-dir",
+                flag,
                 dir,
                 "go"
             ])
@@ -298,9 +339,9 @@ fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
             .unwrap()
             .success()
     );
-    let id = only_session(&sessions);
+    let id = only_session(&backend);
     let out = dsh()
-        .args(["sessions", "fork", &id, "--sessions-dir", dir])
+        .args(["sessions", "fork", &id, flag, dir])
         .output()
         .unwrap();
     assert!(
@@ -309,24 +350,24 @@ fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
         String::from_utf8_lossy(&out.stderr)
     );
     let child = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let loaded = JsonlStore::new(&sessions).load(&child).unwrap();
+    let loaded = backend.open().unwrap().load(&child).unwrap();
     assert_eq!(loaded.header.parent_session.as_deref(), Some(id.as_str()));
     assert_eq!(loaded.header.seed_length, Some(loaded.events.len() as u64));
     // Inside a turn: refused with the reason.
     let inside = dsh()
-        .args(["sessions", "fork", &id, "--at", "3", "--sessions-dir", dir])
+        .args(["sessions", "fork", &id, "--at", "3", flag, dir])
         .output()
         .unwrap();
     assert_eq!(inside.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&inside.stderr).contains("turn 1 is still open there"));
     let missing = dsh()
-        .args(["sessions", "show", "nope", "--sessions-dir", dir])
+        .args(["sessions", "show", "nope", flag, dir])
         .output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no session `nope`"));
     let export = dsh()
-        .args(["sessions", "export", &child, "--sessions-dir", dir])
+        .args(["sessions", "export", &child, flag, dir])
         .output()
         .unwrap();
     let (header, events) =

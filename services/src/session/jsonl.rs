@@ -134,42 +134,76 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
                         .map_err(|e| fail(format!("bad `{}` row: {e}", envelope.kind)))?;
                 expand(&envelope.kind, packed, &mut events, prev_time).map_err(fail)?;
             }
-            _ => {
-                let expected = events.len() as u64;
-                if let Some(seq) = envelope.seq
-                    && seq != expected
-                {
-                    return Err(fail(format!(
-                        "seq {seq} where {expected} was expected (the log must be contiguous)"
-                    )));
-                }
-                let kind = envelope.kind;
-                let ignorable = envelope.ignorable.unwrap_or(false);
-                let data = match envelope.data {
-                    Some(raw) => EventData::from_raw(&kind, raw),
-                    None => EventData::from_parts(&kind, Value::Null),
-                }
-                .map_err(|e| fail(format!("`{kind}` event: {e}")))?;
-                if let EventData::Other { kind, .. } = &data
-                    && !ignorable
-                    && !CARRIED_TYPES.contains(&kind.as_ref())
-                {
-                    return Err(fail(format!(
-                        "unknown event type `{kind}` is not marked ignorable; refusing to load a log this build cannot interpret"
-                    )));
-                }
-                events.push(SessionEvent {
-                    seq: expected,
-                    time: envelope.time.unwrap_or(prev_time),
-                    data,
-                    ignorable,
-                    surface_op: envelope.surface_op,
-                    source_event_seqs: envelope.source_event_seqs,
-                });
-            }
+            _ => events.push(event(envelope, events.len() as u64, prev_time).map_err(fail)?),
         }
     }
     Ok((header, events))
+}
+
+/// Parses one event line that must carry seq `expected` (a line without a
+/// seq gets it; one without a time gets `prev_time`). Packed chunk rows are
+/// refused here: they only occur in whole logs ([`parse`]).
+pub fn parse_event(line: &str, expected: u64, prev_time: u64) -> Result<SessionEvent, String> {
+    let envelope: Envelope =
+        serde_json::from_str(line).map_err(|e| format!("not a JSON event: {e}"))?;
+    if matches!(
+        envelope.kind.as_str(),
+        "text-chunks" | "reasoning-chunks" | "tool-call-chunks"
+    ) {
+        return Err(format!(
+            "a packed `{}` row where one event was expected",
+            envelope.kind
+        ));
+    }
+    event(envelope, expected, prev_time)
+}
+
+fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEvent, String> {
+    if let Some(seq) = envelope.seq
+        && seq != expected
+    {
+        return Err(format!(
+            "seq {seq} where {expected} was expected (the log must be contiguous)"
+        ));
+    }
+    let kind = envelope.kind;
+    let ignorable = envelope.ignorable.unwrap_or(false);
+    let data = match envelope.data {
+        Some(raw) => EventData::from_raw(&kind, raw),
+        None => EventData::from_parts(&kind, Value::Null),
+    }
+    .map_err(|e| format!("`{kind}` event: {e}"))?;
+    if let EventData::Other { kind, .. } = &data
+        && !ignorable
+        && !CARRIED_TYPES.contains(&kind.as_ref())
+    {
+        return Err(format!(
+            "unknown event type `{kind}` is not marked ignorable; refusing to load a log this build cannot interpret"
+        ));
+    }
+    Ok(SessionEvent {
+        seq: expected,
+        time: envelope.time.unwrap_or(prev_time),
+        data,
+        ignorable,
+        surface_op: envelope.surface_op,
+        source_event_seqs: envelope.source_event_seqs,
+    })
+}
+
+/// Parses a header line (the `session` record), refusing another format
+/// version with the direction.
+pub fn parse_header_line(line: &str) -> Result<SessionHeader, LoadError> {
+    parse_header(line)
+}
+
+/// The header as its JSON line (without the newline).
+pub fn render_header(header: &SessionHeader) -> String {
+    let mut h = serde_json::to_value(header).unwrap_or(Value::Null);
+    if let Some(map) = h.as_object_mut() {
+        map.insert("type".into(), Value::String("session".into()));
+    }
+    h.to_string()
 }
 
 fn parse_header(line: &str) -> Result<SessionHeader, LoadError> {
@@ -276,12 +310,7 @@ fn expand(
 
 /// Renders a header and events as `session.jsonl` text (one event per line).
 pub fn render(header: &SessionHeader, events: &[impl AsRef<SessionEvent>]) -> String {
-    let mut out = String::new();
-    let mut h = serde_json::to_value(header).unwrap_or(Value::Null);
-    if let Some(map) = h.as_object_mut() {
-        map.insert("type".into(), Value::String("session".into()));
-    }
-    out.push_str(&h.to_string());
+    let mut out = render_header(header);
     out.push('\n');
     for e in events {
         out.push_str(&e.as_ref().to_json().to_string());

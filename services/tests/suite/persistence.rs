@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dsh_services::llm::Message;
-use dsh_services::persistence::{JsonlStore, SessionPersistence, StoreError};
+use dsh_services::persistence::{JsonlStore, SessionPersistence, SqliteStore, StoreError};
 use dsh_services::session::{
     EventData, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason,
 };
@@ -188,4 +188,151 @@ fn jsonl_create_is_all_or_nothing_and_ids_stay_inside_the_root() {
         assert!(!p.with_extension("jsonl.part").exists());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_sqlite_backend_meets_the_persistence_contract() {
+    let dir = temp("sqlite");
+    let db = dir.join("sessions.db");
+    contract(&SqliteStore::open(&db).unwrap());
+    // Reopened, everything is still there.
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(store.list().unwrap().len(), 2);
+    assert_eq!(store.load("first").unwrap().events.len(), 18);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sqlite_refuses_gaps_duplicates_and_foreign_files_with_the_reason() {
+    let dir = temp("sqlite-refusals");
+    let db = dir.join("sessions.db");
+    let store = SqliteStore::open(&db).unwrap();
+    let (h, events) = session("s", 1, 2, false);
+    store.create(&h, &events[..3]).unwrap();
+    // A gap or a repeated seq is refused and changes nothing.
+    let gap = store.append("s", &events[4..]).unwrap_err().to_string();
+    assert!(
+        gap.contains("starts at seq 4 where 3 was expected"),
+        "{gap}"
+    );
+    store.append("s", &events[3..5]).unwrap();
+    let again = store.append("s", &events[3..5]).unwrap_err().to_string();
+    assert!(
+        again.contains("starts at seq 3 where 5 was expected"),
+        "{again}"
+    );
+    assert_eq!(store.load("s").unwrap().events.len(), 5 + 2); // repaired in memory
+    assert_eq!(store.read_from("s", 0).unwrap().len(), 5);
+    assert!(matches!(
+        store.append("nope", &events[..1]),
+        Err(StoreError::NotFound(..))
+    ));
+    drop(store);
+    // A file that is not a database is refused at open, naming it.
+    let junk = dir.join("junk.db");
+    std::fs::write(
+        &junk,
+        b"this is not sqlite, just text that is long enough to have a header page",
+    )
+    .unwrap();
+    let err = SqliteStore::open(&junk).unwrap_err().to_string();
+    assert!(
+        err.contains("junk.db") && err.contains("not a usable SQLite database"),
+        "{err}"
+    );
+    // A schema written by a newer dsh is refused with the direction.
+    {
+        let conn = rusqlite::Connection::open(dir.join("newer.db")).unwrap();
+        conn.execute_batch("PRAGMA user_version = 99").unwrap();
+    }
+    let err = SqliteStore::open(dir.join("newer.db"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("schema version 99 was written by a newer dsh"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+mod sqlite_props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Arbitrary bytes as the database file: open or load gives a typed
+        /// error or a valid session, never a panic.
+        #[test]
+        fn arbitrary_database_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..8192)) {
+            let dir = temp("sqlite-bytes");
+            let db = dir.join("s.db");
+            std::fs::write(&db, &bytes).unwrap();
+            if let Ok(store) = SqliteStore::open(&db) {
+                if let Ok(all) = store.list() {
+                    for s in all.into_iter().flatten() {
+                        let _ = store.load(&s.id);
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+
+        /// A real database with bytes overwritten anywhere (disk damage):
+        /// a typed error or a valid session, never a panic.
+        #[test]
+        fn damaged_database_files_never_panic(
+            hits in proptest::collection::vec((any::<proptest::sample::Index>(), any::<u8>()), 1..24)
+        ) {
+            let dir = temp("sqlite-damage");
+            let db = dir.join("s.db");
+            let store = SqliteStore::open(&db).unwrap();
+            let (h, events) = session("s", 1, 3, true);
+            store.create(&h, &events).unwrap();
+            drop(store);
+            let mut bytes = std::fs::read(&db).unwrap();
+            for (at, value) in &hits {
+                let i = at.index(bytes.len());
+                bytes[i] = *value;
+            }
+            std::fs::write(&db, &bytes).unwrap();
+            if let Ok(store) = SqliteStore::open(&db) {
+                if let Ok(loaded) = store.load("s") {
+                    prop_assert!(loaded.durable <= events.len() as u64);
+                }
+                let _ = store.list();
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+
+        /// Arbitrary text in a stored event row (a damaged or hand-edited
+        /// database): load and read_from give a typed error or a valid
+        /// session, never a panic, and never more events than rows.
+        #[test]
+        fn arbitrary_event_rows_never_panic(row in any::<String>(), at in 0usize..6) {
+            let dir = temp("sqlite-rows");
+            let db = dir.join("s.db");
+            let store = SqliteStore::open(&db).unwrap();
+            let (h, events) = session("s", 1, 1, false);
+            store.create(&h, &events).unwrap();
+            drop(store);
+            {
+                let conn = rusqlite::Connection::open(&db).unwrap();
+                conn.execute(
+                    "UPDATE events SET event = ?1 WHERE session = 's' AND seq = ?2",
+                    rusqlite::params![row, at as i64],
+                ).unwrap();
+            }
+            let store = SqliteStore::open(&db).unwrap();
+            if let Ok(loaded) = store.load("s") {
+                prop_assert!(loaded.durable <= events.len() as u64);
+            }
+            if let Ok(tail) = store.read_from("s", 0) {
+                prop_assert!(tail.len() <= events.len());
+            }
+            drop(store);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
