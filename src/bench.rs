@@ -591,14 +591,17 @@ pub fn derive_costs(sizes: &[usize]) -> serde_json::Value {
 pub async fn persist(events: u64, backend: &str) -> Result<serde_json::Value, BoxError> {
     use dsh_actors::session::SessionHandle;
     use dsh_services::llm::{Message, StreamChunk};
-    use dsh_services::persistence::{JsonlStore, SessionPersistence, SqliteStore};
+    use dsh_services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
     use dsh_services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent};
 
     let root = std::env::temp_dir().join(format!("dsh-bench-persist-{}", std::process::id()));
     let store: Arc<dyn SessionPersistence> = match backend {
         "jsonl" => Arc::new(JsonlStore::new(&root)),
+        "jsonl-zstd" => Arc::new(JsonlStore::new(&root).with_compression(Compression::Zstd)),
         "sqlite" => Arc::new(SqliteStore::open(root.join("sessions.db"))?),
-        other => return Err(format!("unknown backend `{other}` (jsonl or sqlite)").into()),
+        other => {
+            return Err(format!("unknown backend `{other}` (jsonl, jsonl-zstd or sqlite)").into());
+        }
     };
     let id = Message::new_id();
     let rt = Runtime::start(RuntimeSettings::default()).await?;

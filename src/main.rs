@@ -115,6 +115,9 @@ enum Command {
         /// Store sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
         #[arg(long, value_name = "FILE", conflicts_with = "sessions_dir")]
         sessions_db: Option<PathBuf>,
+        /// Store JSONL sessions as Zstandard frames (`session.jsonl.zstd`).
+        #[arg(long, conflicts_with = "sessions_db")]
+        zstd: bool,
     },
     /// Stored sessions: list, show, fork, export.
     Sessions {
@@ -131,6 +134,9 @@ enum Command {
             conflicts_with = "sessions_dir"
         )]
         sessions_db: Option<PathBuf>,
+        /// JSONL sessions stored as Zstandard frames (`session.jsonl.zstd`).
+        #[arg(long, global = true, conflicts_with = "sessions_db")]
+        zstd: bool,
     },
     /// Re-run a recorded session (ours or the upstream harness's): its prompts
     /// turn by turn, its model output step by step, the tools for real; then
@@ -199,8 +205,8 @@ enum Bench {
         /// Events to append and load back.
         #[arg(long, default_value_t = 100_000)]
         events: u64,
-        /// `jsonl` or `sqlite`.
-        #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "sqlite"])]
+        /// `jsonl`, `jsonl-zstd` or `sqlite`.
+        #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "jsonl-zstd", "sqlite"])]
         backend: String,
     },
     /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
@@ -265,8 +271,9 @@ async fn run(command: Command) -> ExitCode {
             what,
             sessions_dir,
             sessions_db,
+            zstd,
         } => {
-            let exit = match dsh::sessions::open_store(sessions_dir, sessions_db) {
+            let exit = match dsh::sessions::open_store(sessions_dir, sessions_db, zstd) {
                 Err(exit) => exit,
                 Ok(store) => match what {
                     SessionsCommand::List { json } => dsh::sessions::list(&*store, json),
@@ -317,6 +324,7 @@ async fn run(command: Command) -> ExitCode {
             resume,
             sessions_dir,
             sessions_db,
+            zstd,
         } => {
             let opts = dsh::run::RunOptions {
                 prompt,
@@ -337,6 +345,7 @@ async fn run(command: Command) -> ExitCode {
                 resume,
                 sessions_dir,
                 sessions_db,
+                zstd,
             };
             let exit = dsh::run::run(opts).await;
             if let Some(m) = exit.message {

@@ -60,6 +60,8 @@ pub struct RunOptions {
     pub sessions_dir: Option<PathBuf>,
     /// A SQLite database of sessions instead (see `sessions::open_store`).
     pub sessions_db: Option<PathBuf>,
+    /// JSONL sessions as Zstandard frames.
+    pub zstd: bool,
 }
 
 /// How `run` ended, as an exit code and a message for stderr.
@@ -479,7 +481,11 @@ async fn drive(
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(opts.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
     spec.max_steps = opts.max_steps;
-    let store = match open_store(opts.sessions_dir.clone(), opts.sessions_db.clone()) {
+    let store = match open_store(
+        opts.sessions_dir.clone(),
+        opts.sessions_db.clone(),
+        opts.zstd,
+    ) {
         Ok(s) => s,
         Err(exit) => return exit,
     };

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use dsh_services::persistence::{JsonlStore, SessionPersistence, SqliteStore, StoreError};
+use dsh_services::persistence::{
+    Compression, JsonlStore, SessionPersistence, SqliteStore, StoreError,
+};
 use dsh_services::session::compare::shape;
 use dsh_services::session::{SessionHeader, SessionLog, jsonl};
 
@@ -24,6 +26,7 @@ pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
 pub fn open_store(
     dir: Option<PathBuf>,
     db: Option<PathBuf>,
+    zstd: bool,
 ) -> Result<Arc<dyn SessionPersistence>, RunExit> {
     let db = db.or_else(|| {
         dir.is_none()
@@ -38,7 +41,13 @@ pub fn open_store(
                 message: Some(format!("cannot open the sessions database: {e}")),
             }),
         },
-        None => Ok(Arc::new(JsonlStore::new(sessions_dir(dir)))),
+        None => Ok(Arc::new(
+            JsonlStore::new(sessions_dir(dir)).with_compression(if zstd {
+                Compression::Zstd
+            } else {
+                Compression::None
+            }),
+        )),
     }
 }
 
@@ -47,6 +56,7 @@ fn fail(e: StoreError) -> RunExit {
         StoreError::NotFound(..)
         | StoreError::BadId(_)
         | StoreError::Exists(_)
+        | StoreError::Encoding { .. }
         | StoreError::Load { .. } => 2,
         StoreError::Io { .. } => 1,
     };

@@ -27,6 +27,18 @@ pub enum StoreError {
     /// A session with this id already exists (where it is).
     #[error("a session already exists at {0}")]
     Exists(String),
+    /// The session is stored in the other JSONL encoding.
+    #[error(
+        "{path} is a {found} session log; this store reads {wanted} logs (choose the matching compression or another root)"
+    )]
+    Encoding {
+        /// The file found.
+        path: String,
+        /// Its encoding.
+        found: &'static str,
+        /// The store's encoding.
+        wanted: &'static str,
+    },
     /// The id cannot name a directory.
     #[error("`{0}` is not a usable session id")]
     BadId(String),
@@ -124,12 +136,46 @@ pub trait SessionPersistence: Send + Sync + std::fmt::Debug + 'static {
     fn prepare_resume(&self, id: &str, loaded: &Loaded) -> Result<(), StoreError>;
 }
 
+/// How a JSONL store encodes its transcripts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    /// Newline-delimited UTF-8 text (`session.jsonl`).
+    None,
+    /// Concatenated checksummed Zstandard frames (`session.jsonl.zstd`): one
+    /// for the header, then one per durable batch.
+    Zstd,
+}
+
+impl Compression {
+    fn file_name(self) -> &'static str {
+        match self {
+            Compression::None => "session.jsonl",
+            Compression::Zstd => "session.jsonl.zstd",
+        }
+    }
+
+    fn other(self) -> Compression {
+        match self {
+            Compression::None => Compression::Zstd,
+            Compression::Zstd => Compression::None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Compression::None => "uncompressed",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
 /// A directory of JSONL sessions.
 #[derive(Clone, Debug)]
 pub struct JsonlStore {
     root: PathBuf,
     /// Every id maps to this one file (`dsh run --session FILE`).
     single: Option<PathBuf>,
+    compression: Compression,
 }
 
 fn io(path: &Path, error: std::io::Error) -> StoreError {
@@ -155,22 +201,90 @@ fn encode(id: &str) -> Result<String, StoreError> {
     Ok(out)
 }
 
+/// A transcript read back: its logical text and, for a compressed file cut
+/// inside its last frame, where the good frames end.
+struct Transcript {
+    path: PathBuf,
+    text: String,
+    torn_frame_at: Option<u64>,
+}
+
+/// One Zstandard frame holding `text`, with a content checksum.
+fn zstd_frame(text: &str) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    let mut encoder = zstd::stream::Encoder::new(Vec::new(), zstd::DEFAULT_COMPRESSION_LEVEL)?;
+    encoder.include_checksum(true)?;
+    encoder.write_all(text.as_bytes())?;
+    encoder.finish()
+}
+
+/// Decodes concatenated frames. A last frame cut short (a crash during its
+/// write) ends the text at the frame before it, and its offset is returned;
+/// a damaged complete frame is an error naming its byte offset.
+fn decode_frames(bytes: &[u8]) -> Result<(String, Option<u64>), LoadError> {
+    let mut text = String::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let rest = &bytes[at..];
+        let size = match zstd::zstd_safe::find_frame_compressed_size(rest) {
+            Ok(n) if n <= rest.len() => n,
+            Ok(_) => return Ok((text, Some(at as u64))),
+            Err(code) => {
+                let reason = zstd::zstd_safe::get_error_name(code);
+                // Only a frame whose bytes stop early is a torn write.
+                if reason.contains("Src size is incorrect") || rest.len() < 18 {
+                    return Ok((text, Some(at as u64)));
+                }
+                return Err(LoadError::Frame {
+                    offset: at as u64,
+                    reason: reason.to_owned(),
+                });
+            }
+        };
+        let frame = zstd::stream::decode_all(&rest[..size]).map_err(|e| LoadError::Frame {
+            offset: at as u64,
+            reason: e.to_string(),
+        })?;
+        let frame = String::from_utf8(frame).map_err(|e| LoadError::Frame {
+            offset: at as u64,
+            reason: format!("not UTF-8: {e}"),
+        })?;
+        if !frame.is_empty() && !frame.ends_with('\n') {
+            return Err(LoadError::Frame {
+                offset: at as u64,
+                reason: "a frame does not end at a line boundary".into(),
+            });
+        }
+        text.push_str(&frame);
+        at += size;
+    }
+    Ok((text, None))
+}
+
 impl JsonlStore {
-    /// A store rooted at `root` (created on first write).
+    /// An uncompressed store rooted at `root` (created on first write).
     pub fn new(root: impl Into<PathBuf>) -> JsonlStore {
         JsonlStore {
             root: root.into(),
             single: None,
+            compression: Compression::None,
         }
     }
 
-    /// A store of one session in the file `path`, whatever its id.
+    /// A store of one uncompressed session in the file `path`, whatever its id.
     pub fn file(path: impl Into<PathBuf>) -> JsonlStore {
         let path = path.into();
         JsonlStore {
             root: path.parent().map(Path::to_path_buf).unwrap_or_default(),
             single: Some(path),
+            compression: Compression::None,
         }
+    }
+
+    /// The same store with transcripts encoded as `compression`.
+    pub fn with_compression(mut self, compression: Compression) -> JsonlStore {
+        self.compression = compression;
+        self
     }
 
     /// The root directory.
@@ -183,14 +297,29 @@ impl JsonlStore {
         if let Some(file) = &self.single {
             return Ok(file.clone());
         }
-        Ok(self.root.join(encode(id)?).join("session.jsonl"))
+        Ok(self
+            .root
+            .join(encode(id)?)
+            .join(self.compression.file_name()))
     }
 
-    fn read(&self, id: &str) -> Result<(PathBuf, String), StoreError> {
+    fn read(&self, id: &str) -> Result<Transcript, StoreError> {
         let path = self.path(id)?;
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
+        self.read_file(id, path)
+    }
+
+    fn read_file(&self, id: &str, path: PathBuf) -> Result<Transcript, StoreError> {
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let other = path.with_file_name(self.compression.other().file_name());
+                if self.single.is_none() && other.exists() {
+                    return Err(StoreError::Encoding {
+                        path: other.display().to_string(),
+                        found: self.compression.other().name(),
+                        wanted: self.compression.name(),
+                    });
+                }
                 return Err(StoreError::NotFound(
                     id.to_owned(),
                     self.root.display().to_string(),
@@ -198,13 +327,65 @@ impl JsonlStore {
             }
             Err(e) => return Err(io(&path, e)),
         };
-        Ok((path, text))
+        let load = |error| StoreError::Load {
+            path: path.display().to_string(),
+            error,
+        };
+        let (text, torn_frame_at) = match self.compression {
+            Compression::None => (
+                String::from_utf8(bytes).map_err(|e| {
+                    load(LoadError::Line {
+                        line: 0,
+                        reason: format!("the file is not UTF-8 text: {e}"),
+                    })
+                })?,
+                None,
+            ),
+            Compression::Zstd => decode_frames(&bytes).map_err(load)?,
+        };
+        Ok(Transcript {
+            path,
+            text,
+            torn_frame_at,
+        })
+    }
+
+    fn load_transcript(t: &Transcript) -> Result<Loaded, StoreError> {
+        let mut loaded = load_text(&t.text).map_err(|error| StoreError::Load {
+            path: t.path.display().to_string(),
+            error,
+        })?;
+        if let Some(at) = t.torn_frame_at {
+            loaded.torn_line = Some(t.text.lines().count() + 1);
+            loaded.good_bytes = at;
+        }
+        Ok(loaded)
+    }
+
+    /// Appends `bytes` to `path` durably; on failure the file is cut back to
+    /// its length before, so a later retry does not follow a partial write.
+    fn append_bytes(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| io(path, e))?;
+        let before = file.metadata().map_err(|e| io(path, e))?.len();
+        let written = file.write_all(bytes).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            let _ = file.set_len(before);
+            return Err(io(path, e));
+        }
+        Ok(())
     }
 }
 
 impl SessionPersistence for JsonlStore {
     fn backend(&self) -> &'static str {
-        "jsonl"
+        match self.compression {
+            Compression::None => "jsonl",
+            Compression::Zstd => "jsonl-zstd",
+        }
     }
 
     fn locate(&self, id: &str) -> String {
@@ -215,16 +396,13 @@ impl SessionPersistence for JsonlStore {
     }
 
     fn load(&self, id: &str) -> Result<Loaded, StoreError> {
-        let (path, text) = self.read(id)?;
-        load_text(&text).map_err(|error| StoreError::Load {
-            path: path.display().to_string(),
-            error,
-        })
+        Self::load_transcript(&self.read(id)?)
     }
 
     fn read_from(&self, id: &str, seq: u64) -> Result<Vec<SessionEvent>, StoreError> {
-        let (path, text) = self.read(id)?;
-        let (_, events) = match jsonl::parse(&text) {
+        let t = self.read(id)?;
+        let text = &t.text;
+        let (_, events) = match jsonl::parse(text) {
             Err(LoadError::TornTail { .. }) => {
                 let cut = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
                 jsonl::parse(&text[..cut])
@@ -232,7 +410,7 @@ impl SessionPersistence for JsonlStore {
             other => other,
         }
         .map_err(|error| StoreError::Load {
-            path: path.display().to_string(),
+            path: t.path.display().to_string(),
             error,
         })?;
         Ok(events.into_iter().skip(seq as usize).collect())
@@ -252,19 +430,19 @@ impl SessionPersistence for JsonlStore {
     }
 
     fn append(&self, id: &str, events: &[Arc<SessionEvent>]) -> Result<(), StoreError> {
-        use std::io::Write;
         let path = self.path(id)?;
         let mut text = String::new();
         for e in events {
             text.push_str(&e.to_json().to_string());
             text.push('\n');
         }
-        let mut file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(|e| io(&path, e))?;
-        file.write_all(text.as_bytes()).map_err(|e| io(&path, e))?;
-        file.sync_data().map_err(|e| io(&path, e))
+        match self.compression {
+            Compression::None => Self::append_bytes(&path, text.as_bytes()),
+            Compression::Zstd => {
+                let frame = zstd_frame(&text).map_err(|e| io(&path, e))?;
+                Self::append_bytes(&path, &frame)
+            }
+        }
     }
 
     fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError> {
@@ -275,18 +453,23 @@ impl SessionPersistence for JsonlStore {
         };
         let mut out = Vec::new();
         for entry in entries.flatten() {
-            let file = entry.path().join("session.jsonl");
+            let file = entry.path().join(self.compression.file_name());
+            let other = entry.path().join(self.compression.other().file_name());
+            if other.is_file() {
+                // A root holds one encoding; the other is named, not hidden.
+                out.push(Err(StoreError::Encoding {
+                    path: other.display().to_string(),
+                    found: self.compression.other().name(),
+                    wanted: self.compression.name(),
+                }));
+            }
             if !file.is_file() {
                 continue;
             }
-            let summary = std::fs::read_to_string(&file)
-                .map_err(|e| io(&file, e))
-                .and_then(|text| {
-                    load_text(&text).map_err(|error| StoreError::Load {
-                        path: file.display().to_string(),
-                        error,
-                    })
-                })
+            let id = entry.file_name().to_string_lossy().into_owned();
+            let summary = self
+                .read_file(&id, file)
+                .and_then(|t| Self::load_transcript(&t))
                 .map(|l| summarize(&l));
             out.push(summary);
         }
@@ -308,16 +491,40 @@ impl SessionPersistence for JsonlStore {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
         }
-        // Written aside and renamed into place: a crash leaves either no
-        // session or the whole first batch.
-        let part = path.with_extension("jsonl.part");
+        let bytes = match self.compression {
+            Compression::None => jsonl::render(header, events).into_bytes(),
+            Compression::Zstd => {
+                let head = jsonl::render(header, &[] as &[Arc<SessionEvent>]);
+                let body = jsonl::render(header, events);
+                let mut bytes = zstd_frame(&head).map_err(|e| io(&path, e))?;
+                if !events.is_empty() {
+                    let rest = &body[head.len()..];
+                    bytes.extend(zstd_frame(rest).map_err(|e| io(&path, e))?);
+                }
+                bytes
+            }
+        };
+        // Written aside, then published with a hard link, which never
+        // replaces an existing file: a crash leaves no session or the whole
+        // first batch, and a racing creator of the same id fails.
+        let mut part = path.clone().into_os_string();
+        part.push(format!(".{}.part", std::process::id()));
+        let part = PathBuf::from(part);
         let write = || -> std::io::Result<()> {
             let mut file = std::fs::File::create(&part)?;
-            std::io::Write::write_all(&mut file, jsonl::render(header, events).as_bytes())?;
+            std::io::Write::write_all(&mut file, &bytes)?;
             file.sync_data()?;
-            std::fs::rename(&part, &path)
+            std::fs::hard_link(&part, &path)
         };
-        write().map_err(|e| io(&path, e))
+        let result = write();
+        let _ = std::fs::remove_file(&part);
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Err(StoreError::Exists(self.locate(&header.id)))
+            }
+            Err(e) => Err(io(&path, e)),
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use dsh::services::persistence::{JsonlStore, SessionPersistence, SqliteStore};
+use dsh::services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
 use dsh::services::session::{EventData, TurnEndReason};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -50,6 +50,7 @@ fn only_session(backend: &Backend) -> String {
 struct Backend {
     flag: &'static str,
     place: PathBuf,
+    zstd: bool,
 }
 
 impl Backend {
@@ -57,6 +58,15 @@ impl Backend {
         Backend {
             flag: "--sessions-dir",
             place: temp("sessions"),
+            zstd: false,
+        }
+    }
+
+    fn zstd() -> Backend {
+        Backend {
+            flag: "--sessions-dir",
+            place: temp("sessions-zstd"),
+            zstd: true,
         }
     }
 
@@ -64,15 +74,24 @@ impl Backend {
         Backend {
             flag: "--sessions-db",
             place: temp("sessions-db").join("sessions.db"),
+            zstd: false,
         }
     }
 
     fn at(flag: &'static str, place: PathBuf) -> Backend {
-        Backend { flag, place }
+        Backend {
+            flag,
+            place,
+            zstd: false,
+        }
     }
 
-    fn args(&self) -> [&str; 2] {
-        [self.flag, self.place.to_str().unwrap()]
+    fn args(&self) -> Vec<&str> {
+        let mut args = vec![self.flag, self.place.to_str().unwrap()];
+        if self.zstd {
+            args.push("--zstd");
+        }
+        args
     }
 
     /// The store, once dsh has created it.
@@ -83,7 +102,11 @@ impl Backend {
         Some(if self.flag == "--sessions-db" {
             Box::new(SqliteStore::open(&self.place).ok()?)
         } else {
-            Box::new(JsonlStore::new(&self.place))
+            Box::new(JsonlStore::new(&self.place).with_compression(if self.zstd {
+                Compression::Zstd
+            } else {
+                Compression::None
+            }))
         })
     }
 
@@ -102,6 +125,11 @@ fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
 #[test]
 fn a_run_killed_mid_turn_resumes_from_sqlite_too() {
     killed_mid_turn_and_resumed(Backend::sqlite());
+}
+
+#[test]
+fn a_run_killed_mid_turn_resumes_from_zstd_frames_too() {
+    killed_mid_turn_and_resumed(Backend::zstd());
 }
 
 fn killed_mid_turn_and_resumed(backend: Backend) {
@@ -322,7 +350,8 @@ fn sessions_fork_and_export_work_on_sqlite_too() {
 }
 
 fn fork_and_refusals(backend: Backend) {
-    let [flag, dir] = backend.args();
+    let args = backend.args();
+    let (flag, dir) = (args[0], args[1]);
     assert!(
         dsh()
             .args([

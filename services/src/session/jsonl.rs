@@ -44,6 +44,14 @@ pub enum LoadError {
         /// Events read before it.
         good: usize,
     },
+    /// A compressed frame is damaged (not a torn last frame).
+    #[error("the compressed frame at byte {offset} is damaged: {reason}")]
+    Frame {
+        /// Byte offset of the frame in the file.
+        offset: u64,
+        /// What the decoder said.
+        reason: String,
+    },
     /// A line is not valid.
     #[error("line {line}: {reason}")]
     Line {

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dsh_services::llm::Message;
-use dsh_services::persistence::{JsonlStore, SessionPersistence, SqliteStore, StoreError};
+use dsh_services::persistence::{
+    Compression, JsonlStore, SessionPersistence, SqliteStore, StoreError,
+};
 use dsh_services::session::{
     EventData, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason,
 };
@@ -166,6 +168,82 @@ fn the_jsonl_backend_meets_the_persistence_contract() {
 }
 
 #[test]
+fn the_zstd_jsonl_backend_meets_the_persistence_contract() {
+    let dir = temp("zstd");
+    contract(&JsonlStore::new(&dir).with_compression(Compression::Zstd));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A zstd session written as a header frame and three batch frames; returns
+/// the store, the file, the events and the byte length after each frame.
+fn framed(
+    dir: &std::path::Path,
+) -> (
+    JsonlStore,
+    std::path::PathBuf,
+    Vec<Arc<SessionEvent>>,
+    Vec<u64>,
+) {
+    let store = JsonlStore::new(dir).with_compression(Compression::Zstd);
+    let (h, events) = session("z", 1, 3, false);
+    store.create(&h, &[]).unwrap();
+    let file = store.path("z").unwrap();
+    let mut ends = vec![std::fs::metadata(&file).unwrap().len()];
+    for batch in [&events[..5], &events[5..12], &events[12..]] {
+        store.append("z", batch).unwrap();
+        ends.push(std::fs::metadata(&file).unwrap().len());
+    }
+    (store, file, events, ends)
+}
+
+#[test]
+fn a_zstd_log_cut_inside_its_last_frame_keeps_every_complete_frame() {
+    let dir = temp("zstd-torn");
+    let (store, file, events, ends) = framed(&dir);
+    assert!(file.to_string_lossy().ends_with("session.jsonl.zstd"));
+    let whole = std::fs::read(&file).unwrap();
+    let durable_after = [0u64, 5, 12, events.len() as u64];
+    // Every cut inside the last frame: the first two batches survive.
+    for cut in ends[2] + 1..ends[3] {
+        std::fs::write(&file, &whole[..cut as usize]).unwrap();
+        let loaded = store.load("z").unwrap();
+        assert_eq!(loaded.durable, durable_after[2], "cut at {cut}");
+        assert_eq!(loaded.good_bytes, ends[2]);
+        assert_eq!(loaded.torn_line, Some(13 + 1), "cut at {cut}");
+    }
+    // Resuming cuts the torn frame; appends go on after it.
+    let loaded = store.load("z").unwrap();
+    store.prepare_resume("z", &loaded).unwrap();
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), ends[2]);
+    store.append("z", &events[12..]).unwrap();
+    let again = store.load("z").unwrap();
+    assert!(again.torn_line.is_none() && again.repairs.is_empty());
+    assert_eq!(json(&again.events), json(&events));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_damaged_complete_zstd_frame_is_refused_not_dropped() {
+    let dir = temp("zstd-damage");
+    let (store, file, _, ends) = framed(&dir);
+    let mut bytes = std::fs::read(&file).unwrap();
+    // A byte inside the second batch frame's compressed content.
+    let at = ((ends[1] + ends[2]) / 2) as usize;
+    bytes[at] ^= 0x55;
+    std::fs::write(&file, &bytes).unwrap();
+    let err = store.load("z").unwrap_err().to_string();
+    assert!(err.contains("is damaged"), "{err}");
+    // A root holds one encoding: the uncompressed store names the file.
+    let plain = JsonlStore::new(&dir);
+    let err = plain.load("z").unwrap_err().to_string();
+    assert!(
+        err.contains("session.jsonl.zstd is a zstd session log"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn jsonl_create_is_all_or_nothing_and_ids_stay_inside_the_root() {
     let dir = temp("jsonl-ids");
     let store = JsonlStore::new(dir.join("sessions"));
@@ -276,6 +354,20 @@ mod sqlite_props {
                     }
                 }
             }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+
+        /// Arbitrary bytes as a zstd transcript: a typed error or a valid
+        /// (possibly repaired) session, never a panic.
+        #[test]
+        fn arbitrary_zstd_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let dir = temp("zstd-bytes");
+            let store = JsonlStore::new(&dir).with_compression(Compression::Zstd);
+            let file = store.path("z").unwrap();
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, &bytes).unwrap();
+            let _ = store.load("z");
+            let _ = store.list();
             let _ = std::fs::remove_dir_all(&dir);
         }
 
