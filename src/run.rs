@@ -11,7 +11,7 @@ use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPol
 use dsh_services::llm::{ContentBlock, LlmRuntime, StreamChunk};
 use dsh_services::session::{EventData, TurnEndReason};
 
-use dsh_services::persistence::{JsonlStore, SessionPersistence};
+use dsh_services::persistence::{JsonlStore, PERSISTENCE_SERVICE, SessionPersistence};
 
 use crate::catalogue::{
     AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
@@ -481,13 +481,20 @@ async fn drive(
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(opts.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
     spec.max_steps = opts.max_steps;
-    let store = match open_store(
-        opts.sessions_dir.clone(),
-        opts.sessions_db.clone(),
-        opts.zstd,
-    ) {
-        Ok(s) => s,
-        Err(exit) => return exit,
+    // A store named on the command line wins; else the config's
+    // `session-store` plugin; else the default sessions directory.
+    let flagged = opts.sessions_dir.is_some() || opts.sessions_db.is_some() || opts.zstd;
+    let provided = root.get::<dyn SessionPersistence>(PERSISTENCE_SERVICE);
+    let store = match provided.filter(|_| !flagged) {
+        Some(s) => s,
+        None => match open_store(
+            opts.sessions_dir.clone(),
+            opts.sessions_db.clone(),
+            opts.zstd,
+        ) {
+            Ok(s) => s,
+            Err(exit) => return exit,
+        },
     };
     if let Err(exit) = place_session(store, &opts, &mut spec) {
         return exit;

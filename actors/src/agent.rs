@@ -382,8 +382,14 @@ impl Agent {
             let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
             sctx.provide(dsh_services::session::SESSION_SERVICE, writer)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
+            // A store of the spec's own, else the one provided in scope.
+            let store = spec.store.clone().or_else(|| {
+                sctx.get::<dyn dsh_services::persistence::SessionPersistence>(
+                    dsh_services::persistence::PERSISTENCE_SERVICE,
+                )
+            });
             session
-                .attach_after(&sctx, spec.store.clone(), spec.durable)
+                .attach_after(&sctx, store, spec.durable)
                 .await
                 .map_err(|e| AgentError::Kernel(e.to_string()))
         };

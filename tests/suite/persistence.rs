@@ -427,3 +427,54 @@ fn the_persist_bench_round_trips_what_it_appends() {
     assert_eq!(result["events"], 503);
     assert!(result["bytes"].as_u64().unwrap() > 503 * 20);
 }
+
+#[test]
+fn a_session_store_plugin_in_cordis_yml_receives_the_runs_sessions() {
+    let dir = temp("plugin-store");
+    let db = dir.join("store/sessions.db");
+    let config = dir.join("cordis.yml");
+    let hello = std::fs::canonicalize("demo/hello.json").unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - id: services\n    name: agent-services\n    config: {{ approval: never }}\n  - id: demo\n    name: scripted\n    config: {{ script: {} }}\n  - id: store\n    name: session-store\n    config: {{ backend: sqlite, path: {} }}\n",
+            hello.display(),
+            db.display()
+        ),
+    )
+    .unwrap();
+    let out = dsh()
+        .args(["run", "--config", config.to_str().unwrap(), "go"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let backend = Backend::at("--sessions-db", db.clone());
+    let id = only_session(&backend);
+    let loaded = backend.open().unwrap().load(&id).unwrap();
+    assert!(
+        loaded
+            .events
+            .iter()
+            .any(|e| matches!(e.data, EventData::TurnEnd { .. }))
+    );
+    // A store entry without its location is refused, naming the field.
+    std::fs::write(
+        &config,
+        "plugins:\n  - id: store\n    name: session-store\n    config: { backend: sqlite }\n",
+    )
+    .unwrap();
+    let out = dsh()
+        .args(["check", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("path") && err.contains("cordis.yml:4"),
+        "{err}"
+    );
+}
