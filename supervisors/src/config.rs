@@ -1025,18 +1025,38 @@ fn unknown_fields(
         path: &str,
     ) -> Result<(), crate::plugin::FieldError> {
         let mut schema = resolve(schema, root);
-        // `Option<T>` and untagged enums: follow the branch that describes an object.
-        if value.is_object() && schema.get("properties").is_none() {
-            for key in ["anyOf", "oneOf", "allOf"] {
-                let branch = schema.get(key).and_then(|b| b.as_array()).and_then(|b| {
-                    b.iter()
-                        .map(|s| resolve(s, root))
-                        .find(|s| s.get("properties").is_some())
+        // `Option<T>` and enums: follow the branch that describes this
+        // object — the first whose tag constants match and that declares
+        // every key; else the closest one, so its unknown key is reported.
+        if let Some(map) = value.as_object()
+            && schema.get("properties").is_none()
+        {
+            let branches: Vec<&serde_json::Value> = ["anyOf", "oneOf", "allOf"]
+                .iter()
+                .filter_map(|key| schema.get(*key).and_then(|b| b.as_array()))
+                .flatten()
+                .map(|s| resolve(s, root))
+                .filter(|s| s.get("properties").is_some())
+                .collect();
+            let misfit = |b: &serde_json::Value| -> usize {
+                let Some(props) = b.get("properties").and_then(|p| p.as_object()) else {
+                    return usize::MAX;
+                };
+                let tag_mismatch = props.iter().any(|(k, sub)| {
+                    let sub = resolve(sub, root);
+                    let constant = sub.get("const").or_else(|| {
+                        sub.get("enum")
+                            .and_then(|e| e.as_array())
+                            .filter(|e| e.len() == 1)
+                            .and_then(|e| e.first())
+                    });
+                    matches!((constant, map.get(k)), (Some(c), Some(v)) if c != v)
                 });
-                if let Some(b) = branch {
-                    schema = b;
-                    break;
-                }
+                let unknown = map.keys().filter(|k| !props.contains_key(*k)).count();
+                usize::from(tag_mismatch) * 1_000 + unknown
+            };
+            if let Some(best) = branches.into_iter().min_by_key(|b| misfit(b)) {
+                schema = best;
             }
         }
         match value {

@@ -121,6 +121,54 @@ fn unknown_field_in_config_and_in_entry() {
     );
 }
 
+/// An internally tagged config: each variant has its own fields (and no
+/// `deny_unknown_fields`: the schema check catches strays).
+#[allow(dead_code)]
+#[derive(Deserialize, JsonSchema)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum Sink {
+    File { path: String },
+    Socket { host: String, port: u16 },
+}
+
+struct SinkPlugin;
+
+impl Plugin for SinkPlugin {
+    type Config = Sink;
+
+    fn name(&self) -> &str {
+        "sink"
+    }
+
+    async fn apply(&self, _ctx: Context, _config: Arc<Sink>) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn tagged_enum_configs_check_fields_against_their_own_variant() {
+    let mut c = Catalogue::new();
+    c.register("sink", || SinkPlugin);
+    let run = |config: &str| {
+        let texts = [(
+            "cordis.yml".to_owned(),
+            format!("plugins:\n  - id: s\n    name: sink\n    config: {config}\n"),
+        )];
+        match plan_texts(&texts, &c, &|_: &str| None) {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert_eq!(run("{ kind: socket, host: h, port: 1 }"), "ok");
+    assert_eq!(run("{ kind: file, path: /x }"), "ok");
+    let wrong = run("{ kind: file, path: /x, port: 1 }");
+    assert!(
+        wrong
+            .contains("field `config.port`: unknown field `port` (expected one of `kind`, `path`)"),
+        "{wrong}"
+    );
+}
+
 #[test]
 fn missing_field() {
     let yaml = "plugins:\n  - id: s\n    name: store\n    config:\n      retries: 2\n";
