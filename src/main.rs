@@ -109,34 +109,15 @@ enum Command {
         /// Continue a stored session (its id, as `dsh sessions list` shows).
         #[arg(long, value_name = "ID", conflicts_with = "session")]
         resume: Option<String>,
-        /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
-        #[arg(long, value_name = "DIR")]
-        sessions_dir: Option<PathBuf>,
-        /// Store sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
-        #[arg(long, value_name = "FILE", conflicts_with = "sessions_dir")]
-        sessions_db: Option<PathBuf>,
-        /// Store JSONL sessions as Zstandard frames (`session.jsonl.zstd`).
-        #[arg(long, conflicts_with = "sessions_db")]
-        zstd: bool,
+        #[command(flatten)]
+        store: dsh::sessions::StoreChoice,
     },
     /// Stored sessions: list, show, fork, export.
     Sessions {
         #[command(subcommand)]
         what: SessionsCommand,
-        /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
-        #[arg(long, value_name = "DIR", global = true)]
-        sessions_dir: Option<PathBuf>,
-        /// Sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
-        #[arg(
-            long,
-            value_name = "FILE",
-            global = true,
-            conflicts_with = "sessions_dir"
-        )]
-        sessions_db: Option<PathBuf>,
-        /// JSONL sessions stored as Zstandard frames (`session.jsonl.zstd`).
-        #[arg(long, global = true, conflicts_with = "sessions_db")]
-        zstd: bool,
+        #[command(flatten)]
+        store: dsh::sessions::StoreChoice,
     },
     /// Re-run a recorded session (ours or the upstream harness's): its prompts
     /// turn by turn, its model output step by step, the tools for real; then
@@ -267,13 +248,8 @@ async fn run(command: Command) -> ExitCode {
             patches,
             json,
         } => tree(file, patches, json).await,
-        Command::Sessions {
-            what,
-            sessions_dir,
-            sessions_db,
-            zstd,
-        } => {
-            let exit = match dsh::sessions::open_store(sessions_dir, sessions_db, zstd) {
+        Command::Sessions { what, store } => {
+            let exit = match dsh::sessions::open_store(&store) {
                 Err(exit) => exit,
                 Ok(store) => match what {
                     SessionsCommand::List { json } => dsh::sessions::list(&*store, json),
@@ -322,9 +298,7 @@ async fn run(command: Command) -> ExitCode {
             system,
             max_steps,
             resume,
-            sessions_dir,
-            sessions_db,
-            zstd,
+            store,
         } => {
             let opts = dsh::run::RunOptions {
                 prompt,
@@ -343,9 +317,7 @@ async fn run(command: Command) -> ExitCode {
                 system,
                 max_steps,
                 resume,
-                sessions_dir,
-                sessions_db,
-                zstd,
+                store,
             };
             let exit = dsh::run::run(opts).await;
             if let Some(m) = exit.message {

@@ -56,12 +56,8 @@ pub struct RunOptions {
     pub max_steps: u32,
     /// Continue this stored session.
     pub resume: Option<String>,
-    /// Where sessions are stored (see `sessions::sessions_dir`).
-    pub sessions_dir: Option<PathBuf>,
-    /// A SQLite database of sessions instead (see `sessions::open_store`).
-    pub sessions_db: Option<PathBuf>,
-    /// JSONL sessions as Zstandard frames.
-    pub zstd: bool,
+    /// Where sessions are stored (see `sessions::open_store`).
+    pub store: crate::sessions::StoreChoice,
 }
 
 /// How `run` ended, as an exit code and a message for stderr.
@@ -483,15 +479,10 @@ async fn drive(
     spec.max_steps = opts.max_steps;
     // A store named on the command line wins; else the config's
     // `session-store` plugin; else the default sessions directory.
-    let flagged = opts.sessions_dir.is_some() || opts.sessions_db.is_some() || opts.zstd;
     let provided = root.get::<dyn SessionPersistence>(PERSISTENCE_SERVICE);
-    let store = match provided.filter(|_| !flagged) {
+    let store = match provided.filter(|_| !opts.store.named()) {
         Some(s) => s,
-        None => match open_store(
-            opts.sessions_dir.clone(),
-            opts.sessions_db.clone(),
-            opts.zstd,
-        ) {
+        None => match open_store(&opts.store) {
             Ok(s) => s,
             Err(exit) => return exit,
         },

@@ -21,15 +21,38 @@ pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".dsh/sessions"))
 }
 
-/// The session store: the SQLite database `db` (else `$DSH_SESSIONS_DB`)
-/// when one is named, else the JSONL directory of [`sessions_dir`].
-pub fn open_store(
-    dir: Option<PathBuf>,
-    db: Option<PathBuf>,
-    zstd: bool,
-) -> Result<Arc<dyn SessionPersistence>, RunExit> {
-    let db = db.or_else(|| {
-        dir.is_none()
+/// Where sessions are stored, as `dsh run` and `dsh sessions` take it.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct StoreChoice {
+    /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
+    #[arg(long = "sessions-dir", value_name = "DIR", global = true)]
+    pub dir: Option<PathBuf>,
+    /// Sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
+    #[arg(
+        long = "sessions-db",
+        value_name = "FILE",
+        global = true,
+        conflicts_with = "dir"
+    )]
+    pub db: Option<PathBuf>,
+    /// JSONL sessions stored as Zstandard frames (`session.jsonl.zstd`).
+    #[arg(long, global = true, conflicts_with = "db")]
+    pub zstd: bool,
+}
+
+impl StoreChoice {
+    /// Whether any flag named a store.
+    pub fn named(&self) -> bool {
+        self.dir.is_some() || self.db.is_some() || self.zstd
+    }
+}
+
+/// The session store: the SQLite database `--sessions-db` (else
+/// `$DSH_SESSIONS_DB` when no JSONL flag is given), else the JSONL
+/// directory of [`sessions_dir`].
+pub fn open_store(choice: &StoreChoice) -> Result<Arc<dyn SessionPersistence>, RunExit> {
+    let db = choice.db.clone().or_else(|| {
+        (choice.dir.is_none() && !choice.zstd)
             .then(|| std::env::var_os("DSH_SESSIONS_DB").map(PathBuf::from))
             .flatten()
     });
@@ -42,7 +65,7 @@ pub fn open_store(
             }),
         },
         None => Ok(Arc::new(
-            JsonlStore::new(sessions_dir(dir)).with_compression(if zstd {
+            JsonlStore::new(sessions_dir(choice.dir.clone())).with_compression(if choice.zstd {
                 Compression::Zstd
             } else {
                 Compression::None

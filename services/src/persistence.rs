@@ -401,15 +401,7 @@ impl SessionPersistence for JsonlStore {
 
     fn read_from(&self, id: &str, seq: u64) -> Result<Vec<SessionEvent>, StoreError> {
         let t = self.read(id)?;
-        let text = &t.text;
-        let (_, events) = match jsonl::parse(text) {
-            Err(LoadError::TornTail { .. }) => {
-                let cut = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
-                jsonl::parse(&text[..cut])
-            }
-            other => other,
-        }
-        .map_err(|error| StoreError::Load {
+        let (_, events, _) = parse_good_prefix(&t.text).map_err(|error| StoreError::Load {
             path: t.path.display().to_string(),
             error,
         })?;
@@ -550,18 +542,30 @@ fn load_parts(header: &str, rows: &[String]) -> Result<Loaded, LoadError> {
     load_text(&text)
 }
 
-/// Parses a log, keeping the good prefix of a torn tail, and repairs an
-/// interrupted last turn in memory.
-pub fn load_text(text: &str) -> Result<Loaded, LoadError> {
-    let (header, mut events, torn_line, good_bytes) = match jsonl::parse(text) {
-        Ok((h, e)) => (h, e, None, text.len() as u64),
+/// A torn last line: its number, and the byte length of the good prefix.
+type Torn = Option<(usize, u64)>;
+
+/// Parses a log as stored; a torn last line is left out and reported.
+fn parse_good_prefix(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>, Torn), LoadError> {
+    match jsonl::parse(text) {
+        Ok((h, e)) => Ok((h, e, None)),
         Err(LoadError::TornTail { line, .. }) => {
             // Everything before the torn line is intact: parse that prefix.
             let cut = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
             let (h, e) = jsonl::parse(&text[..cut])?;
-            (h, e, Some(line), cut as u64)
+            Ok((h, e, Some((line, cut as u64))))
         }
-        Err(e) => return Err(e),
+        Err(e) => Err(e),
+    }
+}
+
+/// Parses a log, keeping the good prefix of a torn tail, and repairs an
+/// interrupted last turn in memory.
+pub fn load_text(text: &str) -> Result<Loaded, LoadError> {
+    let (header, mut events, torn) = parse_good_prefix(text)?;
+    let (torn_line, good_bytes) = match torn {
+        Some((line, cut)) => (Some(line), cut),
+        None => (None, text.len() as u64),
     };
     let durable = events.len() as u64;
     let repairs = repair(&mut events);

@@ -9,7 +9,6 @@ import importlib.util
 import os
 import signal
 import sys
-import time
 
 import xllamacpp
 
@@ -43,4 +42,4 @@ server = xllamacpp.Server(params)
 print("READY", server.listening_address, flush=True)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 while True:
-    time.sleep(3600)
+    signal.pause()  # serve until SIGTERM

@@ -199,12 +199,6 @@ fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEve
     })
 }
 
-/// Parses a header line (the `session` record), refusing another format
-/// version with the direction.
-pub fn parse_header_line(line: &str) -> Result<SessionHeader, LoadError> {
-    parse_header(line)
-}
-
 /// The header as its JSON line (without the newline).
 pub fn render_header(header: &SessionHeader) -> String {
     let mut h = serde_json::to_value(header).unwrap_or(Value::Null);
