@@ -8,8 +8,8 @@
 //! thread ends when the store is dropped.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -29,8 +29,9 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 /// A SQLite file of sessions.
 pub struct SqliteStore {
     path: PathBuf,
-    jobs: Mutex<Option<SyncSender<Job>>>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// `None` only while dropping.
+    jobs: Option<SyncSender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -134,8 +135,8 @@ impl SqliteStore {
         }
         Ok(SqliteStore {
             path,
-            jobs: Mutex::new(Some(jobs)),
-            thread: Mutex::new(Some(thread)),
+            jobs: Some(jobs),
+            thread: Some(thread),
         })
     }
 
@@ -155,9 +156,7 @@ impl SqliteStore {
         });
         let sender = self
             .jobs
-            .lock()
-            .ok()
-            .and_then(|j| j.clone())
+            .as_ref()
             .ok_or_else(|| db_error(&self.path, "the store is closed"))?;
         sender
             .send(job)
@@ -206,12 +205,8 @@ impl SqliteStore {
 impl Drop for SqliteStore {
     fn drop(&mut self) {
         // Closing the channel ends the thread after the jobs already sent.
-        if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.take();
-        }
-        if let Ok(mut thread) = self.thread.lock()
-            && let Some(t) = thread.take()
-        {
+        self.jobs.take();
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
