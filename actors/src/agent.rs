@@ -76,6 +76,36 @@ pub struct AgentSpec {
     pub durable: Option<u64>,
     /// Session id of a new session (a fresh one when `None`).
     pub id: Option<String>,
+    /// The delegating parent's session id (a subagent's header `parentSession`).
+    pub parent_session: Option<String>,
+    /// Who created the session (`subagent` for a delegated child).
+    pub origin: Option<String>,
+    /// Events appended inside the first turn, right after its prompt is
+    /// claimed and before its first step (a subagent's descriptor).
+    pub opening: Vec<EventData>,
+    /// A flat scope: registrations of the creating context's scope are not
+    /// inherited (a subagent sees only global registrations and its own).
+    pub flat_scope: bool,
+    /// Called by the driver after each turn ends.
+    pub on_turn_end: Option<TurnHook>,
+}
+
+/// A callback run after each turn of an agent (with the agent and how the
+/// turn ended); it must not block.
+#[derive(Clone)]
+pub struct TurnHook(Arc<dyn Fn(&Agent, &TurnSummary) + Send + Sync>);
+
+impl TurnHook {
+    /// Wraps `f`.
+    pub fn new(f: impl Fn(&Agent, &TurnSummary) + Send + Sync + 'static) -> TurnHook {
+        TurnHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for TurnHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TurnHook")
+    }
 }
 
 impl AgentSpec {
@@ -96,6 +126,11 @@ impl AgentSpec {
             depth: 0,
             durable: None,
             id: None,
+            parent_session: None,
+            origin: None,
+            opening: Vec::new(),
+            flat_scope: false,
+            on_turn_end: None,
         }
     }
 }
@@ -242,6 +277,7 @@ struct Inbox {
     cancel: Option<CancellationToken>,
     accepting: bool,
     last: Option<TurnSummary>,
+    opened: bool,
 }
 
 struct Inner {
@@ -260,7 +296,17 @@ struct Inner {
     resumed: bool,
     /// Tool schemas and request header, rebuilt only when the tool registry changes.
     envelope: Mutex<Option<Envelope>>,
+    /// Set by a tool (a structured-output capture) to end the turn once the
+    /// step's results are committed.
+    conclude: std::sync::atomic::AtomicBool,
 }
+
+/// The agent a scoped context belongs to, provided in every agent scope as
+/// [`AGENT_SELF`] (weak: the scope must not keep its agent alive).
+pub struct AgentSelf(std::sync::Weak<Inner>);
+
+/// The service name under which an agent's scope provides [`AgentSelf`].
+pub const AGENT_SELF: &str = "agent/self";
 
 #[derive(Clone)]
 struct Envelope {
@@ -274,6 +320,17 @@ struct Envelope {
 #[derive(Clone)]
 pub struct Agent {
     inner: Arc<Inner>,
+}
+
+/// A handle that does not keep its agent alive.
+#[derive(Clone)]
+pub struct WeakAgent(std::sync::Weak<Inner>);
+
+impl WeakAgent {
+    /// The agent, while it is alive.
+    pub fn upgrade(&self) -> Option<Agent> {
+        self.0.upgrade().map(|inner| Agent { inner })
+    }
 }
 
 enum DriverMsg {
@@ -301,6 +358,8 @@ impl Agent {
                     Some(spec.cwd.display().to_string()),
                 );
                 h.delegation_depth = spec.depth;
+                h.parent_session = spec.parent_session.clone();
+                h.origin = spec.origin.clone().map(serde_json::Value::String);
                 (h, None)
             }
         };
@@ -316,7 +375,7 @@ impl Agent {
             .clone()
             .unwrap_or_else(|| format!("agent/{}", short(&id)));
         let key = ScopeKey::new(label.clone());
-        if let Some(parent) = ctx.scope_key() {
+        if let Some(parent) = ctx.scope_key().filter(|_| !spec.flat_scope) {
             key.bind_parent(parent)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
         }
@@ -419,10 +478,14 @@ impl Agent {
             driver: std::sync::OnceLock::new(),
             resumed,
             envelope: Mutex::new(None),
+            conclude: std::sync::atomic::AtomicBool::new(false),
         });
         let name = format!("driver/{}", short(&inner.id));
         let weak = Arc::downgrade(&inner);
+        let me = Arc::new(AgentSelf(Arc::downgrade(&inner)));
         let entered = async {
+            sctx.provide(AGENT_SELF, me)
+                .map_err(|e| AgentError::Kernel(e.to_string()))?;
             let driver = sctx
                 .spawn(WorkerSpec::new("agent", name, Driver, inner.clone()))
                 .await
@@ -457,9 +520,75 @@ impl Agent {
         &self.inner.ctx
     }
 
+    /// The agent whose scope `ctx` is (a tool body's calling agent).
+    pub fn calling(ctx: &Context) -> Option<Agent> {
+        let me = ctx.get::<AgentSelf>(AGENT_SELF)?;
+        me.0.upgrade().map(|inner| Agent { inner })
+    }
+
+    /// A handle that does not keep the agent alive.
+    pub fn downgrade(&self) -> WeakAgent {
+        WeakAgent(Arc::downgrade(&self.inner))
+    }
+
+    /// Whether no turn runs and nothing is queued.
+    pub fn is_idle(&self) -> bool {
+        *self.inner.idle.borrow()
+    }
+
+    /// The spec the agent was built from.
+    pub fn spec(&self) -> &AgentSpec {
+        &self.inner.spec
+    }
+
+    /// Delegation depth, from the session header (0 for a top-level agent).
+    pub fn depth(&self) -> u32 {
+        self.inner
+            .session
+            .with_log(|log| log.header().delegation_depth)
+            .max(self.inner.spec.depth)
+    }
+
+    /// Ends the running turn (`completed`) once the current step's tool
+    /// results are committed: a structured-output capture concluding it.
+    pub fn conclude_turn(&self) {
+        self.inner
+            .conclude
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Runs one prompt as a turn and waits for it without a deadline; firing
+    /// `cancel` cancels the turn (it ends `aborted`) and waits for its end.
+    pub async fn run_until(
+        &self,
+        prompt: Message,
+        cancel: &CancellationToken,
+    ) -> Result<TurnSummary, AgentError> {
+        let mut rx = self.inner.idle.subscribe();
+        self.followup(prompt)?;
+        tokio::select! {
+            r = rx.wait_for(|idle| *idle) => {
+                r.map_err(|_| AgentError::Closed(self.inner.id.clone()))?;
+            }
+            () = cancel.cancelled() => {
+                self.cancel();
+                self.when_idle(Duration::from_secs(30)).await?;
+            }
+        }
+        self.inbox()
+            .last
+            .clone()
+            .ok_or_else(|| AgentError::Closed(self.inner.id.clone()))
+    }
+
     /// The kernel id of the agent's scope fiber.
     pub fn node_id(&self) -> u64 {
         self.inner.scope.fiber().id()
+    }
+
+    /// Kernel ids of the actors the agent's scope owns, in start order.
+    pub fn child_nodes(&self) -> Vec<u64> {
+        self.inner.scope.fiber().children()
     }
 
     fn inbox(&self) -> MutexGuard<'_, Inbox> {
@@ -651,6 +780,11 @@ impl Actor for Driver {
                     // position the queue had, right after the turn opens.
                     log_append(&agent, EventData::TurnStart { turn: inbox.turn }, None);
                     agent.splice(0, 1, &[]);
+                    if !std::mem::replace(&mut inbox.opened, true) {
+                        for data in agent.inner.spec.opening.iter().cloned() {
+                            log_append(&agent, data, None);
+                        }
+                    }
                     let token = CancellationToken::new();
                     inbox.cancel = Some(token.clone());
                     Some((prompt, inbox.turn, token))
@@ -662,10 +796,15 @@ impl Actor for Driver {
                 break;
             };
             let summary = run_turn(&agent, prompt, turn, token).await;
-            let mut inbox = agent.inbox();
-            inbox.running = false;
-            inbox.cancel = None;
-            inbox.last = Some(summary);
+            {
+                let mut inbox = agent.inbox();
+                inbox.running = false;
+                inbox.cancel = None;
+                inbox.last = Some(summary.clone());
+            }
+            if let Some(hook) = &agent.inner.spec.on_turn_end {
+                (hook.0)(&agent, &summary);
+            }
         }
         let inbox = agent.inbox();
         if inbox.followups.is_empty() || !inbox.accepting {
@@ -1110,6 +1249,15 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
     }
     if token.is_cancelled() {
         return StepEnd::Aborted;
+    }
+    if inner
+        .conclude
+        .swap(false, std::sync::atomic::Ordering::AcqRel)
+    {
+        return StepEnd::Answer {
+            text: message.text(),
+            max_tokens,
+        };
     }
     StepEnd::ToolsDone { max_tokens }
 }

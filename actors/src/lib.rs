@@ -16,3 +16,4 @@ pub use dsh_services as services;
 
 pub mod agent;
 pub mod session;
+pub mod subagent;

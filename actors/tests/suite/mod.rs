@@ -2,3 +2,4 @@ mod agent;
 mod durability;
 mod harness;
 mod prompt;
+mod subagent;

@@ -133,7 +133,8 @@ pub struct MessageSource {
 }
 
 impl MessageSource {
-    fn of(kind: &str) -> MessageSource {
+    /// A source of `kind` with no other fields.
+    pub fn of(kind: &str) -> MessageSource {
         MessageSource {
             kind: kind.to_owned(),
             provider: None,

@@ -1,0 +1,941 @@
+//! Subagents: named providers that start child agents for a parent.
+//!
+//! A child is an ordinary agent created under the delegating context (the
+//! parent's scope unless the request names another owner, such as a
+//! workflow run), so it is a child actor of that scope: cancelling or
+//! disposing the parent cascades to it, and to everything it started.
+//!
+//! - One-shot ([`Subagents::start`]): `start` resolves only once the child is
+//!   published (created, its prompt accepted); [`SubagentRun::result`]
+//!   settles the outcome, [`SubagentRun::dispose`] awaits quiescence.
+//! - Continuable ([`Subagents::start_continuable`]): the child stays resident
+//!   in the parent's scope and takes later messages ([`Subagents::send`]);
+//!   each settled turn is reported back to the parent as a notice; a child
+//!   that is only on disk is resumed by the next message.
+//! - Providers ([`SubagentProvider`]) differ only in what the child starts
+//!   from: `spawn` starts fresh, `fork` from the parent's completed turns.
+//!
+//! The child's header records `parentSession`, `origin: "subagent"` and its
+//! delegation depth; its first turn opens with a `subagent/descriptor`.
+
+pub mod tools;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dsh_services::llm::{ContentBlock, Message, MessageSource, ToolSchema};
+use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
+use dsh_services::session::{EventData, SessionEvent, SessionHeader, TurnEndReason};
+use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use dsh_supervisors::{Context, Disposer, Emit, Event};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Agent, AgentSpec, TurnHook, TurnSummary};
+
+/// Which start-time features a provider supports; a request needing one
+/// the provider lacks is refused before anything is created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Structured output through a `report` capture tool.
+    pub output_schema: bool,
+    /// An absolute delegation-depth cap.
+    pub depth_limit: bool,
+    /// A tool allow/deny filter for the child.
+    pub tool_filter: bool,
+    /// A per-child persona.
+    pub persona: bool,
+}
+
+impl Capabilities {
+    /// Every feature.
+    pub const ALL: Capabilities = Capabilities {
+        output_schema: true,
+        depth_limit: true,
+        tool_filter: true,
+        persona: true,
+    };
+}
+
+/// A named child-agent transport.
+pub trait SubagentProvider: Send + Sync + 'static {
+    /// Registry name (`spawn`, `fork`, ...).
+    fn name(&self) -> &str;
+    /// Start-time features.
+    fn capabilities(&self) -> Capabilities;
+    /// Whether the child sees the parent's completed turns.
+    fn inherits_parent_context(&self) -> bool;
+    /// The events the child's session starts from (`None`: a fresh session).
+    fn seed(&self, parent: &Agent) -> Result<Option<Vec<SessionEvent>>, SubagentError>;
+}
+
+/// `spawn`: a fresh child with an empty conversation.
+pub struct Spawn;
+
+impl SubagentProvider for Spawn {
+    fn name(&self) -> &str {
+        "spawn"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    fn seed(&self, _parent: &Agent) -> Result<Option<Vec<SessionEvent>>, SubagentError> {
+        Ok(None)
+    }
+}
+
+/// `fork`: a child seeded with the parent's log up to its last completed
+/// turn (the turn in flight is left out, so the seed is balanced).
+pub struct Fork;
+
+impl SubagentProvider for Fork {
+    fn name(&self) -> &str {
+        "fork"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        true
+    }
+    fn seed(&self, parent: &Agent) -> Result<Option<Vec<SessionEvent>>, SubagentError> {
+        parent.session().with_log(|log| {
+            let last_end = log
+                .events()
+                .iter()
+                .rposition(|e| matches!(e.data, EventData::TurnEnd { .. }));
+            match last_end {
+                None => Ok(None),
+                Some(at) => log
+                    .fork_prefix(Some(at as u64))
+                    .map(Some)
+                    .map_err(|e| SubagentError::Start(e.to_string())),
+            }
+        })
+    }
+}
+
+/// Why a start or a control operation was refused.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SubagentError {
+    /// No provider of that name is registered.
+    #[error("no subagent provider named `{0}` is registered")]
+    UnknownProvider(String),
+    /// The provider lacks a requested feature.
+    #[error("provider `{provider}` does not support {feature}")]
+    Unsupported {
+        /// Provider name.
+        provider: String,
+        /// The missing feature.
+        feature: &'static str,
+    },
+    /// The child would be deeper than allowed.
+    #[error("delegation depth {depth} exceeds the limit of {max}")]
+    DepthExceeded {
+        /// The child's depth.
+        depth: u32,
+        /// The cap.
+        max: u32,
+    },
+    /// The cancel signal fired before the child was published.
+    #[error("cancelled before the subagent was published")]
+    Cancelled,
+    /// The child could not be created (nothing was left behind).
+    #[error("the subagent could not start: {0}")]
+    Start(String),
+    /// The caller is not the child's direct parent.
+    #[error("agent {caller} is not the parent of subagent {child}")]
+    Unauthorized {
+        /// The caller.
+        caller: String,
+        /// The target.
+        child: String,
+    },
+    /// No live or stored child has that id.
+    #[error("no subagent with id `{0}`")]
+    NotFound(String),
+}
+
+impl SubagentError {
+    /// A stable code for tool results.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SubagentError::UnknownProvider(_) => "UNKNOWN_PROVIDER",
+            SubagentError::Unsupported { .. } => "UNSUPPORTED_CAPABILITY",
+            SubagentError::DepthExceeded { .. } => "DEPTH_EXCEEDED",
+            SubagentError::Cancelled => "CANCELLED",
+            SubagentError::Start(_) => "START_FAILED",
+            SubagentError::Unauthorized { .. } => "UNAUTHORIZED",
+            SubagentError::NotFound(_) => "NOT_FOUND",
+        }
+    }
+}
+
+/// What a caller asks for when starting a child.
+#[derive(Clone)]
+pub struct StartRequest {
+    /// Short display label, persisted in the descriptor.
+    pub label: Option<String>,
+    /// The child's prompt.
+    pub prompt: String,
+    /// The delegating agent: cwd, lineage and depth come from it.
+    pub parent: Agent,
+    /// Cancels the start before publication and the run after it.
+    pub cancel: CancellationToken,
+    /// Where the child lives in the tree (the parent's scope when `None`).
+    pub owner: Option<Context>,
+    /// Object-rooted JSON Schema of a structured result.
+    pub output_schema: Option<Value>,
+    /// Absolute cap on the child's delegation depth.
+    pub max_depth: Option<u32>,
+    /// Tool filter for the child.
+    pub tool_filter: Option<Restriction>,
+    /// Persona (system text) replacing the parent's for this child.
+    pub persona: Option<String>,
+    /// Model route and id overriding the parent's.
+    pub route: Option<(String, String)>,
+}
+
+impl StartRequest {
+    /// A request with defaults for everything but the prompt and parent.
+    pub fn new(parent: &Agent, prompt: impl Into<String>, cancel: CancellationToken) -> Self {
+        StartRequest {
+            label: None,
+            prompt: prompt.into(),
+            parent: parent.clone(),
+            cancel,
+            owner: None,
+            output_schema: None,
+            max_depth: None,
+            tool_filter: None,
+            persona: None,
+            route: None,
+        }
+    }
+}
+
+/// Why a run ended (the turn-end vocabulary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopReason {
+    /// The child finished its turn.
+    Completed,
+    /// Cancelled through the signal or disposal.
+    Aborted,
+    /// Model or transport failure.
+    Error,
+    /// The child hit its token ceiling.
+    MaxTokens,
+}
+
+impl StopReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Completed => "completed",
+            StopReason::Aborted => "aborted",
+            StopReason::Error => "error",
+            StopReason::MaxTokens => "max-tokens",
+        }
+    }
+}
+
+/// The terminal outcome of a one-shot run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SubagentResult {
+    /// The child's final assistant text.
+    pub output: String,
+    /// The captured structured result, when a schema was requested and met.
+    pub structured: Option<Value>,
+    /// Failure detail (never assistant text), at most 4096 bytes.
+    pub diagnostic: Option<String>,
+    /// Why it ended.
+    pub stop_reason: StopReason,
+}
+
+/// A published one-shot child. Await [`result`](SubagentRun::result), then
+/// always [`dispose`](SubagentRun::dispose).
+pub struct SubagentRun {
+    id: String,
+    agent: Agent,
+    cancel: CancellationToken,
+    capture: Option<Arc<Mutex<Option<Value>>>>,
+    settled: tokio::sync::OnceCell<SubagentResult>,
+    info: RunInfo,
+}
+
+impl SubagentRun {
+    /// The child's session id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The child agent.
+    pub fn agent(&self) -> &Agent {
+        &self.agent
+    }
+
+    /// Waits for the child's turn and maps how it ended; the request's
+    /// cancel signal (or [`cancel`](SubagentRun::cancel)) aborts it.
+    pub async fn result(&self) -> SubagentResult {
+        self.settled
+            .get_or_init(|| async {
+                let r = settle(&self.agent, &self.cancel, self.capture.as_ref()).await;
+                self.agent.context().emit(&SubagentEnd {
+                    info: self.info.clone(),
+                    stop_reason: r.stop_reason,
+                });
+                r
+            })
+            .await
+            .clone()
+    }
+
+    /// Cancels the child's remaining work.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Cancels remaining work and disposes the child (ordered teardown of
+    /// its whole subtree). Idempotent.
+    pub async fn dispose(&self) {
+        self.cancel.cancel();
+        self.agent.dispose().await;
+    }
+}
+
+async fn settle(
+    agent: &Agent,
+    cancel: &CancellationToken,
+    capture: Option<&Arc<Mutex<Option<Value>>>>,
+) -> SubagentResult {
+    let waited = tokio::select! {
+        r = agent.when_idle(Duration::MAX) => r,
+        () = cancel.cancelled() => {
+            agent.cancel();
+            agent.when_idle(Duration::from_secs(30)).await
+        }
+    };
+    let summary = match (waited, agent.last_turn()) {
+        (Ok(()), Some(s)) => s,
+        (Err(e), _) => return failed(StopReason::Aborted, e.to_string()),
+        (Ok(()), None) => return failed(StopReason::Aborted, "the child ran no turn".into()),
+    };
+    outcome(&summary, capture)
+}
+
+fn failed(stop_reason: StopReason, diagnostic: String) -> SubagentResult {
+    SubagentResult {
+        output: String::new(),
+        structured: None,
+        diagnostic: Some(bounded(diagnostic)),
+        stop_reason,
+    }
+}
+
+fn bounded(mut s: String) -> String {
+    if s.len() > 4096 {
+        let mut cut = 4093;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+fn outcome(summary: &TurnSummary, capture: Option<&Arc<Mutex<Option<Value>>>>) -> SubagentResult {
+    let (stop_reason, diagnostic) = match &summary.reason {
+        TurnEndReason::Completed => (StopReason::Completed, None),
+        TurnEndReason::MaxTokens => (StopReason::MaxTokens, None),
+        TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted => (StopReason::Aborted, None),
+        TurnEndReason::Blocked => (
+            StopReason::Error,
+            Some("the turn was blocked by a policy".to_owned()),
+        ),
+        TurnEndReason::Error { error } => (
+            StopReason::Error,
+            Some(format!("{}: {}", error.code, error.message)),
+        ),
+    };
+    let mut result = SubagentResult {
+        output: summary.text.clone(),
+        structured: None,
+        diagnostic: diagnostic.map(bounded),
+        stop_reason,
+    };
+    if let Some(slot) = capture {
+        let value = slot.lock().ok().and_then(|mut s| s.take());
+        match (value, stop_reason) {
+            (Some(v), StopReason::Completed) => result.structured = Some(v),
+            (None, StopReason::Completed) => {
+                result.stop_reason = StopReason::Error;
+                result.diagnostic =
+                    Some("the child finished without calling `report` with a valid result".into());
+            }
+            _ => {}
+        }
+    }
+    result
+}
+
+/// The identity of a run, as the lifecycle events carry it.
+#[derive(Clone, Debug)]
+pub struct RunInfo {
+    /// The provider that started it.
+    pub provider: String,
+    /// The child's session id.
+    pub child: String,
+    /// The delegating parent's session id.
+    pub parent: String,
+    /// The display label.
+    pub label: Option<String>,
+}
+
+/// A provider published a child (mode: emit).
+#[derive(Clone, Debug)]
+pub struct SubagentStart {
+    /// The run.
+    pub info: RunInfo,
+}
+impl Event for SubagentStart {
+    const NAME: &'static str = "subagent/start";
+}
+impl Emit for SubagentStart {}
+
+/// A published child settled (mode: emit).
+#[derive(Clone, Debug)]
+pub struct SubagentEnd {
+    /// The run.
+    pub info: RunInfo,
+    /// How it ended.
+    pub stop_reason: StopReason,
+}
+impl Event for SubagentEnd {
+    const NAME: &'static str = "subagent/end";
+}
+impl Emit for SubagentEnd {}
+
+/// A resident continuable child.
+#[derive(Clone)]
+struct Resident {
+    agent: Agent,
+    parent: String,
+    label: String,
+}
+
+/// One entry of [`Subagents::children`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ChildEntry {
+    /// The child's session id.
+    pub id: String,
+    /// Its label.
+    pub label: String,
+    /// `running`, `idle` (resident between turns) or `ready` (on disk only).
+    pub status: &'static str,
+}
+
+/// The `subagents` service: the provider registry and the continuable
+/// children of every live parent.
+#[derive(Default)]
+pub struct Subagents {
+    providers: Mutex<Vec<Arc<dyn SubagentProvider>>>,
+    resident: Mutex<BTreeMap<String, Resident>>,
+}
+
+/// How a continuable child's settled turn reaches its parent: a message
+/// with this source kind.
+pub const SETTLED_SOURCE: &str = "subagent-settled";
+
+impl Subagents {
+    /// The capability name.
+    pub const SERVICE: &'static str = "subagents";
+
+    /// A registry holding `spawn` and `fork`.
+    pub fn with_builtin() -> Subagents {
+        let s = Subagents::default();
+        if let Ok(mut p) = s.providers.lock() {
+            p.push(Arc::new(Spawn));
+            p.push(Arc::new(Fork));
+        }
+        s
+    }
+
+    /// Registers `provider` for the lifetime of `ctx`'s fiber.
+    pub fn register(
+        self: &Arc<Self>,
+        ctx: &Context,
+        provider: Arc<dyn SubagentProvider>,
+    ) -> Result<Disposer, String> {
+        let name = provider.name().to_owned();
+        {
+            let mut p = self.providers.lock().map_err(|e| e.to_string())?;
+            if p.iter().any(|q| q.name() == name) {
+                return Err(format!("a subagent provider named `{name}` is registered"));
+            }
+            p.push(provider);
+        }
+        let me = self.clone();
+        ctx.effect("remove a subagent provider", move || {
+            if let Ok(mut p) = me.providers.lock() {
+                p.retain(|q| q.name() != name);
+            }
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// The provider named `name`.
+    pub fn provider(&self, name: &str) -> Option<Arc<dyn SubagentProvider>> {
+        self.providers
+            .lock()
+            .ok()?
+            .iter()
+            .find(|p| p.name() == name)
+            .cloned()
+    }
+
+    /// Registered provider names, in registration order.
+    pub fn names(&self) -> Vec<String> {
+        self.providers
+            .lock()
+            .map(|p| p.iter().map(|q| q.name().to_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Starts a one-shot child; resolves once it is published. A failure
+    /// before that leaves nothing behind.
+    pub async fn start(
+        &self,
+        provider: &str,
+        request: StartRequest,
+    ) -> Result<SubagentRun, SubagentError> {
+        let p = self
+            .provider(provider)
+            .ok_or_else(|| SubagentError::UnknownProvider(provider.into()))?;
+        let capture = request
+            .output_schema
+            .as_ref()
+            .map(|_| Arc::new(Mutex::new(None)));
+        let descriptor = json!({
+            "version": 2,
+            "mode": "one-shot",
+            "provider": p.name(),
+            "label": request.label,
+        });
+        let agent = compose(&*p, &request, descriptor, None, capture.clone()).await?;
+        let info = RunInfo {
+            provider: p.name().to_owned(),
+            child: agent.id().to_owned(),
+            parent: request.parent.id().to_owned(),
+            label: request.label.clone(),
+        };
+        if let Err(e) = agent.followup(prompt_message(&request)) {
+            agent.dispose().await;
+            return Err(SubagentError::Start(e.to_string()));
+        }
+        request
+            .parent
+            .context()
+            .emit(&SubagentStart { info: info.clone() });
+        Ok(SubagentRun {
+            id: agent.id().to_owned(),
+            agent,
+            cancel: request.cancel.child_token(),
+            capture,
+            settled: tokio::sync::OnceCell::new(),
+            info,
+        })
+    }
+
+    /// Starts a continuable child that stays resident in the parent's
+    /// scope; resolves with its id once its first prompt is accepted. Each
+    /// turn it settles is reported to the parent (a [`SETTLED_SOURCE`]
+    /// message, steered in).
+    pub async fn start_continuable(
+        self: &Arc<Self>,
+        provider: &str,
+        label: &str,
+        request: StartRequest,
+    ) -> Result<String, SubagentError> {
+        let p = self
+            .provider(provider)
+            .ok_or_else(|| SubagentError::UnknownProvider(provider.into()))?;
+        let descriptor = json!({
+            "version": 2,
+            "mode": "continuable",
+            "provider": p.name(),
+            "label": label,
+        });
+        let hook = settled_hook(&request.parent);
+        let agent = compose(&*p, &request, descriptor, Some(hook), None).await?;
+        self.admit(&agent, request.parent.id(), label)?;
+        if let Err(e) = agent.followup(prompt_message(&request)) {
+            agent.dispose().await;
+            return Err(SubagentError::Start(e.to_string()));
+        }
+        Ok(agent.id().to_owned())
+    }
+
+    fn admit(self: &Arc<Self>, agent: &Agent, parent: &str, label: &str) -> Result<(), SubagentError> {
+        let id = agent.id().to_owned();
+        if let Ok(mut r) = self.resident.lock() {
+            r.insert(
+                id.clone(),
+                Resident {
+                    agent: agent.clone(),
+                    parent: parent.to_owned(),
+                    label: label.to_owned(),
+                },
+            );
+        }
+        let me = self.clone();
+        agent
+            .context()
+            .effect("leave the resident subagents", move || {
+                if let Ok(mut r) = me.resident.lock() {
+                    r.remove(&id);
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| SubagentError::Start(e.to_string()))
+    }
+
+    /// Delivers `text` to a continuable child of `parent` as its next turn;
+    /// a child that is only on disk is resumed first (into `parent`'s scope).
+    pub async fn send(
+        self: &Arc<Self>,
+        parent: &Agent,
+        child: &str,
+        text: &str,
+    ) -> Result<(), SubagentError> {
+        let live = self.resident.lock().ok().and_then(|r| r.get(child).cloned());
+        let agent = match live {
+            Some(r) if r.parent != parent.id() => {
+                return Err(SubagentError::Unauthorized {
+                    caller: parent.id().into(),
+                    child: child.into(),
+                });
+            }
+            Some(r) => r.agent,
+            None => self.resume(parent, child).await?,
+        };
+        let mut message = Message::user_text(text);
+        message.source = MessageSource::of("coordinator");
+        agent
+            .followup(message)
+            .map_err(|e| SubagentError::Start(e.to_string()))
+    }
+
+    async fn resume(self: &Arc<Self>, parent: &Agent, child: &str) -> Result<Agent, SubagentError> {
+        let store = store_of(parent).ok_or_else(|| SubagentError::NotFound(child.into()))?;
+        let loaded = store
+            .load(child)
+            .map_err(|_| SubagentError::NotFound(child.into()))?;
+        if loaded.header.parent_session.as_deref() != Some(parent.id()) {
+            return Err(SubagentError::Unauthorized {
+                caller: parent.id().into(),
+                child: child.into(),
+            });
+        }
+        store
+            .prepare_resume(child, &loaded)
+            .map_err(|e| SubagentError::Start(e.to_string()))?;
+        let label = descriptor_label(&loaded.events).unwrap_or_default();
+        let mut spec = child_spec(parent, None, loaded.header.delegation_depth);
+        spec.id = Some(child.to_owned());
+        spec.durable = Some(loaded.durable);
+        spec.store = Some(store);
+        spec.seed = Some((loaded.header, loaded.events));
+        spec.on_turn_end = Some(settled_hook(parent));
+        let agent = Agent::create(parent.context(), spec)
+            .await
+            .map_err(|e| SubagentError::Start(e.to_string()))?;
+        self.admit(&agent, parent.id(), &label)?;
+        Ok(agent)
+    }
+
+    /// Cancels the running turn of a continuable child of `parent`; queued
+    /// messages stay. An absent (finished, unknown) child is a no-op.
+    pub fn interrupt(&self, parent: &Agent, child: &str) -> Result<(), SubagentError> {
+        let live = self.resident.lock().ok().and_then(|r| r.get(child).cloned());
+        match live {
+            None => Ok(()),
+            Some(r) if r.parent != parent.id() => Err(SubagentError::Unauthorized {
+                caller: parent.id().into(),
+                child: child.into(),
+            }),
+            Some(r) => {
+                r.agent.cancel();
+                Ok(())
+            }
+        }
+    }
+
+    /// The continuable children of `parent`: resident ones, then those only
+    /// on disk (found by their header's `parentSession`).
+    pub fn children(&self, parent: &Agent) -> Vec<ChildEntry> {
+        let mut out: Vec<ChildEntry> = self
+            .resident
+            .lock()
+            .map(|r| {
+                r.iter()
+                    .filter(|(_, c)| c.parent == parent.id())
+                    .map(|(id, c)| ChildEntry {
+                        id: id.clone(),
+                        label: c.label.clone(),
+                        status: if c.agent.is_idle() { "idle" } else { "running" },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(store) = store_of(parent)
+            && let Ok(list) = store.list()
+        {
+            for s in list.into_iter().flatten() {
+                if s.parent_session.as_deref() != Some(parent.id())
+                    || out.iter().any(|c| c.id == s.id)
+                {
+                    continue;
+                }
+                let Ok(loaded) = store.load(&s.id) else {
+                    continue;
+                };
+                if descriptor_mode(&loaded.events).as_deref() == Some("continuable") {
+                    out.push(ChildEntry {
+                        id: s.id,
+                        label: descriptor_label(&loaded.events).unwrap_or_default(),
+                        status: "ready",
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+fn descriptor(events: &[SessionEvent]) -> Option<&Value> {
+    events.iter().rev().find_map(|e| match &e.data {
+        EventData::Other { kind, data } if &**kind == "subagent/descriptor" => Some(data),
+        _ => None,
+    })
+}
+
+fn descriptor_label(events: &[SessionEvent]) -> Option<String> {
+    descriptor(events)?["label"].as_str().map(str::to_owned)
+}
+
+fn descriptor_mode(events: &[SessionEvent]) -> Option<String> {
+    descriptor(events)?["mode"].as_str().map(str::to_owned)
+}
+
+fn store_of(agent: &Agent) -> Option<Arc<dyn SessionPersistence>> {
+    agent.spec().store.clone().or_else(|| {
+        agent
+            .context()
+            .get::<dyn SessionPersistence>(PERSISTENCE_SERVICE)
+    })
+}
+
+fn prompt_message(request: &StartRequest) -> Message {
+    let mut text = request.prompt.clone();
+    if request.output_schema.is_some() {
+        text.push_str(
+            "\n\nWhen you are done, call the `report` tool once with your result; \
+             its arguments must match its schema. That call ends your work.",
+        );
+    }
+    Message::user_text(text)
+}
+
+/// The notice a continuable child's settled turn sends its parent.
+fn settled_hook(parent: &Agent) -> TurnHook {
+    let weak = parent.downgrade();
+    TurnHook::new(move |child: &Agent, summary: &TurnSummary| {
+        let Some(parent) = weak.upgrade() else {
+            return;
+        };
+        let how = match &summary.reason {
+            TurnEndReason::Completed => "completed".to_owned(),
+            TurnEndReason::MaxTokens => "stopped at its token limit".to_owned(),
+            TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted => {
+                "was interrupted".to_owned()
+            }
+            TurnEndReason::Blocked => "was blocked by a policy".to_owned(),
+            TurnEndReason::Error { error } => format!("failed ({})", error.code),
+        };
+        let mut message = Message::user_text(format!(
+            "Subagent {} {how}. Its final message:\n{}",
+            child.id(),
+            summary.text
+        ));
+        message.source = MessageSource::of(SETTLED_SOURCE);
+        if parent.steer(message).is_err() {
+            tracing::debug!(child = child.id(), "the parent no longer takes notices");
+        }
+    })
+}
+
+/// The spec of a child of `parent` at `depth`.
+fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> AgentSpec {
+    let p = parent.spec();
+    let (provider, model) = request
+        .and_then(|r| r.route.clone())
+        .unwrap_or_else(|| (p.provider.clone(), p.model.clone()));
+    let mut spec = AgentSpec::new(&provider, &model, p.cwd.clone());
+    spec.system = request
+        .and_then(|r| r.persona.clone())
+        .or_else(|| p.system.clone());
+    spec.max_steps = p.max_steps;
+    spec.temperature = p.temperature;
+    spec.max_tokens = p.max_tokens;
+    spec.store = p.store.clone();
+    spec.depth = depth;
+    spec.parent_session = Some(parent.id().to_owned());
+    spec.origin = Some("subagent".into());
+    spec.flat_scope = true;
+    spec
+}
+
+/// Builds and publishes nothing yet: validates, creates the child agent
+/// (with its capture tool), and returns it idle.
+async fn compose(
+    provider: &dyn SubagentProvider,
+    request: &StartRequest,
+    descriptor: Value,
+    hook: Option<TurnHook>,
+    capture: Option<Arc<Mutex<Option<Value>>>>,
+) -> Result<Agent, SubagentError> {
+    let caps = provider.capabilities();
+    let missing = [
+        (request.output_schema.is_some() && !caps.output_schema, "outputSchema"),
+        (request.max_depth.is_some() && !caps.depth_limit, "depthLimit"),
+        (request.tool_filter.is_some() && !caps.tool_filter, "toolFilter"),
+        (request.persona.is_some() && !caps.persona, "persona"),
+    ];
+    if let Some((_, feature)) = missing.iter().find(|(m, _)| *m) {
+        return Err(SubagentError::Unsupported {
+            provider: provider.name().into(),
+            feature,
+        });
+    }
+    let depth = request.parent.depth().saturating_add(1);
+    if let Some(max) = request.max_depth
+        && depth > max
+    {
+        return Err(SubagentError::DepthExceeded { depth, max });
+    }
+    let schema = match &request.output_schema {
+        Some(s) if s.get("type").and_then(Value::as_str) != Some("object") => {
+            return Err(SubagentError::Start(
+                "an output schema must be an object schema (`\"type\": \"object\"`)".into(),
+            ));
+        }
+        Some(s) => Some(s.clone()),
+        None => None,
+    };
+    if request.cancel.is_cancelled() {
+        return Err(SubagentError::Cancelled);
+    }
+    let mut spec = child_spec(&request.parent, Some(request), depth);
+    spec.restriction = request.tool_filter.clone().map(|mut r| {
+        if let (Some(allow), true) = (r.allow.as_mut(), schema.is_some()) {
+            allow.push(REPORT.into());
+        }
+        r
+    });
+    spec.on_turn_end = hook;
+    spec.opening = vec![EventData::Other {
+        kind: Arc::from("subagent/descriptor"),
+        data: descriptor,
+    }];
+    if let Some(seed) = provider.seed(&request.parent)? {
+        let id = Message::new_id();
+        let mut header = SessionHeader::new(id.clone(), Some(spec.cwd.display().to_string()));
+        header.parent_session = Some(request.parent.id().to_owned());
+        header.origin = Some(Value::String("subagent".into()));
+        header.delegation_depth = depth;
+        header.seed_length = Some(seed.len() as u64);
+        spec.id = Some(id);
+        spec.seed = Some((header, seed));
+    }
+    spec.name = Some(format!("subagent/{}", provider.name()));
+    let owner = request
+        .owner
+        .clone()
+        .unwrap_or_else(|| request.parent.context().clone());
+    let agent = Agent::create(&owner, spec)
+        .await
+        .map_err(|e| SubagentError::Start(e.to_string()))?;
+    if let (Some(schema), Some(slot)) = (schema, capture) {
+        let tools = agent
+            .context()
+            .get::<ToolRegistry>(ToolRegistry::SERVICE)
+            .ok_or_else(|| SubagentError::Start("no tool registry".into()));
+        let registered = tools.and_then(|t| {
+            t.register(agent.context(), Arc::new(Report { schema, slot }))
+                .map_err(SubagentError::Start)
+        });
+        if let Err(e) = registered {
+            agent.dispose().await;
+            return Err(e);
+        }
+    }
+    if request.cancel.is_cancelled() {
+        agent.dispose().await;
+        return Err(SubagentError::Cancelled);
+    }
+    Ok(agent)
+}
+
+/// The name of the structured-output capture tool.
+pub const REPORT: &str = "report";
+
+/// The child-scoped capture tool: its validated arguments are the child's
+/// structured result, and its committed result concludes the turn.
+struct Report {
+    schema: Value,
+    slot: Arc<Mutex<Option<Value>>>,
+}
+
+impl Tool for Report {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: REPORT.into(),
+            description: "Report your final structured result. Call it once, when you are done; \
+                          the call ends your work."
+                .into(),
+            parameters: self.schema.clone(),
+        }
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            if let Ok(mut slot) = self.slot.lock() {
+                *slot = Some(cx.args.clone());
+            }
+            if let Some(agent) = Agent::calling(&cx.ctx) {
+                agent.conclude_turn();
+            }
+            Ok(ToolOutput::text("Result recorded."))
+        }
+        .boxed()
+    }
+}
+
+/// Content of a result, for a tool answer.
+pub fn result_content(result: &SubagentResult) -> Vec<ContentBlock> {
+    match &result.structured {
+        Some(v) => vec![ContentBlock::text(v.to_string())],
+        None => vec![ContentBlock::text(result.output.clone())],
+    }
+}

@@ -1,0 +1,394 @@
+//! Subagents: publication, results, failures, and the cancellation cascade
+//! through a three-level tree.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dsh_actors::agent::{Agent, AgentCreated, AgentSpec, Agents};
+use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
+use dsh_actors::subagent::{StartRequest, StopReason, SubagentError, Subagents};
+use dsh_services::llm::scripted::{ScriptStep, ScriptedError};
+use dsh_services::llm::{
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage, ToolSchema,
+};
+use dsh_services::session::{EventData, TurnEndReason};
+use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::harness::{Harness, calls, results, text};
+
+fn subagents(h: &Harness) -> Arc<Subagents> {
+    let root = h.rt.root();
+    let s = Arc::new(Subagents::with_builtin());
+    root.provide(Subagents::SERVICE, s.clone()).unwrap();
+    let mut config = SubagentToolConfig::new("spawn", "subagent");
+    config.max_depth = 8;
+    h.tools
+        .register(&root, Arc::new(SubagentTool::new(s.clone(), config).unwrap()))
+        .unwrap();
+    s
+}
+
+/// The prompt of the turn: the text of the first user-sourced message.
+fn prompt_of(request: &LlmRequest) -> String {
+    request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.source.kind == "user")
+        .map(|m| m.text())
+        .unwrap_or_default()
+}
+
+fn results_after_prompt(request: &LlmRequest) -> usize {
+    request
+        .messages
+        .iter()
+        .rev()
+        .take_while(|m| m.source.kind != "user")
+        .flat_map(|m| m.content.iter())
+        .filter(|b| matches!(b, ContentBlock::ToolResult { .. }))
+        .count()
+}
+
+/// `level N` with N < 3 delegates to five `level N+1` children; `level 3`
+/// parks; once results are in, it answers `done N`.
+struct TreeModel;
+
+impl LlmAdapter for TreeModel {
+    fn name(&self) -> &str {
+        "tree"
+    }
+
+    fn stream(&self, request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
+        let prompt = prompt_of(&request);
+        let level: u32 = prompt
+            .strip_prefix("level ")
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        let blocks = if results_after_prompt(&request) > 0 {
+            vec![ContentBlock::text(format!("done {level}"))]
+        } else if level < 3 {
+            (0..5)
+                .map(|j| ContentBlock::ToolCall {
+                    id: format!("call_{j}"),
+                    name: "subagent".into(),
+                    arguments: json!({"description": format!("branch {j}"), "prompt": format!("level {}", level + 1)}).to_string(),
+                })
+                .collect()
+        } else {
+            vec![ContentBlock::ToolCall {
+                id: "call_park".into(),
+                name: "park".into(),
+                arguments: "{}".into(),
+            }]
+        };
+        let finish = if matches!(blocks[0], ContentBlock::Text { .. }) {
+            FinishReason::Stop
+        } else {
+            FinishReason::ToolCalls
+        };
+        let chunks = dsh_services::llm::scripted::chunks_for(&blocks, TokenUsage::default(), finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+/// Parks until cancelled, counting parked calls.
+struct Park {
+    parked: watch::Sender<usize>,
+}
+
+impl Tool for Park {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "park".into(),
+            description: "Waits until cancelled.".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }
+    }
+    fn is_concurrency_safe(&self) -> bool {
+        true
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            self.parked.send_modify(|n| *n += 1);
+            cx.cancel.cancelled().await;
+            Err(ToolError::new("ABORTED", "park was cancelled"))
+        }
+        .boxed()
+    }
+}
+
+fn last_turn_end(agent: &Agent) -> Option<TurnEndReason> {
+    agent.session().events().iter().rev().find_map(|e| match &e.data {
+        EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order() {
+    let h = Harness::new().await;
+    subagents(&h);
+    h.adapter("tree", Arc::new(TreeModel));
+    let (parked, mut watch_parked) = watch::channel(0usize);
+    h.tools
+        .register(&h.rt.root(), Arc::new(Park { parked }))
+        .unwrap();
+    let agents = h.rt.root().get::<Agents>(Agents::SERVICE).unwrap();
+    let created: Arc<Mutex<Vec<Agent>>> = Arc::default();
+    let seen = created.clone();
+    h.rt.root()
+        .on(move |e: &AgentCreated| {
+            if let Some(a) = agents.get(&e.id) {
+                seen.lock().unwrap().push(a);
+            }
+        })
+        .unwrap();
+    let baseline = h.rt.tree().live_len();
+    let root = h.agent("tree").await;
+    root.followup(dsh_services::llm::Message::user_text("level 0"))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), watch_parked.wait_for(|n| *n == 125))
+        .await
+        .expect("all 125 leaves park")
+        .unwrap();
+    let everyone: Vec<Agent> = created.lock().unwrap().clone();
+    assert_eq!(everyone.len(), 1 + 5 + 25 + 125);
+    // Start order of each agent's children, before the teardown.
+    let children: Vec<(Agent, Vec<u64>)> = everyone
+        .iter()
+        .map(|a| (a.clone(), a.child_nodes()))
+        .collect();
+    root.dispose().await;
+    for a in &everyone {
+        match last_turn_end(a) {
+            Some(TurnEndReason::Aborted { .. }) => {}
+            other => panic!("agent {} ended {other:?}, not aborted", a.id()),
+        }
+    }
+    let depths: Vec<u32> = everyone.iter().map(|a| a.depth()).collect();
+    assert_eq!(depths.iter().filter(|d| **d == 3).count(), 125);
+    let tree = h.rt.tree();
+    let scope_ids: std::collections::HashSet<u64> =
+        everyone.iter().map(|a| a.node_id()).collect();
+    for (agent, kids) in &children {
+        let stops: Vec<u64> = kids
+            .iter()
+            .filter(|k| scope_ids.contains(k))
+            .map(|k| {
+                tree.get_stopped(*k)
+                    .and_then(|n| n.stop_seq)
+                    .unwrap_or_else(|| panic!("child {k} of {} is not stopped", agent.id()))
+            })
+            .collect();
+        let mut reversed = stops.clone();
+        reversed.sort_by(|a, b| b.cmp(a));
+        assert_eq!(
+            stops, reversed,
+            "the children of {} stopped out of reverse start order",
+            agent.id()
+        );
+    }
+    assert_eq!(tree.live_len(), baseline, "every actor of the tree stopped");
+    h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_failing_after_publication_is_an_error_result_and_the_parent_goes_on() {
+    let h = Harness::new().await;
+    subagents(&h);
+    h.script(
+        "s",
+        vec![
+            calls(&[("subagent", json!({"description": "d", "prompt": "work"}))]),
+            ScriptStep {
+                error: Some(ScriptedError {
+                    code: "OVERLOADED".into(),
+                    message: "the model is overloaded".into(),
+                    status: Some(529),
+                }),
+                ..ScriptStep::default()
+            },
+            text("parent done"),
+        ],
+    );
+    let parent = h.agent("s").await;
+    let summary = parent.run("go", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(summary.text, "parent done");
+    assert_eq!(summary.reason, TurnEndReason::Completed);
+    let r = results(&parent);
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].1.as_deref(), Some("SUBAGENT_FAILED"));
+    assert!(r[0].2.contains("Error: error"), "{}", r[0].2);
+    assert!(r[0].2.contains("OVERLOADED"), "{}", r[0].2);
+    h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_failing_during_start_rejects_and_leaves_nothing() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    h.script("s", vec![text("unused")]);
+    let parent = h.agent("s").await;
+    let agents = h.rt.root().get::<Agents>(Agents::SERVICE).unwrap();
+    let live = h.rt.tree().live_len();
+    let mut request = StartRequest::new(&parent, "work", CancellationToken::new());
+    // Not a valid JSON Schema: the capture tool cannot be registered.
+    request.output_schema = Some(json!({"type": "object", "properties": {"a": {"type": 7}}}));
+    let err = match s.start("spawn", request).await {
+        Err(e) => e,
+        Ok(_) => panic!("the start should fail"),
+    };
+    assert!(matches!(err, SubagentError::Start(_)), "{err:?}");
+    assert_eq!(h.rt.tree().live_len(), live, "the half-built child is gone");
+    assert_eq!(agents.ids(), vec![parent.id().to_owned()]);
+    // Depth: a child beyond the cap is refused before anything exists.
+    let mut request = StartRequest::new(&parent, "work", CancellationToken::new());
+    request.max_depth = Some(0);
+    assert!(matches!(
+        s.start("spawn", request).await.err(),
+        Some(SubagentError::DepthExceeded { depth: 1, max: 0 })
+    ));
+    // A cancelled signal rejects before publication.
+    let cancel = CancellationToken::new();
+    cancel.cancel();
+    let request = StartRequest::new(&parent, "work", cancel);
+    assert_eq!(s.start("spawn", request).await.err(), Some(SubagentError::Cancelled));
+    assert_eq!(
+        s.start("nope", StartRequest::new(&parent, "w", CancellationToken::new()))
+            .await
+            .err(),
+        Some(SubagentError::UnknownProvider("nope".into()))
+    );
+    assert_eq!(h.rt.tree().live_len(), live);
+    h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_concludes_the_child_turn_and_the_child_log_names_its_parent() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    h.script(
+        "s",
+        vec![
+            calls(&[("report", json!({"answer": 42}))]),
+            text("never asked: the report concluded the turn"),
+        ],
+    );
+    let parent = h.agent("s").await;
+    let mut request = StartRequest::new(&parent, "compute", CancellationToken::new());
+    request.label = Some("the answer".into());
+    request.output_schema = Some(json!({
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"]
+    }));
+    let run = s.start("spawn", request).await.unwrap();
+    let child = run.agent().clone();
+    let result = run.result().await;
+    run.dispose().await;
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(result.structured, Some(json!({"answer": 42})));
+    let header = child.session().with_log(|l| l.header().clone());
+    assert_eq!(header.parent_session.as_deref(), Some(parent.id()));
+    assert_eq!(header.origin, Some(json!("subagent")));
+    assert_eq!(header.delegation_depth, 1);
+    let kinds: Vec<String> = child
+        .session()
+        .events()
+        .iter()
+        .map(|e| e.kind().to_owned())
+        .collect();
+    let at = |k: &str| kinds.iter().position(|x| x == k).unwrap();
+    assert!(at("turn/start") < at("subagent/descriptor"));
+    assert!(at("subagent/descriptor") < at("step/start"));
+    assert_eq!(kinds.iter().filter(|k| *k == "step/start").count(), 1);
+    h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuable_children_take_messages_report_back_and_can_be_interrupted() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    let counter = Arc::new(AtomicUsize::new(0));
+    struct Replies(Arc<AtomicUsize>);
+    impl LlmAdapter for Replies {
+        fn name(&self) -> &str {
+            "replies"
+        }
+        fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            let last = request.messages.last().map(|m| m.text()).unwrap_or_default();
+            let blocks = vec![ContentBlock::text(format!("echo: {last}"))];
+            let chunks = dsh_services::llm::scripted::chunks_for(
+                &blocks,
+                TokenUsage::default(),
+                FinishReason::Stop,
+            );
+            Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+        }
+    }
+    h.adapter("r", Arc::new(Replies(counter.clone())));
+    let parent = Agent::create(
+        &h.rt.root(),
+        AgentSpec::new("r", "m", std::env::temp_dir()),
+    )
+    .await
+    .unwrap();
+    let request = StartRequest::new(&parent, "first", CancellationToken::new());
+    let id = s
+        .start_continuable("spawn", "helper", request)
+        .await
+        .unwrap();
+    // The settled notice wakes the parent with a turn of its own.
+    let child_list = s.children(&parent);
+    assert_eq!(child_list.len(), 1);
+    assert_eq!(child_list[0].label, "helper");
+    parent.when_idle(Duration::from_secs(30)).await.unwrap();
+    let notices: Vec<String> = parent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(m) if m.source.kind == "subagent-settled" => Some(m.text()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(notices[0].contains("echo: first"), "{}", notices[0]);
+    // A stranger may not message or interrupt the child.
+    let stranger = h.agent("r").await;
+    assert!(matches!(
+        s.send(&stranger, &id, "hi").await,
+        Err(SubagentError::Unauthorized { .. })
+    ));
+    assert!(s.interrupt(&stranger, &id).is_err());
+    s.send(&parent, &id, "second").await.unwrap();
+    parent.when_idle(Duration::from_secs(30)).await.unwrap();
+    let child = h
+        .rt
+        .root()
+        .get::<Agents>(Agents::SERVICE)
+        .unwrap()
+        .get(&id)
+        .unwrap();
+    child.when_idle(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(child.last_turn().unwrap().text, "echo: second");
+    // Interrupting an idle or unknown child is a no-op.
+    s.interrupt(&parent, &id).unwrap();
+    s.interrupt(&parent, "no-such-child").unwrap();
+    // Disposing the parent disposes the resident child.
+    parent.dispose().await;
+    assert!(s.children(&parent).is_empty());
+    assert!(child.status().is_terminal());
+    h.rt.shutdown().await;
+}
