@@ -326,6 +326,7 @@ pub mod workloads {
     use std::time::{Duration, Instant};
 
     use dsh_actors::agent::{Agent, AgentSpec, Agents};
+    use dsh_actors::subagent::{StartRequest, StopReason, Subagents};
     use dsh_services::llm::scripted::chunks_for;
     use dsh_services::llm::{
         ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, LlmRuntime, TokenUsage,
@@ -532,6 +533,196 @@ pub mod workloads {
             "echo_calls": echo_calls,
             "session_events": events,
             "persistence": "in-memory (session log in the agent, no file sink)",
+        }))
+    }
+
+    /// The orchestrator model: with no tool result after the prompt, `K`
+    /// `delegate` calls (`call_d<j>`, input `task-<j>`); then `done`.
+    pub struct OrchestratorModel {
+        k: u32,
+        calls: AtomicU64,
+    }
+
+    impl LlmAdapter for OrchestratorModel {
+        fn name(&self) -> &str {
+            "bench-orchestrator"
+        }
+
+        fn stream(&self, request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            let (blocks, finish) = if results_since_prompt(&request) == 0 {
+                let calls = (0..self.k)
+                    .map(|j| ContentBlock::ToolCall {
+                        id: format!("call_d{j}"),
+                        name: "delegate".into(),
+                        arguments: format!("{{\"input\":\"task-{j}\"}}"),
+                    })
+                    .collect();
+                (calls, FinishReason::ToolCalls)
+            } else {
+                (vec![ContentBlock::text("done")], FinishReason::Stop)
+            };
+            let usage = TokenUsage {
+                input_tokens: request.messages.len() as u64,
+                output_tokens: 1,
+                ..TokenUsage::default()
+            };
+            Box::pin(futures::stream::iter(
+                chunks_for(&blocks, usage, finish).into_iter().map(Ok),
+            ))
+        }
+    }
+
+    /// `delegate(input)`: a fresh child agent through the subagent seam (a
+    /// child actor of the orchestrator) runs one worker turn on `input`;
+    /// its final text is the result. The child stays in the orchestrator's
+    /// tree until the orchestrator is torn down.
+    pub struct Delegate {
+        subagents: Arc<Subagents>,
+        calls: AtomicU64,
+        finals: AtomicU64,
+    }
+
+    impl Tool for Delegate {
+        fn schema(&self) -> ToolSchema {
+            ToolSchema {
+                name: "delegate".into(),
+                description: "Runs a task on a fresh sub-agent.".into(),
+                parameters: serde_json::json!({
+                    "type": "object",
+                    "properties": {"input": {"type": "string"}},
+                    "required": ["input"],
+                    "additionalProperties": false
+                }),
+            }
+        }
+
+        fn is_concurrency_safe(&self) -> bool {
+            true
+        }
+
+        fn execute(
+            self: Arc<Self>,
+            cx: ToolContext,
+        ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+            async move {
+                self.calls.fetch_add(1, Ordering::Relaxed);
+                let parent = Agent::calling(&cx.ctx)
+                    .ok_or_else(|| ToolError::failed("delegate runs inside an agent"))?;
+                let input = cx.args["input"].as_str().unwrap_or_default();
+                let mut request = StartRequest::new(&parent, input, cx.cancel.clone());
+                request.route = Some(("bench-worker".into(), "bench".into()));
+                request.persona = Some("You are a benchmark agent.".into());
+                let run = self
+                    .subagents
+                    .start("spawn", request)
+                    .await
+                    .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+                let result = run.result().await;
+                if result.stop_reason != StopReason::Completed {
+                    return Err(ToolError::failed(format!(
+                        "sub-agent ended {}",
+                        result.stop_reason.as_str()
+                    )));
+                }
+                if result.output == "done" {
+                    self.finals.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(ToolOutput::text(result.output))
+            }
+            .boxed()
+        }
+    }
+
+    async fn fan_out(
+        w: &World,
+        delegate: &Delegate,
+        orchestrator: &OrchestratorModel,
+        k: u32,
+    ) -> Result<(f64, f64, u64), BoxError> {
+        let mut spec = spec("bench-orchestrator");
+        spec.name = Some("orchestrator".into());
+        let agent = Agent::create(&w.rt.root(), spec).await?;
+        let before = (
+            w.worker.calls(),
+            w.echo.calls.load(Ordering::Relaxed),
+            delegate.calls.load(Ordering::Relaxed),
+            delegate.finals.load(Ordering::Relaxed),
+            orchestrator.calls.load(Ordering::Relaxed),
+        );
+        let baseline = rss_kb("VmRSS:");
+        let start = Instant::now();
+        let summary = agent.run("fan-out", TURN_BUDGET).await?;
+        let wall = start.elapsed().as_secs_f64();
+        let k64 = u64::from(k);
+        let got = (
+            w.worker.calls() - before.0,
+            w.echo.calls.load(Ordering::Relaxed) - before.1,
+            delegate.calls.load(Ordering::Relaxed) - before.2,
+            delegate.finals.load(Ordering::Relaxed) - before.3,
+            orchestrator.calls.load(Ordering::Relaxed) - before.4,
+        );
+        if summary.text != "done" || got != (5 * k64, 4 * k64, k64, k64, 2) {
+            return Err(format!(
+                "semantic mismatch: final `{}`, (worker calls, echo, delegate, child finals, \
+                 orchestrator calls) = {got:?}, want {:?}",
+                summary.text,
+                (5 * k64, 4 * k64, k64, k64, 2)
+            )
+            .into());
+        }
+        let t = Instant::now();
+        agent.dispose().await;
+        let teardown = t.elapsed().as_secs_f64();
+        Ok((wall, teardown, baseline))
+    }
+
+    /// W2: an orchestrator whose first step fans out to `k` concurrent
+    /// sub-agents, each a 5-step worker turn.
+    pub async fn w2(k: u32) -> Result<serde_json::Value, BoxError> {
+        let w = world(5).await?;
+        let root = w.rt.root();
+        let subagents = Arc::new(Subagents::with_builtin());
+        root.provide(Subagents::SERVICE, subagents.clone())?;
+        let delegate = Arc::new(Delegate {
+            subagents,
+            calls: AtomicU64::new(0),
+            finals: AtomicU64::new(0),
+        });
+        w.rt.root()
+            .get::<ToolRegistry>(ToolRegistry::SERVICE)
+            .ok_or("no tool registry")?
+            .register(&root, delegate.clone())?;
+        let warm = Arc::new(OrchestratorModel {
+            k: 10,
+            calls: AtomicU64::new(0),
+        });
+        let llm = root
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .ok_or("no llm service")?;
+        llm.register(&root, &["bench-orchestrator"], warm.clone())?;
+        fan_out(&w, &delegate, &warm, 10).await?;
+        let orchestrator = Arc::new(OrchestratorModel {
+            k,
+            calls: AtomicU64::new(0),
+        });
+        llm.register(&root, &["bench-orchestrator"], orchestrator.clone())?;
+        let (wall, teardown, baseline) = fan_out(&w, &delegate, &orchestrator, k).await?;
+        let peak = rss_kb("VmHWM:");
+        w.rt.shutdown().await;
+        Ok(serde_json::json!({
+            "workload": "w2",
+            "k": k,
+            "wall_s": wall,
+            "baseline_rss_kb": baseline,
+            "peak_rss_kb": peak,
+            "peak_minus_baseline_kb": peak.saturating_sub(baseline),
+            "teardown_ms": teardown * 1e3,
+            "threads": threads(),
+            "model_calls": 2 + 5 * u64::from(k),
+            "echo_calls": 4 * u64::from(k),
+            "delegate_calls": k,
+            "persistence": "in-memory (session logs in the agents, no file sink)",
         }))
     }
 

@@ -206,6 +206,17 @@ enum Bench {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
+    /// worker turns) through the subagent seam; then its tree is torn down.
+    W2 {
+        /// Sub-agents K.
+        #[arg(long, default_value_t = 100)]
+        k: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -367,6 +378,21 @@ async fn run(command: Command) -> ExitCode {
             }
             // On a worker thread, as an embedding service would run it.
             let run = tokio::spawn(dsh::bench::workloads::w1(turns, steps));
+            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+        }
+        Command::Bench {
+            which: Bench::W2 { k, processes },
+        } => {
+            if k == 0 {
+                eprintln!("dsh bench w2: --k must be at least 1");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            let k_text = k.to_string();
+            if processes > 1 {
+                let args = ["bench", "w2", "--k", &k_text];
+                return report(dsh::bench::across_processes(&args, processes, "wall_s").await);
+            }
+            let run = tokio::spawn(dsh::bench::workloads::w2(k));
             report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
         }
     }

@@ -17,3 +17,4 @@ pub use dsh_services as services;
 pub mod agent;
 pub mod session;
 pub mod subagent;
+pub mod workflow;

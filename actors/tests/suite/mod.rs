@@ -3,3 +3,4 @@ mod durability;
 mod harness;
 mod prompt;
 mod subagent;
+mod workflow;

@@ -1,0 +1,563 @@
+//! The workflow engine: one supervised run per model-written script.
+//!
+//! A run is a scope under its parent agent's scope holding one host actor;
+//! every child the script starts with `agent()` goes through the subagent
+//! seam into that scope, so disposing the run (or the parent) tears the
+//! children down in reverse start order.
+//!
+//! The script runs in QuickJS on a thread of its own (QuickJS values never
+//! leave it). The script body is wrapped in an async function, so top-level
+//! `await` and a final `return <json>` work. Globals: `args` (the request's
+//! JSON input), `agent(prompt, opts?)` → a promise of the child's final text
+//! (or its structured value when `opts.schema` is given; `null` when the
+//! child did not complete), `phase(title)`, `log(message)`. The JS thread
+//! and the host actor talk over channels; the host owns every child.
+//!
+//! Result arbitration and cleanup are separate: the first terminal outcome
+//! (the script's return value, a script error or a fatal hook error, the
+//! time limit, cancellation) settles the result once; afterwards the JS
+//! thread is stopped (interrupt handler) and the children are cancelled and
+//! disposed, whatever the outcome was.
+
+mod js;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dsh_services::session::EventData;
+use dsh_supervisors::{Emit, Event, Scope, ScopeKey, WorkerSpec};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Agent;
+use crate::session::short;
+use crate::subagent::{StartRequest, StopReason, Subagents};
+
+pub mod tool;
+
+/// The identity block of a workflow, validated before the script runs.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct WorkflowMeta {
+    /// Short kebab-case name.
+    pub name: String,
+    /// One-line description.
+    pub description: String,
+    /// When the workflow applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_to_use: Option<String>,
+    /// Phase titles `phase()` calls refer to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Vec<WorkflowPhase>>,
+}
+
+/// One declared phase.
+#[derive(Clone, Debug, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowPhase {
+    /// The title `phase()` is called with.
+    pub title: String,
+    /// What happens in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl WorkflowMeta {
+    /// Validates `value` as a meta block, naming the offending field.
+    pub fn parse(value: &Value) -> Result<WorkflowMeta, WorkflowError> {
+        let meta: WorkflowMeta = serde_path_to_error::deserialize(value)
+            .map_err(|e| WorkflowError::MetaInvalid(format!("at `{}`: {}", e.path(), e.inner())))?;
+        let kebab = !meta.name.is_empty()
+            && meta
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !meta.name.starts_with('-')
+            && !meta.name.ends_with('-');
+        if !kebab {
+            return Err(WorkflowError::MetaInvalid(format!(
+                "at `name`: `{}` is not a kebab-case name (lowercase letters, digits, dashes)",
+                meta.name
+            )));
+        }
+        if meta.description.trim().is_empty() {
+            return Err(WorkflowError::MetaInvalid(
+                "at `description`: must not be empty".into(),
+            ));
+        }
+        Ok(meta)
+    }
+}
+
+/// Why a run could not start.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum WorkflowError {
+    /// The meta block is malformed.
+    #[error("META_INVALID: {0}")]
+    MetaInvalid(String),
+    /// A per-run limit is out of range or the provider is unknown.
+    #[error("INVALID_REQUEST: {0}")]
+    InvalidRequest(String),
+    /// The run could not be set up.
+    #[error("START_FAILED: {0}")]
+    Start(String),
+}
+
+/// Why a run settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkflowStop {
+    /// The script returned.
+    Completed,
+    /// The run was cancelled.
+    Cancelled,
+    /// The script failed, a hook was misused, or a limit was hit.
+    Error,
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkflowResult {
+    /// The script's return value (`null` for none); meaningful when completed.
+    pub value: Value,
+    /// Why it settled.
+    pub stop_reason: WorkflowStop,
+    /// The failure, when not completed.
+    pub error: Option<String>,
+    /// `agent()` calls the run accepted.
+    pub agents_started: u32,
+}
+
+/// Engine-wide limits (a request may lower `max_total_agents`).
+#[derive(Clone, Debug)]
+pub struct WorkflowLimits {
+    /// Ceiling on `agent()` calls per run.
+    pub max_total_agents: u32,
+    /// QuickJS heap limit, bytes.
+    pub memory_bytes: usize,
+    /// Wall-clock budget of a run.
+    pub time: Duration,
+}
+
+impl Default for WorkflowLimits {
+    fn default() -> Self {
+        WorkflowLimits {
+            max_total_agents: 256,
+            memory_bytes: 64 << 20,
+            time: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// What a caller asks for.
+#[derive(Clone)]
+pub struct WorkflowRequest {
+    /// The script body.
+    pub script: String,
+    /// The meta block (JSON data).
+    pub meta: Value,
+    /// The `args` global.
+    pub args: Value,
+    /// The agent every child is attributed to.
+    pub parent: Agent,
+    /// Cancels the run.
+    pub cancel: CancellationToken,
+    /// Subagent provider of every child (the engine's default when `None`).
+    pub provider: Option<String>,
+    /// Lowers the engine's `max_total_agents` for this run.
+    pub max_total_agents: Option<u32>,
+    /// Model route and id of the children (the parent's when `None`).
+    pub route: Option<(String, String)>,
+    /// A time limit lower than the engine's.
+    pub time: Option<Duration>,
+}
+
+impl WorkflowRequest {
+    /// A request with defaults.
+    pub fn new(parent: &Agent, script: impl Into<String>, meta: Value) -> WorkflowRequest {
+        WorkflowRequest {
+            script: script.into(),
+            meta,
+            args: Value::Null,
+            parent: parent.clone(),
+            cancel: CancellationToken::new(),
+            provider: None,
+            max_total_agents: None,
+            route: None,
+            time: None,
+        }
+    }
+}
+
+/// Progress of a run (mode: emit): `workflow/start`, `workflow/phase`,
+/// `workflow/log`, `workflow/agent-start`, `workflow/agent-end` and
+/// `workflow/end`, carried as `kind` with a JSON snapshot.
+#[derive(Clone, Debug)]
+pub struct WorkflowUpdate {
+    /// Run id.
+    pub run: String,
+    /// The workflow's name.
+    pub name: String,
+    /// What happened.
+    pub kind: &'static str,
+    /// Its data.
+    pub data: Value,
+}
+impl Event for WorkflowUpdate {
+    const NAME: &'static str = "workflow/update";
+}
+impl Emit for WorkflowUpdate {}
+
+/// The `workflow-engine` service.
+pub struct WorkflowEngine {
+    subagents: Arc<Subagents>,
+    limits: WorkflowLimits,
+    provider: String,
+}
+
+impl WorkflowEngine {
+    /// The capability name.
+    pub const SERVICE: &'static str = "workflow-engine";
+
+    /// An engine starting children on `provider` within `limits`.
+    pub fn new(subagents: Arc<Subagents>, provider: &str, limits: WorkflowLimits) -> Self {
+        WorkflowEngine {
+            subagents,
+            limits,
+            provider: provider.into(),
+        }
+    }
+
+    /// Validates the request and starts the run; the script begins at once.
+    pub async fn start(&self, request: WorkflowRequest) -> Result<WorkflowRun, WorkflowError> {
+        let meta = WorkflowMeta::parse(&request.meta)?;
+        let provider = request.provider.clone().unwrap_or(self.provider.clone());
+        if self.subagents.provider(&provider).is_none() {
+            return Err(WorkflowError::InvalidRequest(format!(
+                "no subagent provider named `{provider}`"
+            )));
+        }
+        let max_agents = match request.max_total_agents {
+            Some(n) if n > self.limits.max_total_agents => {
+                return Err(WorkflowError::InvalidRequest(format!(
+                    "maxTotalAgents {n} is above the engine's ceiling of {}",
+                    self.limits.max_total_agents
+                )));
+            }
+            Some(n) => n,
+            None => self.limits.max_total_agents,
+        };
+        let time = request
+            .time
+            .map_or(self.limits.time, |t| t.min(self.limits.time));
+        let id = dsh_services::llm::Message::new_id();
+        let scope = request
+            .parent
+            .context()
+            .scope(ScopeKey::new(format!("workflow/{}", meta.name)))
+            .await
+            .map_err(|e| WorkflowError::Start(e.to_string()))?;
+        let cancel = request.cancel.child_token();
+        let (tx, rx) = oneshot::channel();
+        let host = Host {
+            id: id.clone(),
+            meta: meta.clone(),
+            script: request.script.clone(),
+            args: request.args.clone(),
+            parent: request.parent.clone(),
+            scope_ctx: scope.ctx().clone(),
+            subagents: self.subagents.clone(),
+            provider,
+            route: request.route.clone(),
+            max_agents,
+            memory: self.limits.memory_bytes,
+            time,
+            cancel: cancel.clone(),
+            reply: Some(tx),
+        };
+        let spawned = scope
+            .ctx()
+            .spawn(WorkerSpec::new(
+                "workflow",
+                format!("workflow/{}#{}", meta.name, short(&id)),
+                HostActor,
+                host,
+            ))
+            .await;
+        if let Err(e) = spawned {
+            scope.dispose().await;
+            return Err(WorkflowError::Start(e.to_string()));
+        }
+        Ok(WorkflowRun {
+            id,
+            meta,
+            scope,
+            cancel,
+            result: Mutex::new(Some(rx)),
+            settled: tokio::sync::OnceCell::new(),
+        })
+    }
+}
+
+/// A live run. Await [`result`](WorkflowRun::result) (it never fails), then
+/// always [`dispose`](WorkflowRun::dispose).
+pub struct WorkflowRun {
+    id: String,
+    meta: WorkflowMeta,
+    scope: Scope,
+    cancel: CancellationToken,
+    result: Mutex<Option<oneshot::Receiver<WorkflowResult>>>,
+    settled: tokio::sync::OnceCell<WorkflowResult>,
+}
+
+impl WorkflowRun {
+    /// Run id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The validated meta block.
+    pub fn meta(&self) -> &WorkflowMeta {
+        &self.meta
+    }
+
+    /// The kernel id of the run's scope.
+    pub fn node_id(&self) -> u64 {
+        self.scope.fiber().id()
+    }
+
+    /// The outcome, once settled.
+    pub async fn result(&self) -> WorkflowResult {
+        self.settled
+            .get_or_init(|| async {
+                let rx = self.result.lock().ok().and_then(|mut r| r.take());
+                match rx {
+                    Some(rx) => rx.await.unwrap_or_else(|_| WorkflowResult {
+                        value: Value::Null,
+                        stop_reason: WorkflowStop::Cancelled,
+                        error: Some("the run was stopped before it settled".into()),
+                        agents_started: 0,
+                    }),
+                    None => WorkflowResult {
+                        value: Value::Null,
+                        stop_reason: WorkflowStop::Error,
+                        error: Some("the result was already taken".into()),
+                        agents_started: 0,
+                    },
+                }
+            })
+            .await
+            .clone()
+    }
+
+    /// Cancels the run and its children.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Cancels what still runs, then tears the run's subtree down.
+    pub async fn dispose(&self) {
+        self.cancel.cancel();
+        self.scope.dispose().await;
+    }
+}
+
+struct Host {
+    id: String,
+    meta: WorkflowMeta,
+    script: String,
+    args: Value,
+    parent: Agent,
+    scope_ctx: dsh_supervisors::Context,
+    subagents: Arc<Subagents>,
+    provider: String,
+    route: Option<(String, String)>,
+    max_agents: u32,
+    memory: usize,
+    time: Duration,
+    cancel: CancellationToken,
+    reply: Option<oneshot::Sender<WorkflowResult>>,
+}
+
+struct HostActor;
+
+impl Actor for HostActor {
+    type Msg = ();
+    type State = Host;
+    type Arguments = Host;
+
+    async fn pre_start(&self, _me: ActorRef<()>, host: Host) -> Result<Host, ActorProcessingErr> {
+        Ok(host)
+    }
+
+    async fn post_start(&self, me: ActorRef<()>, host: &mut Host) -> Result<(), ActorProcessingErr> {
+        let result = drive(host).await;
+        update(host, "workflow/end", json!({
+            "stopReason": result.stop_reason,
+            "error": result.error,
+            "agentsStarted": result.agents_started,
+        }));
+        if let Some(reply) = host.reply.take() {
+            let _ = reply.send(result);
+        }
+        me.stop(None);
+        Ok(())
+    }
+
+    async fn post_stop(&self, _me: ActorRef<()>, host: &mut Host) -> Result<(), ActorProcessingErr> {
+        host.cancel.cancel();
+        Ok(())
+    }
+}
+
+fn update(host: &Host, kind: &'static str, data: Value) {
+    host.parent.context().emit(&WorkflowUpdate {
+        run: host.id.clone(),
+        name: host.meta.name.clone(),
+        kind,
+        data,
+    });
+}
+
+/// Options of one `agent()` call, as the script gave them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentOptions {
+    pub label: Option<String>,
+    pub phase: Option<String>,
+    pub schema: Option<Value>,
+}
+
+/// Runs the script to its first terminal outcome, then cleans up.
+async fn drive(host: &mut Host) -> WorkflowResult {
+    update(host, "workflow/start", json!({"meta": host.meta}));
+    let (to_host, mut from_js) = mpsc::unbounded_channel();
+    let js = js::spawn(js::Setup {
+        script: host.script.clone(),
+        args: host.args.clone(),
+        max_agents: host.max_agents,
+        memory: host.memory,
+        time: host.time,
+        to_host,
+    });
+    let js = match js {
+        Ok(j) => j,
+        Err(e) => {
+            return WorkflowResult {
+                value: Value::Null,
+                stop_reason: WorkflowStop::Error,
+                error: Some(format!("the script engine could not start: {e}")),
+                agents_started: 0,
+            };
+        }
+    };
+    let mut children = FuturesUnordered::new();
+    let mut started = 0u32;
+    let deadline = tokio::time::sleep(host.time + Duration::from_secs(1));
+    tokio::pin!(deadline);
+    let outcome = loop {
+        tokio::select! {
+            () = host.cancel.cancelled() => break Err((WorkflowStop::Cancelled, "the workflow was cancelled".to_owned())),
+            () = &mut deadline => break Err((WorkflowStop::Error, format!("TIME_LIMIT: the workflow ran past its {:?} limit", host.time))),
+            Some((seq, answer)) = children.next(), if !children.is_empty() => {
+                js.answer(seq, answer);
+            }
+            msg = from_js.recv() => match msg {
+                None => break Err((WorkflowStop::Error, "the script engine stopped unexpectedly".to_owned())),
+                Some(js::ToHost::Phase(title)) => update(host, "workflow/phase", json!({"title": title})),
+                Some(js::ToHost::Log(message)) => update(host, "workflow/log", json!({"message": message})),
+                Some(js::ToHost::Agent { seq, prompt, options }) => {
+                    started += 1;
+                    children.push(child(host, seq, prompt, options));
+                }
+                Some(js::ToHost::Done(Ok(value))) => break Ok(value),
+                Some(js::ToHost::Done(Err(error))) => break Err((WorkflowStop::Error, error)),
+            }
+        }
+    };
+    // Cleanup, whatever settled the result: stop the script, cancel the
+    // children still running (their runs settle aborted), and let them end.
+    js.stop();
+    host.cancel.cancel();
+    while let Some((seq, answer)) = children.next().await {
+        js.answer(seq, answer);
+    }
+    js.join().await;
+    match outcome {
+        Ok(value) => WorkflowResult {
+            value,
+            stop_reason: WorkflowStop::Completed,
+            error: None,
+            agents_started: started,
+        },
+        Err((stop_reason, error)) => WorkflowResult {
+            value: Value::Null,
+            stop_reason,
+            error: Some(error),
+            agents_started: started,
+        },
+    }
+}
+
+/// One `agent()` call: a child through the seam, owned by the run's scope.
+fn child(
+    host: &Host,
+    seq: u64,
+    prompt: String,
+    options: AgentOptions,
+) -> futures::future::BoxFuture<'static, (u64, js::Answer)> {
+    let mut request = StartRequest::new(&host.parent, prompt, host.cancel.child_token());
+    request.owner = Some(host.scope_ctx.clone());
+    request.label = options.label.clone();
+    request.output_schema = options.schema.clone();
+    request.route = host.route.clone();
+    let subagents = host.subagents.clone();
+    let provider = host.provider.clone();
+    let ctx = host.parent.context().clone();
+    let (run_id, name) = (host.id.clone(), host.meta.name.clone());
+    let emit = move |kind: &'static str, data: Value| {
+        ctx.emit(&WorkflowUpdate {
+            run: run_id.clone(),
+            name: name.clone(),
+            kind,
+            data,
+        })
+    };
+    Box::pin(async move {
+        let run = match subagents.start(&provider, request).await {
+            Ok(run) => run,
+            Err(e) => return (seq, js::Answer::Fatal(format!("AGENT_START: {e}"))),
+        };
+        emit(
+            "workflow/agent-start",
+            json!({"seq": seq, "label": options.label, "phase": options.phase, "child": run.id()}),
+        );
+        let result = run.result().await;
+        emit(
+            "workflow/agent-end",
+            json!({"seq": seq, "child": run.id(), "outcome": result.stop_reason.as_str()}),
+        );
+        let answer = match (result.stop_reason, result.structured) {
+            (StopReason::Completed, Some(v)) => js::Answer::Value(v),
+            (StopReason::Completed, None) => js::Answer::Value(Value::String(result.output)),
+            _ => js::Answer::Value(Value::Null),
+        };
+        (seq, answer)
+    })
+}
+
+/// Appends a `tool-workflow/*` record to the parent's log.
+pub(crate) fn record(parent: &Agent, kind: &str, data: Value) {
+    let event = EventData::Other {
+        kind: Arc::from(kind),
+        data,
+    };
+    if let Err(e) = parent.session().append(event, None) {
+        tracing::warn!(agent = parent.id(), "cannot record {kind}: {e}");
+    }
+}

@@ -1,0 +1,313 @@
+//! The workflow engine: fan-out, script errors with their line, limits,
+//! cancellation, and the run's subtree.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh_actors::agent::Agent;
+use dsh_actors::subagent::Subagents;
+use dsh_actors::workflow::{
+    WorkflowEngine, WorkflowError, WorkflowLimits, WorkflowRequest, WorkflowStop, WorkflowUpdate,
+};
+use dsh_services::llm::{
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, ToolSchema,
+};
+use dsh_services::session::{EventData, TurnEndReason};
+use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::harness::Harness;
+
+/// Answers `done: <prompt>`; a prompt containing `park` parks first, and
+/// one containing `report` reports `{"n": <prompt length>}`.
+struct Children;
+
+impl LlmAdapter for Children {
+    fn name(&self) -> &str {
+        "children"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let prompt = request
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.source.kind == "user")
+            .map(|m| m.text())
+            .unwrap_or_default();
+        let answered = request
+            .messages
+            .last()
+            .is_some_and(|m| m.source.kind == "tool");
+        let call = |name: &str, args: serde_json::Value| ContentBlock::ToolCall {
+            id: format!("call_{name}"),
+            name: name.into(),
+            arguments: args.to_string(),
+        };
+        let blocks = if prompt.contains("park") && !answered {
+            vec![call("park", json!({}))]
+        } else if prompt.starts_with("report") && !answered {
+            vec![call("report", json!({"n": prompt.lines().next().unwrap_or_default().len()}))]
+        } else {
+            let first_line = prompt.lines().next().unwrap_or_default();
+            vec![ContentBlock::text(format!("done: {first_line}"))]
+        };
+        let finish = if matches!(blocks[0], ContentBlock::Text { .. }) {
+            FinishReason::Stop
+        } else {
+            FinishReason::ToolCalls
+        };
+        let chunks = dsh_services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+struct Park {
+    parked: watch::Sender<usize>,
+}
+
+impl Tool for Park {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "park".into(),
+            description: "Waits until cancelled.".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            self.parked.send_modify(|n| *n += 1);
+            cx.cancel.cancelled().await;
+            Err(ToolError::new("ABORTED", "park was cancelled"))
+        }
+        .boxed()
+    }
+}
+
+struct World {
+    h: Harness,
+    engine: WorkflowEngine,
+    parent: Agent,
+    parked: watch::Receiver<usize>,
+}
+
+async fn world() -> World {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    let subagents = Arc::new(Subagents::with_builtin());
+    root.provide(Subagents::SERVICE, subagents.clone()).unwrap();
+    h.adapter("children", Arc::new(Children));
+    let (tx, parked) = watch::channel(0);
+    h.tools.register(&root, Arc::new(Park { parked: tx })).unwrap();
+    let limits = WorkflowLimits {
+        max_total_agents: 16,
+        ..WorkflowLimits::default()
+    };
+    let engine = WorkflowEngine::new(subagents, "spawn", limits);
+    let parent = h.agent("children").await;
+    World {
+        h,
+        engine,
+        parent,
+        parked,
+    }
+}
+
+fn meta() -> serde_json::Value {
+    json!({"name": "test-flow", "description": "a test workflow"})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_fans_out_and_returns_json() {
+    let w = world().await;
+    let updates = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = updates.clone();
+    w.h.rt
+        .root()
+        .on(move |u: &WorkflowUpdate| seen.lock().unwrap().push(u.kind))
+        .unwrap();
+    let script = r#"
+phase("fan-out");
+log("starting " + args.items.length);
+const results = await Promise.all(args.items.map(i => agent("task " + i, {label: "t" + i})));
+const structured = await agent("report this", {schema: {type: "object", properties: {n: {type: "integer"}}, required: ["n"]}});
+return {results, structured, total: results.length};
+"#;
+    let mut request = WorkflowRequest::new(&w.parent, script, meta());
+    request.args = json!({"items": [1, 2, 3]});
+    let run = w.engine.start(request).await.unwrap();
+    let result = run.result().await;
+    run.dispose().await;
+    assert_eq!(result.stop_reason, WorkflowStop::Completed, "{result:?}");
+    assert_eq!(
+        result.value,
+        json!({
+            "results": ["done: task 1", "done: task 2", "done: task 3"],
+            "structured": {"n": 11},
+            "total": 3
+        })
+    );
+    assert_eq!(result.agents_started, 4);
+    let kinds = updates.lock().unwrap().clone();
+    assert_eq!(kinds.first(), Some(&"workflow/start"));
+    assert_eq!(kinds.last(), Some(&"workflow/end"));
+    assert!(kinds.contains(&"workflow/phase") && kinds.contains(&"workflow/log"));
+    assert_eq!(kinds.iter().filter(|k| **k == "workflow/agent-start").count(), 4);
+    assert_eq!(kinds.iter().filter(|k| **k == "workflow/agent-end").count(), 4);
+    w.h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_errors_name_their_line_and_column() {
+    let w = world().await;
+    let runtime_error = "const a = 1;\nconst b = a + 1;\nnull.boom;\nreturn b;";
+    let run = w
+        .engine
+        .start(WorkflowRequest::new(&w.parent, runtime_error, meta()))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert_eq!(r.stop_reason, WorkflowStop::Error);
+    let e = r.error.unwrap();
+    assert!(e.contains("TypeError") && e.contains("line 3"), "{e}");
+
+    let syntax_error = "const x = 1;\nconst = 2;\nreturn x;";
+    let run = w
+        .engine
+        .start(WorkflowRequest::new(&w.parent, syntax_error, meta()))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    let e = r.error.unwrap();
+    assert!(e.contains("SyntaxError") && e.contains("line 2"), "{e}");
+
+    let thrown = "await agent('one');\nthrow new Error('nope');";
+    let run = w
+        .engine
+        .start(WorkflowRequest::new(&w.parent, thrown, meta()))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    let e = r.error.unwrap();
+    assert!(e.contains("nope") && e.contains("line 2"), "{e}");
+    assert_eq!(r.agents_started, 1);
+    w.h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misuse_and_caps_are_fatal_even_when_caught() {
+    let w = world().await;
+    let bad_option = "try { await agent('x', {model: 'big'}); } catch (e) {}\nreturn 1;";
+    let run = w
+        .engine
+        .start(WorkflowRequest::new(&w.parent, bad_option, meta()))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert_eq!(r.stop_reason, WorkflowStop::Error);
+    assert!(r.error.as_deref().unwrap().starts_with("UNSUPPORTED_OPTION"), "{r:?}");
+
+    let too_many = "await Promise.all([1, 2, 3].map(i => agent('t' + i)));\nreturn 1;";
+    let mut request = WorkflowRequest::new(&w.parent, too_many, meta());
+    request.max_total_agents = Some(2);
+    let run = w.engine.start(request).await.unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert!(r.error.as_deref().unwrap().starts_with("AGENT_CAP"), "{r:?}");
+
+    // Refused before anything runs: a bad meta block, a limit above the ceiling.
+    let err = w
+        .engine
+        .start(WorkflowRequest::new(&w.parent, "return 1", json!({"name": "Bad Name", "description": "x"})))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, WorkflowError::MetaInvalid(ref m) if m.contains("name")), "{err}");
+    let err = w
+        .engine
+        .start(WorkflowRequest::new(&w.parent, "return 1", json!({"name": "a", "description": "x", "extra": 1})))
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(err, WorkflowError::MetaInvalid(_)), "{err}");
+    let mut request = WorkflowRequest::new(&w.parent, "return 1", meta());
+    request.max_total_agents = Some(17);
+    assert!(matches!(
+        w.engine.start(request).await.err(),
+        Some(WorkflowError::InvalidRequest(_))
+    ));
+    w.h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_time_limit_kills_a_spinning_or_stuck_script() {
+    let w = world().await;
+    for script in ["while (true) {}", "await new Promise(() => {});"] {
+        let mut request = WorkflowRequest::new(&w.parent, script, meta());
+        request.time = Some(Duration::from_millis(300));
+        let run = w.engine.start(request).await.unwrap();
+        let r = run.result().await;
+        run.dispose().await;
+        assert_eq!(r.stop_reason, WorkflowStop::Error, "{script}: {r:?}");
+        assert!(r.error.as_deref().unwrap().starts_with("TIME_LIMIT"), "{script}: {r:?}");
+    }
+    w.h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_mid_run_aborts_the_children_and_frees_the_subtree() {
+    let mut w = world().await;
+    let live = w.h.rt.tree().live_len();
+    let script = "const r = await Promise.all([agent('park 1'), agent('park 2')]);\nreturn r;";
+    let cancel = CancellationToken::new();
+    let mut request = WorkflowRequest::new(&w.parent, script, meta());
+    request.cancel = cancel.clone();
+    let run = w.engine.start(request).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), w.parked.wait_for(|n| *n == 2))
+        .await
+        .unwrap()
+        .unwrap();
+    let children: Vec<Agent> = {
+        let agents = w
+            .h
+            .rt
+            .root()
+            .get::<dsh_actors::agent::Agents>(dsh_actors::agent::Agents::SERVICE)
+            .unwrap();
+        agents
+            .ids()
+            .into_iter()
+            .filter(|id| id != w.parent.id())
+            .filter_map(|id| agents.get(&id))
+            .collect()
+    };
+    assert_eq!(children.len(), 2);
+    cancel.cancel();
+    let r = run.result().await;
+    assert_eq!(r.stop_reason, WorkflowStop::Cancelled);
+    run.dispose().await;
+    for c in &children {
+        let end = c.session().events().iter().rev().find_map(|e| match &e.data {
+            EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+            _ => None,
+        });
+        assert!(matches!(end, Some(TurnEndReason::Aborted { .. })), "{end:?}");
+        assert!(c.status().is_terminal());
+        assert_eq!(
+            c.session().with_log(|l| l.header().parent_session.clone()),
+            Some(w.parent.id().to_owned())
+        );
+    }
+    assert_eq!(w.h.rt.tree().live_len(), live, "the run's subtree is gone");
+    w.h.rt.shutdown().await;
+}
