@@ -18,3 +18,5 @@ pub mod agent;
 pub mod session;
 pub mod subagent;
 pub mod workflow;
+pub mod ralph;
+pub mod multi_agent;

@@ -2,5 +2,6 @@ mod agent;
 mod durability;
 mod harness;
 mod prompt;
+mod ralph;
 mod subagent;
 mod workflow;
