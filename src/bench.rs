@@ -539,7 +539,7 @@ pub mod workloads {
     /// The orchestrator model: with no tool result after the prompt, `K`
     /// `delegate` calls (`call_d<j>`, input `task-<j>`); then `done`.
     pub struct OrchestratorModel {
-        k: u32,
+        k: std::sync::atomic::AtomicU32,
         calls: AtomicU64,
     }
 
@@ -551,7 +551,7 @@ pub mod workloads {
         fn stream(&self, request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
             self.calls.fetch_add(1, Ordering::Relaxed);
             let (blocks, finish) = if results_since_prompt(&request) == 0 {
-                let calls = (0..self.k)
+                let calls = (0..self.k.load(Ordering::Relaxed))
                     .map(|j| ContentBlock::ToolCall {
                         id: format!("call_d{j}"),
                         name: "delegate".into(),
@@ -693,20 +693,16 @@ pub mod workloads {
             .get::<ToolRegistry>(ToolRegistry::SERVICE)
             .ok_or("no tool registry")?
             .register(&root, delegate.clone())?;
-        let warm = Arc::new(OrchestratorModel {
-            k: 10,
+        let orchestrator = Arc::new(OrchestratorModel {
+            k: std::sync::atomic::AtomicU32::new(10),
             calls: AtomicU64::new(0),
         });
         let llm = root
             .get::<LlmRuntime>(LlmRuntime::SERVICE)
             .ok_or("no llm service")?;
-        llm.register(&root, &["bench-orchestrator"], warm.clone())?;
-        fan_out(&w, &delegate, &warm, 10).await?;
-        let orchestrator = Arc::new(OrchestratorModel {
-            k,
-            calls: AtomicU64::new(0),
-        });
         llm.register(&root, &["bench-orchestrator"], orchestrator.clone())?;
+        fan_out(&w, &delegate, &orchestrator, 10).await?;
+        orchestrator.k.store(k, Ordering::Relaxed);
         let (wall, teardown, baseline) = fan_out(&w, &delegate, &orchestrator, k).await?;
         let peak = rss_kb("VmHWM:");
         w.rt.shutdown().await;

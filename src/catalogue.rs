@@ -143,6 +143,10 @@ pub struct AgentServicesConfig {
     /// Retry of model requests refused before the first chunk.
     #[serde(default)]
     pub retry: Option<RetryConfig>,
+    /// Provide subagents, workflows and Ralph loops with their tools
+    /// (default true).
+    #[serde(default)]
+    pub multi_agent: Option<bool>,
 }
 
 /// Backoff of the `llm/stream` retry listener.
@@ -168,7 +172,10 @@ fn default_max_ms() -> u64 {
 }
 
 /// Provides what agents need: `llm`, `tools` (with the built-in tools),
-/// `approval`, `agents` and `systemPrompt`, and the retry listener.
+/// `approval`, `agents` and `systemPrompt`, and the retry listener; and,
+/// unless `multi_agent: false`, `subagents` and `workflow-engine` with the
+/// `subagent`, `subagent_fork`, `send_message`, `interrupt_agent`,
+/// `list_agents`, `workflow` and `ralph` tools.
 pub struct AgentServices;
 
 impl Plugin for AgentServices {
@@ -192,6 +199,13 @@ impl Plugin for AgentServices {
         ctx.provide(SystemPrompt::SERVICE, Arc::new(SystemPrompt::new()))?;
         if config.builtin_tools.unwrap_or(true) {
             register_builtin(&ctx, &tools)?;
+        }
+        if config.multi_agent.unwrap_or(true) {
+            dsh_actors::multi_agent::install(
+                &ctx,
+                &tools,
+                &dsh_actors::multi_agent::MultiAgentConfig::default(),
+            )?;
         }
         let retry = match &config.retry {
             Some(r) => RetryListener {

@@ -135,11 +135,92 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The keyless demo: a workflow fanning out to three subagents and a
+    /// three-round Ralph loop, with the live actor tree and the log paths.
+    Demo {
+        /// Workspace root (default: the current directory).
+        #[arg(long, default_value = ".")]
+        cwd: PathBuf,
+        #[command(flatten)]
+        store: dsh::sessions::StoreChoice,
+    },
+    /// Run a workflow script (JavaScript; `agent()`, `phase()`, `log()`,
+    /// `args`) whose subagents are children of a coordinator agent.
+    Workflow {
+        /// The script file.
+        script: PathBuf,
+        /// The `args` global, as JSON.
+        #[arg(long)]
+        args: Option<String>,
+        /// The meta block, as JSON (default: named after the file).
+        #[arg(long)]
+        meta: Option<String>,
+        /// Print the live actor tree once the first child is in flight.
+        #[arg(long)]
+        tree: bool,
+        #[command(flatten)]
+        model: ModelFlags,
+        /// Workspace root (default: the current directory).
+        #[arg(long, default_value = ".")]
+        cwd: PathBuf,
+        #[command(flatten)]
+        store: dsh::sessions::StoreChoice,
+    },
+    /// Run a Ralph loop: a fresh worker per round on one objective, with a
+    /// structured handoff between rounds.
+    Ralph {
+        /// The objective (omit with --resume).
+        #[arg(required_unless_present = "resume")]
+        objective: Option<String>,
+        /// Round cap (1..=256).
+        #[arg(long, default_value_t = 20)]
+        max_rounds: u32,
+        /// Continue the loop recorded in this coordinator session.
+        #[arg(long, value_name = "ID", conflicts_with = "objective")]
+        resume: Option<String>,
+        #[command(flatten)]
+        model: ModelFlags,
+        /// Workspace root (default: the current directory).
+        #[arg(long, default_value = ".")]
+        cwd: PathBuf,
+        #[command(flatten)]
+        store: dsh::sessions::StoreChoice,
+    },
     /// Run a benchmark and print its figures (last line: `RESULT {json}`).
     Bench {
         #[command(subcommand)]
         which: Bench,
     },
+}
+
+/// The model of `dsh workflow` / `dsh ralph`.
+#[derive(clap::Args, Clone, Debug)]
+struct ModelFlags {
+    /// Use the built-in keyless demo model.
+    #[arg(long, conflicts_with_all = ["base_url", "model"])]
+    demo_model: bool,
+    /// OpenAI-compatible endpoint (or $DSH_BASE_URL).
+    #[arg(long)]
+    base_url: Option<String>,
+    /// Model id (or $DSH_MODEL).
+    #[arg(long)]
+    model: Option<String>,
+    /// Environment variable holding the API key.
+    #[arg(long, default_value = "DSH_API_KEY")]
+    api_key_env: String,
+}
+
+impl ModelFlags {
+    fn pick(self) -> Result<dsh::multi::ModelChoice, dsh::run::RunExit> {
+        dsh::multi::ModelChoice::pick(self.demo_model, self.base_url, self.model, self.api_key_env)
+    }
+}
+
+fn exit_with(command: &str, exit: dsh::run::RunExit) -> ExitCode {
+    if let Some(m) = exit.message {
+        eprintln!("dsh {command}: {m}");
+    }
+    ExitCode::from(exit.code)
 }
 
 #[derive(Subcommand)]
@@ -291,6 +372,53 @@ async fn run(command: Command) -> ExitCode {
                 eprintln!("dsh replay: {m}");
             }
             ExitCode::from(exit.code)
+        }
+        Command::Demo { cwd, store } => exit_with("demo", dsh::multi::demo(store, cwd).await),
+        Command::Workflow {
+            script,
+            args,
+            meta,
+            tree,
+            model,
+            cwd,
+            store,
+        } => {
+            let model = match model.pick() {
+                Ok(m) => m,
+                Err(e) => return exit_with("workflow", e),
+            };
+            let opts = dsh::multi::WorkflowOptions {
+                script,
+                args,
+                meta,
+                tree,
+                model,
+                cwd,
+                store,
+            };
+            exit_with("workflow", dsh::multi::workflow(opts).await)
+        }
+        Command::Ralph {
+            objective,
+            max_rounds,
+            resume,
+            model,
+            cwd,
+            store,
+        } => {
+            let model = match model.pick() {
+                Ok(m) => m,
+                Err(e) => return exit_with("ralph", e),
+            };
+            let opts = dsh::multi::RalphOptions {
+                objective,
+                max_rounds,
+                resume,
+                model,
+                cwd,
+                store,
+            };
+            exit_with("ralph", dsh::multi::ralph(opts).await)
         }
         Command::Run {
             prompt,

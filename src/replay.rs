@@ -51,6 +51,10 @@ pub async fn replay(opts: ReplayOptions) -> RunExit {
         );
     }
     let model = Arc::new(ReplayModel::from_events(&events));
+    let children = match child_recordings(&opts.log) {
+        Ok(c) => c,
+        Err(e) => return fail(2, e),
+    };
     let cwd = match opts.cwd.canonicalize() {
         Ok(c) => c,
         Err(e) => {
@@ -67,13 +71,28 @@ pub async fn replay(opts: ReplayOptions) -> RunExit {
         Ok(rt) => rt,
         Err(e) => return fail(1, format!("cannot start the runtime: {e}")),
     };
-    let outcome = drive(&rt, model, cwd, opts.out.clone(), &inputs).await;
+    let outcome = drive(&rt, model, &children, cwd, opts.out.clone(), &inputs).await;
     let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
-    let replayed = match outcome {
-        Ok(events) => events,
+    let (replayed, replayed_children) = match outcome {
+        Ok(v) => v,
         Err(e) => return fail(1, e),
     };
-    let verdict = compare(&recorded, &shape(&replayed));
+    let mut verdict = compare(&recorded, &shape(&replayed));
+    if verdict.is_ok() {
+        if replayed_children.len() != children.len() {
+            verdict = Err(format!(
+                "the recording has {} child sessions; the replay started {}",
+                children.len(),
+                replayed_children.len()
+            ));
+        }
+        for (i, (recorded, replayed)) in children.iter().zip(&replayed_children).enumerate() {
+            if let Err(d) = compare(&shape(recorded), &shape(replayed)) {
+                verdict = Err(format!("child session {}: {d}", i + 1));
+                break;
+            }
+        }
+    }
     if opts.json {
         let v = match &verdict {
             Ok(turns) => serde_json::json!({"agree": true, "turns": turns}),
@@ -109,13 +128,39 @@ fn fail(code: u8, message: String) -> RunExit {
     }
 }
 
+type Events = Vec<Arc<dsh_services::session::SessionEvent>>;
+
+/// The child logs recorded beside `log` (`session.1.jsonl`, `session.2.jsonl`,
+/// ... for `session.jsonl`), in child creation order.
+fn child_recordings(
+    log: &std::path::Path,
+) -> Result<Vec<Vec<dsh_services::session::SessionEvent>>, String> {
+    let (Some(dir), Some(stem)) = (log.parent(), log.file_stem()) else {
+        return Ok(Vec::new());
+    };
+    let stem = stem.to_string_lossy();
+    let mut out = Vec::new();
+    for n in 1.. {
+        let path = dir.join(format!("{stem}.{n}.jsonl"));
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        let (_, events) = jsonl::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        out.push(events);
+    }
+    Ok(out)
+}
+
 async fn drive(
     rt: &Runtime,
     model: Arc<ReplayModel>,
+    children: &[Vec<dsh_services::session::SessionEvent>],
     cwd: PathBuf,
     out: Option<PathBuf>,
     inputs: &[String],
-) -> Result<Vec<Arc<dsh_services::session::SessionEvent>>, String> {
+) -> Result<(Events, Vec<Events>), String> {
     let root = rt.root();
     let llm = Arc::new(LlmRuntime::new());
     let tools = Arc::new(ToolRegistry::new());
@@ -132,6 +177,45 @@ async fn drive(
         .map_err(|e| e.to_string())?;
     register_builtin(&root, &tools)?;
     llm.register(&root, &["replay"], model)?;
+    // Children: the recorded tool names, each child served its own recorded
+    // model output (`replay-<n>`, in creation order).
+    dsh_actors::multi_agent::install(
+        &root,
+        &tools,
+        &dsh_actors::multi_agent::MultiAgentConfig::default(),
+    )?;
+    for (i, events) in children.iter().enumerate() {
+        let route = format!("replay-{}", i + 1);
+        llm.register(
+            &root,
+            &[route.as_str()],
+            Arc::new(ReplayModel::from_events(events)),
+        )?;
+    }
+    let agents = root
+        .get::<Agents>(Agents::SERVICE)
+        .ok_or("no agents registry")?;
+    let created: Arc<std::sync::Mutex<Vec<Agent>>> = Arc::default();
+    let seen = created.clone();
+    let registry = agents.clone();
+    root.on(move |e: &dsh_actors::agent::AgentCreated| {
+        if let (Some(a), Ok(mut list)) = (registry.get(&e.id), seen.lock()) {
+            list.push(a);
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    let order = created.clone();
+    root.on_waterfall(move |mut r: dsh_actors::agent::AgentRequest, next| {
+        let index = order
+            .lock()
+            .ok()
+            .and_then(|l| l.iter().position(|a| a.id() == r.agent));
+        if let Some(i) = index.filter(|i| *i > 0) {
+            r.request.provider = format!("replay-{i}");
+        }
+        async move { next.run(r).await }
+    })
+    .map_err(|e| e.to_string())?;
     let mut spec = AgentSpec::new("replay", "recorded", cwd);
     spec.store = out.map(|p| {
         Arc::new(dsh_services::persistence::JsonlStore::file(p))
@@ -147,5 +231,9 @@ async fn drive(
             .map_err(|e| e.to_string())?;
     }
     agent.session().flush().await?;
-    Ok(agent.session().events())
+    let children: Vec<Events> = created
+        .lock()
+        .map(|l| l.iter().skip(1).map(|a| a.session().events()).collect())
+        .unwrap_or_default();
+    Ok((agent.session().events(), children))
 }

@@ -93,7 +93,9 @@ pub struct AgentSpec {
 /// A callback run after each turn of an agent (with the agent and how the
 /// turn ended); it must not block.
 #[derive(Clone)]
-pub struct TurnHook(Arc<dyn Fn(&Agent, &TurnSummary) + Send + Sync>);
+pub struct TurnHook(Arc<TurnHookFn>);
+
+type TurnHookFn = dyn Fn(&Agent, &TurnSummary) + Send + Sync;
 
 impl TurnHook {
     /// Wraps `f`.

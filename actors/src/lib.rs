@@ -15,8 +15,8 @@
 pub use dsh_services as services;
 
 pub mod agent;
+pub mod multi_agent;
+pub mod ralph;
 pub mod session;
 pub mod subagent;
 pub mod workflow;
-pub mod ralph;
-pub mod multi_agent;

@@ -149,9 +149,9 @@ impl RalphOutcome {
             RalphOutcome::Complete => "complete (the worker's claim, not a verification)".into(),
             RalphOutcome::Blocked => "blocked (the worker's claim)".into(),
             RalphOutcome::BudgetLimited => "round cap reached without a completion claim".into(),
-            RalphOutcome::CircuitOpen => format!(
-                "stopped: {BREAKER} identical continue handoffs in a row (no progress)"
-            ),
+            RalphOutcome::CircuitOpen => {
+                format!("stopped: {BREAKER} identical continue handoffs in a row (no progress)")
+            }
             RalphOutcome::Failed { round, error } => format!("round {round} failed: {error}"),
             RalphOutcome::Cancelled { round } => format!("cancelled during round {round}"),
         }
@@ -251,14 +251,20 @@ pub fn last_loop(events: &[SessionEvent]) -> Option<Resume> {
                 })
             }
             "ralph/round" => {
-                if let Some(r) = found.as_mut().filter(|r| data["runId"] == r.run_id.as_str())
+                if let Some(r) = found
+                    .as_mut()
+                    .filter(|r| data["runId"] == r.run_id.as_str())
                     && let Ok(h) = serde_json::from_value::<Handoff>(data["handoff"].clone())
                 {
-                    r.rounds.push((data["round"].as_u64().unwrap_or(0) as u32, h));
+                    r.rounds
+                        .push((data["round"].as_u64().unwrap_or(0) as u32, h));
                 }
             }
             "ralph/end" => {
-                if let Some(r) = found.as_mut().filter(|r| data["runId"] == r.run_id.as_str()) {
+                if let Some(r) = found
+                    .as_mut()
+                    .filter(|r| data["runId"] == r.run_id.as_str())
+                {
                     r.ended = data["outcome"]["kind"].as_str().map(str::to_owned);
                 }
             }
@@ -335,7 +341,10 @@ pub async fn run(
     let scope = request
         .parent
         .context()
-        .scope(ScopeKey::new(format!("ralph/{}", crate::session::short(&run_id))))
+        .scope(ScopeKey::new(format!(
+            "ralph/{}",
+            crate::session::short(&run_id)
+        )))
         .await
         .map_err(|e| e.to_string())?;
     let mut completed = Vec::new();

@@ -583,7 +583,12 @@ impl Subagents {
         Ok(agent.id().to_owned())
     }
 
-    fn admit(self: &Arc<Self>, agent: &Agent, parent: &str, label: &str) -> Result<(), SubagentError> {
+    fn admit(
+        self: &Arc<Self>,
+        agent: &Agent,
+        parent: &str,
+        label: &str,
+    ) -> Result<(), SubagentError> {
         let id = agent.id().to_owned();
         if let Ok(mut r) = self.resident.lock() {
             r.insert(
@@ -615,7 +620,11 @@ impl Subagents {
         child: &str,
         text: &str,
     ) -> Result<(), SubagentError> {
-        let live = self.resident.lock().ok().and_then(|r| r.get(child).cloned());
+        let live = self
+            .resident
+            .lock()
+            .ok()
+            .and_then(|r| r.get(child).cloned());
         let agent = match live {
             Some(r) if r.parent != parent.id() => {
                 return Err(SubagentError::Unauthorized {
@@ -664,7 +673,11 @@ impl Subagents {
     /// Cancels the running turn of a continuable child of `parent`; queued
     /// messages stay. An absent (finished, unknown) child is a no-op.
     pub fn interrupt(&self, parent: &Agent, child: &str) -> Result<(), SubagentError> {
-        let live = self.resident.lock().ok().and_then(|r| r.get(child).cloned());
+        let live = self
+            .resident
+            .lock()
+            .ok()
+            .and_then(|r| r.get(child).cloned());
         match live {
             None => Ok(()),
             Some(r) if r.parent != parent.id() => Err(SubagentError::Unauthorized {
@@ -736,7 +749,8 @@ fn descriptor_mode(events: &[SessionEvent]) -> Option<String> {
 }
 
 fn store_of(agent: &Agent) -> Option<Arc<dyn SessionPersistence>> {
-    agent.spec().store.clone().or_else(|| {
+    let own = agent.spec().store.clone();
+    own.filter(|s| !s.holds_one_session()).or_else(|| {
         agent
             .context()
             .get::<dyn SessionPersistence>(PERSISTENCE_SERVICE)
@@ -795,7 +809,9 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
     spec.max_steps = p.max_steps;
     spec.temperature = p.temperature;
     spec.max_tokens = p.max_tokens;
-    spec.store = p.store.clone();
+    // A single-file store holds the parent's log only; the child then uses
+    // the store provided in scope, if any.
+    spec.store = p.store.clone().filter(|s| !s.holds_one_session());
     spec.depth = depth;
     spec.parent_session = Some(parent.id().to_owned());
     spec.origin = Some("subagent".into());
@@ -814,9 +830,18 @@ async fn compose(
 ) -> Result<Agent, SubagentError> {
     let caps = provider.capabilities();
     let missing = [
-        (request.output_schema.is_some() && !caps.output_schema, "outputSchema"),
-        (request.max_depth.is_some() && !caps.depth_limit, "depthLimit"),
-        (request.tool_filter.is_some() && !caps.tool_filter, "toolFilter"),
+        (
+            request.output_schema.is_some() && !caps.output_schema,
+            "outputSchema",
+        ),
+        (
+            request.max_depth.is_some() && !caps.depth_limit,
+            "depthLimit",
+        ),
+        (
+            request.tool_filter.is_some() && !caps.tool_filter,
+            "toolFilter",
+        ),
         (request.persona.is_some() && !caps.persona, "persona"),
     ];
     if let Some((_, feature)) = missing.iter().find(|(m, _)| *m) {
@@ -865,7 +890,8 @@ async fn compose(
         spec.id = Some(id);
         spec.seed = Some((header, seed));
     }
-    spec.name = Some(format!("subagent/{}", provider.name()));
+    let id = spec.id.get_or_insert_with(Message::new_id).clone();
+    spec.name = Some(format!("subagent/{}", crate::session::short(&id)));
     let owner = request
         .owner
         .clone()

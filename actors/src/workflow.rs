@@ -395,13 +395,21 @@ impl Actor for HostActor {
         Ok(host)
     }
 
-    async fn post_start(&self, me: ActorRef<()>, host: &mut Host) -> Result<(), ActorProcessingErr> {
+    async fn post_start(
+        &self,
+        me: ActorRef<()>,
+        host: &mut Host,
+    ) -> Result<(), ActorProcessingErr> {
         let result = drive(host).await;
-        update(host, "workflow/end", json!({
-            "stopReason": result.stop_reason,
-            "error": result.error,
-            "agentsStarted": result.agents_started,
-        }));
+        update(
+            host,
+            "workflow/end",
+            json!({
+                "stopReason": result.stop_reason,
+                "error": result.error,
+                "agentsStarted": result.agents_started,
+            }),
+        );
         if let Some(reply) = host.reply.take() {
             let _ = reply.send(result);
         }
@@ -409,7 +417,11 @@ impl Actor for HostActor {
         Ok(())
     }
 
-    async fn post_stop(&self, _me: ActorRef<()>, host: &mut Host) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        _me: ActorRef<()>,
+        host: &mut Host,
+    ) -> Result<(), ActorProcessingErr> {
         host.cancel.cancel();
         Ok(())
     }

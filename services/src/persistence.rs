@@ -112,6 +112,11 @@ pub trait SessionPersistence: Send + Sync + std::fmt::Debug + 'static {
     fn backend(&self) -> &'static str;
     /// Where session `id` lives, for messages.
     fn locate(&self, id: &str) -> String;
+    /// Whether the store holds exactly one session (a single file), so that
+    /// other sessions (a subagent's) cannot be stored beside it.
+    fn holds_one_session(&self) -> bool {
+        false
+    }
     /// Writes a new session holding `header` and `events`; refuses an id
     /// that already exists. Either all of it is durable or none of it.
     fn create(
@@ -386,6 +391,10 @@ impl SessionPersistence for JsonlStore {
             Compression::None => "jsonl",
             Compression::Zstd => "jsonl-zstd",
         }
+    }
+
+    fn holds_one_session(&self) -> bool {
+        self.single.is_some()
     }
 
     fn locate(&self, id: &str) -> String {

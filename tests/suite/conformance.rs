@@ -74,6 +74,7 @@ fn every_supported_recording_replays_to_the_same_structure() {
         "parallel-tool-calls",
         "fs-read",
         "fs-write",
+        "subagent-spawn-in-process",
     ] {
         let cwd = workspace();
         let out = cwd.join("replayed.jsonl");
@@ -104,6 +105,13 @@ fn every_supported_recording_replays_to_the_same_structure() {
                 assert!(r[0].1.contains("alpha") && r[1].1.contains("beta"), "{r:?}");
             }
             "bash-tool-turn" => assert!(results(&out)[0].1.contains("TERMINAL_OK")),
+            "subagent-spawn-in-process" => {
+                assert!(
+                    results(&out)[0].1.contains("CHILD_OK"),
+                    "{:?}",
+                    results(&out)
+                )
+            }
             _ => {}
         }
     }
@@ -153,5 +161,25 @@ fn a_broken_recording_is_refused_with_its_line() {
         text(&run.stderr).contains("line 2: `turn/start` event: missing field `turn`"),
         "{}",
         text(&run.stderr)
+    );
+}
+
+#[test]
+fn a_multi_agent_recording_without_its_child_log_diverges() {
+    let cwd = workspace();
+    let copy = cwd.join("recording");
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(
+        recordings().join("subagent-spawn-in-process/session.jsonl"),
+        copy.join("session.jsonl"),
+    )
+    .unwrap();
+    let out = cwd.join("replayed.jsonl");
+    let run = replay(&copy.join("session.jsonl"), &cwd, &out);
+    assert!(!run.status.success());
+    let err = text(&run.stderr);
+    assert!(
+        err.contains("0 child sessions") && err.contains("started 1"),
+        "{err}"
     );
 }

@@ -1,6 +1,7 @@
 mod cli;
 mod conformance;
 mod embedding;
+mod multi;
 mod peers;
 mod persistence;
 mod run;

@@ -87,10 +87,12 @@ impl Tool for RalphTool {
                 "lastHandoff": result.last,
             });
             match &result.outcome {
-                RalphOutcome::Failed { .. } | RalphOutcome::Cancelled { .. } => Err(ToolError::new(
-                    "RALPH_FAILED",
-                    format!("{}\n{}", result.outcome.describe(), report),
-                )),
+                RalphOutcome::Failed { .. } | RalphOutcome::Cancelled { .. } => {
+                    Err(ToolError::new(
+                        "RALPH_FAILED",
+                        format!("{}\n{}", result.outcome.describe(), report),
+                    ))
+                }
                 outcome => Ok(ToolOutput {
                     content: vec![ContentBlock::text(format!(
                         "Ralph loop {}: {} after {} rounds.\n{}",

@@ -127,7 +127,10 @@ impl Tool for SubagentTool {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let parent = caller(&cx)?;
-            let label = cx.args["description"].as_str().unwrap_or_default().to_owned();
+            let label = cx.args["description"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             let prompt = cx.args["prompt"].as_str().unwrap_or_default().to_owned();
             let background = cx.args["run_in_background"].as_bool().unwrap_or(false);
             if background && !self.config.background {

@@ -112,8 +112,11 @@ pub(super) fn spawn(setup: Setup) -> std::io::Result<Js> {
 const PREFIX: &str = "(async () => {";
 const FILE: &str = "workflow.js";
 
+type Resolvers = (Persistent<Function<'static>>, Persistent<Function<'static>>);
+
 struct State {
-    pending: RefCell<HashMap<u64, (Persistent<Function<'static>>, Persistent<Function<'static>>)>>,
+    /// The resolve and reject functions of each unanswered `agent()` call.
+    pending: RefCell<HashMap<u64, Resolvers>>,
     fatal: RefCell<Option<String>>,
     next: Cell<u64>,
     max_agents: u32,
@@ -129,8 +132,7 @@ fn run(setup: Setup, rx: Receiver<ToJs>, stop: Arc<AtomicBool>) -> Result<Value,
     rt.set_interrupt_handler(Some(Box::new(move || {
         flag.load(Ordering::Acquire) || Instant::now() >= deadline
     })));
-    let context =
-        rquickjs::Context::full(&rt).map_err(|e| format!("cannot start QuickJS: {e}"))?;
+    let context = rquickjs::Context::full(&rt).map_err(|e| format!("cannot start QuickJS: {e}"))?;
     let state = Rc::new(State {
         pending: RefCell::default(),
         fatal: RefCell::default(),
@@ -273,21 +275,23 @@ fn describe(error: CaughtError<'_>, code: &str) -> String {
         CaughtError::Exception(e) => {
             let message = e.message().unwrap_or_default();
             let name: String = e.as_object().get("name").unwrap_or_else(|_| "Error".into());
-            if let Some(known) = ["AGENT_CAP", "AGENT_START", "INVALID_ARGUMENT", "UNSUPPORTED_OPTION"]
-                .iter()
-                .find(|c| message.starts_with(**c))
+            if let Some(known) = [
+                "AGENT_CAP",
+                "AGENT_START",
+                "INVALID_ARGUMENT",
+                "UNSUPPORTED_OPTION",
+            ]
+            .iter()
+            .find(|c| message.starts_with(**c))
             {
                 let _ = known;
                 return message;
             }
-            let place = e
-                .stack()
-                .and_then(|s| position(&s))
-                .or_else(|| {
-                    let line: Option<u32> = e.as_object().get("lineNumber").ok();
-                    let col: Option<u32> = e.as_object().get("columnNumber").ok();
-                    line.map(|l| (l, col.unwrap_or(0)))
-                });
+            let place = e.stack().and_then(|s| position(&s)).or_else(|| {
+                let line: Option<u32> = e.as_object().get("lineNumber").ok();
+                let col: Option<u32> = e.as_object().get("columnNumber").ok();
+                line.map(|l| (l, col.unwrap_or(0)))
+            });
             match place {
                 Some((line, column)) => {
                     format!("{code}: {name}: {message} ({FILE} line {line}, column {column})")
@@ -396,7 +400,11 @@ fn agent_call<'js>(
             match serde_json::from_str::<AgentOptions>(&text) {
                 Ok(o) => o,
                 Err(e) => {
-                    return Err(fatal(ctx, state, format!("UNSUPPORTED_OPTION: agent() options: {e}")));
+                    return Err(fatal(
+                        ctx,
+                        state,
+                        format!("UNSUPPORTED_OPTION: agent() options: {e}"),
+                    ));
                 }
             }
         }
@@ -416,7 +424,10 @@ fn agent_call<'js>(
     let (promise, resolve, reject) = ctx.promise()?;
     state.pending.borrow_mut().insert(
         seq,
-        (Persistent::save(ctx, resolve), Persistent::save(ctx, reject)),
+        (
+            Persistent::save(ctx, resolve),
+            Persistent::save(ctx, reject),
+        ),
     );
     let _ = state.to_host.send(ToHost::Agent {
         seq,

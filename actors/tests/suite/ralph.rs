@@ -52,7 +52,11 @@ impl LlmAdapter for Worker {
             };
             return Box::pin(futures::stream::iter(vec![Err(f)]));
         }
-        if request.messages.last().is_some_and(|m| m.source.kind == "tool") {
+        if request
+            .messages
+            .last()
+            .is_some_and(|m| m.source.kind == "tool")
+        {
             let chunks = dsh_services::llm::scripted::chunks_for(
                 &[ContentBlock::text("reported")],
                 Default::default(),
@@ -133,7 +137,11 @@ async fn completion_blocked_cap_and_completion_on_the_last_round() {
     h.rt.shutdown().await;
 
     let (r, _, h) = loop_of("complete at 4", 4).await;
-    assert_eq!(r.outcome, RalphOutcome::Complete, "completion wins on the last round");
+    assert_eq!(
+        r.outcome,
+        RalphOutcome::Complete,
+        "completion wins on the last round"
+    );
     h.rt.shutdown().await;
 }
 
@@ -146,10 +154,16 @@ async fn the_circuit_breaker_and_failed_rounds_stop_the_loop() {
 
     let (r, _, h) = loop_of("fail at 2", 10).await;
     match &r.outcome {
-        RalphOutcome::Failed { round: 2, error } => assert!(error.contains("UNAVAILABLE"), "{error}"),
+        RalphOutcome::Failed { round: 2, error } => {
+            assert!(error.contains("UNAVAILABLE"), "{error}")
+        }
         other => panic!("{other:?}"),
     }
-    assert_eq!(r.last.unwrap().summary, "round 1 done", "the last good handoff is kept");
+    assert_eq!(
+        r.last.unwrap().summary,
+        "round 1 done",
+        "the last good handoff is kept"
+    );
     h.rt.shutdown().await;
 
     let (h, s, parent) = setup().await;
@@ -212,6 +226,10 @@ async fn a_cut_loop_resumes_after_its_last_completed_round() {
             .collect::<Vec<_>>(),
     )
     .unwrap();
-    assert!(ralph::run(&s, RalphRequest::new(&parent, "x"), Some(ended)).await.is_err());
+    assert!(
+        ralph::run(&s, RalphRequest::new(&parent, "x"), Some(ended))
+            .await
+            .is_err()
+    );
     h.rt.shutdown().await;
 }

@@ -29,7 +29,10 @@ fn subagents(h: &Harness) -> Arc<Subagents> {
     let mut config = SubagentToolConfig::new("spawn", "subagent");
     config.max_depth = 8;
     h.tools
-        .register(&root, Arc::new(SubagentTool::new(s.clone(), config).unwrap()))
+        .register(
+            &root,
+            Arc::new(SubagentTool::new(s.clone(), config).unwrap()),
+        )
         .unwrap();
     s
 }
@@ -93,7 +96,8 @@ impl LlmAdapter for TreeModel {
         } else {
             FinishReason::ToolCalls
         };
-        let chunks = dsh_services::llm::scripted::chunks_for(&blocks, TokenUsage::default(), finish);
+        let chunks =
+            dsh_services::llm::scripted::chunks_for(&blocks, TokenUsage::default(), finish);
         Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
     }
 }
@@ -128,10 +132,15 @@ impl Tool for Park {
 }
 
 fn last_turn_end(agent: &Agent) -> Option<TurnEndReason> {
-    agent.session().events().iter().rev().find_map(|e| match &e.data {
-        EventData::TurnEnd { reason, .. } => Some(reason.clone()),
-        _ => None,
-    })
+    agent
+        .session()
+        .events()
+        .iter()
+        .rev()
+        .find_map(|e| match &e.data {
+            EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,10 +166,13 @@ async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order
     let root = h.agent("tree").await;
     root.followup(dsh_services::llm::Message::user_text("level 0"))
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(60), watch_parked.wait_for(|n| *n == 125))
-        .await
-        .expect("all 125 leaves park")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        watch_parked.wait_for(|n| *n == 125),
+    )
+    .await
+    .expect("all 125 leaves park")
+    .unwrap();
     let everyone: Vec<Agent> = created.lock().unwrap().clone();
     assert_eq!(everyone.len(), 1 + 5 + 25 + 125);
     // Start order of each agent's children, before the teardown.
@@ -178,8 +190,7 @@ async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order
     let depths: Vec<u32> = everyone.iter().map(|a| a.depth()).collect();
     assert_eq!(depths.iter().filter(|d| **d == 3).count(), 125);
     let tree = h.rt.tree();
-    let scope_ids: std::collections::HashSet<u64> =
-        everyone.iter().map(|a| a.node_id()).collect();
+    let scope_ids: std::collections::HashSet<u64> = everyone.iter().map(|a| a.node_id()).collect();
     for (agent, kids) in &children {
         let stops: Vec<u64> = kids
             .iter()
@@ -193,7 +204,8 @@ async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order
         let mut reversed = stops.clone();
         reversed.sort_by(|a, b| b.cmp(a));
         assert_eq!(
-            stops, reversed,
+            stops,
+            reversed,
             "the children of {} stopped out of reverse start order",
             agent.id()
         );
@@ -262,11 +274,17 @@ async fn a_child_failing_during_start_rejects_and_leaves_nothing() {
     let cancel = CancellationToken::new();
     cancel.cancel();
     let request = StartRequest::new(&parent, "work", cancel);
-    assert_eq!(s.start("spawn", request).await.err(), Some(SubagentError::Cancelled));
     assert_eq!(
-        s.start("nope", StartRequest::new(&parent, "w", CancellationToken::new()))
-            .await
-            .err(),
+        s.start("spawn", request).await.err(),
+        Some(SubagentError::Cancelled)
+    );
+    assert_eq!(
+        s.start(
+            "nope",
+            StartRequest::new(&parent, "w", CancellationToken::new())
+        )
+        .await
+        .err(),
         Some(SubagentError::UnknownProvider("nope".into()))
     );
     assert_eq!(h.rt.tree().live_len(), live);
@@ -327,7 +345,11 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
         }
         fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
             self.0.fetch_add(1, Ordering::Relaxed);
-            let last = request.messages.last().map(|m| m.text()).unwrap_or_default();
+            let last = request
+                .messages
+                .last()
+                .map(|m| m.text())
+                .unwrap_or_default();
             let blocks = vec![ContentBlock::text(format!("echo: {last}"))];
             let chunks = dsh_services::llm::scripted::chunks_for(
                 &blocks,
@@ -338,12 +360,9 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
         }
     }
     h.adapter("r", Arc::new(Replies(counter.clone())));
-    let parent = Agent::create(
-        &h.rt.root(),
-        AgentSpec::new("r", "m", std::env::temp_dir()),
-    )
-    .await
-    .unwrap();
+    let parent = Agent::create(&h.rt.root(), AgentSpec::new("r", "m", std::env::temp_dir()))
+        .await
+        .unwrap();
     let request = StartRequest::new(&parent, "first", CancellationToken::new());
     let id = s
         .start_continuable("spawn", "helper", request)
@@ -374,13 +393,12 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
     assert!(s.interrupt(&stranger, &id).is_err());
     s.send(&parent, &id, "second").await.unwrap();
     parent.when_idle(Duration::from_secs(30)).await.unwrap();
-    let child = h
-        .rt
-        .root()
-        .get::<Agents>(Agents::SERVICE)
-        .unwrap()
-        .get(&id)
-        .unwrap();
+    let child =
+        h.rt.root()
+            .get::<Agents>(Agents::SERVICE)
+            .unwrap()
+            .get(&id)
+            .unwrap();
     child.when_idle(Duration::from_secs(30)).await.unwrap();
     assert_eq!(child.last_turn().unwrap().text, "echo: second");
     // Interrupting an idle or unknown child is a no-op.

@@ -50,7 +50,10 @@ impl LlmAdapter for Children {
         let blocks = if prompt.contains("park") && !answered {
             vec![call("park", json!({}))]
         } else if prompt.starts_with("report") && !answered {
-            vec![call("report", json!({"n": prompt.lines().next().unwrap_or_default().len()}))]
+            vec![call(
+                "report",
+                json!({"n": prompt.lines().next().unwrap_or_default().len()}),
+            )]
         } else {
             let first_line = prompt.lines().next().unwrap_or_default();
             vec![ContentBlock::text(format!("done: {first_line}"))]
@@ -104,7 +107,9 @@ async fn world() -> World {
     root.provide(Subagents::SERVICE, subagents.clone()).unwrap();
     h.adapter("children", Arc::new(Children));
     let (tx, parked) = watch::channel(0);
-    h.tools.register(&root, Arc::new(Park { parked: tx })).unwrap();
+    h.tools
+        .register(&root, Arc::new(Park { parked: tx }))
+        .unwrap();
     let limits = WorkflowLimits {
         max_total_agents: 16,
         ..WorkflowLimits::default()
@@ -158,8 +163,17 @@ return {results, structured, total: results.length};
     assert_eq!(kinds.first(), Some(&"workflow/start"));
     assert_eq!(kinds.last(), Some(&"workflow/end"));
     assert!(kinds.contains(&"workflow/phase") && kinds.contains(&"workflow/log"));
-    assert_eq!(kinds.iter().filter(|k| **k == "workflow/agent-start").count(), 4);
-    assert_eq!(kinds.iter().filter(|k| **k == "workflow/agent-end").count(), 4);
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "workflow/agent-start")
+            .count(),
+        4
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "workflow/agent-end").count(),
+        4
+    );
     w.h.rt.shutdown().await;
 }
 
@@ -215,7 +229,13 @@ async fn misuse_and_caps_are_fatal_even_when_caught() {
     let r = run.result().await;
     run.dispose().await;
     assert_eq!(r.stop_reason, WorkflowStop::Error);
-    assert!(r.error.as_deref().unwrap().starts_with("UNSUPPORTED_OPTION"), "{r:?}");
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap()
+            .starts_with("UNSUPPORTED_OPTION"),
+        "{r:?}"
+    );
 
     let too_many = "await Promise.all([1, 2, 3].map(i => agent('t' + i)));\nreturn 1;";
     let mut request = WorkflowRequest::new(&w.parent, too_many, meta());
@@ -223,19 +243,33 @@ async fn misuse_and_caps_are_fatal_even_when_caught() {
     let run = w.engine.start(request).await.unwrap();
     let r = run.result().await;
     run.dispose().await;
-    assert!(r.error.as_deref().unwrap().starts_with("AGENT_CAP"), "{r:?}");
+    assert!(
+        r.error.as_deref().unwrap().starts_with("AGENT_CAP"),
+        "{r:?}"
+    );
 
     // Refused before anything runs: a bad meta block, a limit above the ceiling.
     let err = w
         .engine
-        .start(WorkflowRequest::new(&w.parent, "return 1", json!({"name": "Bad Name", "description": "x"})))
+        .start(WorkflowRequest::new(
+            &w.parent,
+            "return 1",
+            json!({"name": "Bad Name", "description": "x"}),
+        ))
         .await
         .err()
         .unwrap();
-    assert!(matches!(err, WorkflowError::MetaInvalid(ref m) if m.contains("name")), "{err}");
+    assert!(
+        matches!(err, WorkflowError::MetaInvalid(ref m) if m.contains("name")),
+        "{err}"
+    );
     let err = w
         .engine
-        .start(WorkflowRequest::new(&w.parent, "return 1", json!({"name": "a", "description": "x", "extra": 1})))
+        .start(WorkflowRequest::new(
+            &w.parent,
+            "return 1",
+            json!({"name": "a", "description": "x", "extra": 1}),
+        ))
         .await
         .err()
         .unwrap();
@@ -259,7 +293,10 @@ async fn the_time_limit_kills_a_spinning_or_stuck_script() {
         let r = run.result().await;
         run.dispose().await;
         assert_eq!(r.stop_reason, WorkflowStop::Error, "{script}: {r:?}");
-        assert!(r.error.as_deref().unwrap().starts_with("TIME_LIMIT"), "{script}: {r:?}");
+        assert!(
+            r.error.as_deref().unwrap().starts_with("TIME_LIMIT"),
+            "{script}: {r:?}"
+        );
     }
     w.h.rt.shutdown().await;
 }
@@ -278,12 +315,11 @@ async fn cancelling_mid_run_aborts_the_children_and_frees_the_subtree() {
         .unwrap()
         .unwrap();
     let children: Vec<Agent> = {
-        let agents = w
-            .h
-            .rt
-            .root()
-            .get::<dsh_actors::agent::Agents>(dsh_actors::agent::Agents::SERVICE)
-            .unwrap();
+        let agents =
+            w.h.rt
+                .root()
+                .get::<dsh_actors::agent::Agents>(dsh_actors::agent::Agents::SERVICE)
+                .unwrap();
         agents
             .ids()
             .into_iter()
@@ -297,11 +333,19 @@ async fn cancelling_mid_run_aborts_the_children_and_frees_the_subtree() {
     assert_eq!(r.stop_reason, WorkflowStop::Cancelled);
     run.dispose().await;
     for c in &children {
-        let end = c.session().events().iter().rev().find_map(|e| match &e.data {
-            EventData::TurnEnd { reason, .. } => Some(reason.clone()),
-            _ => None,
-        });
-        assert!(matches!(end, Some(TurnEndReason::Aborted { .. })), "{end:?}");
+        let end = c
+            .session()
+            .events()
+            .iter()
+            .rev()
+            .find_map(|e| match &e.data {
+                EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+                _ => None,
+            });
+        assert!(
+            matches!(end, Some(TurnEndReason::Aborted { .. })),
+            "{end:?}"
+        );
         assert!(c.status().is_terminal());
         assert_eq!(
             c.session().with_log(|l| l.header().parent_session.clone()),

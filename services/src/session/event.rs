@@ -307,6 +307,9 @@ pub const CARRIED_TYPES: &[&str] = &[
     "tool-workflow/agent-start",
     "tool-workflow/agent-end",
     "web/deepseek-search-llm-request",
+    "ralph/start",
+    "ralph/round",
+    "ralph/end",
 ];
 
 #[derive(Serialize, Deserialize)]
