@@ -255,3 +255,53 @@ impl Tool for Boom {
         async move { panic!("the boom tool exploded") }.boxed()
     }
 }
+
+/// Parks until cancelled, counting parked calls in a watch channel.
+pub struct Park {
+    pub parked: tokio::sync::watch::Sender<usize>,
+}
+
+impl Tool for Park {
+    fn schema(&self) -> ToolSchema {
+        schema("park", serde_json::json!({}), &[])
+    }
+    fn is_concurrency_safe(&self) -> bool {
+        true
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            self.parked.send_modify(|n| *n += 1);
+            cx.cancel.cancelled().await;
+            Err(ToolError::new("ABORTED", "park was cancelled"))
+        }
+        .boxed()
+    }
+}
+
+/// The prompt of the turn a request belongs to: the last user-sourced message.
+pub fn prompt_of(request: &dsh_services::llm::LlmRequest) -> String {
+    request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.source.kind == "user")
+        .map(|m| m.text())
+        .unwrap_or_default()
+}
+
+/// A stream answering `blocks` (tool calls finish as `tool-calls`).
+pub fn answer(blocks: Vec<dsh_services::llm::ContentBlock>) -> dsh_services::llm::ChunkStream {
+    let finish = if blocks
+        .iter()
+        .any(|b| matches!(b, dsh_services::llm::ContentBlock::ToolCall { .. }))
+    {
+        dsh_services::llm::FinishReason::ToolCalls
+    } else {
+        dsh_services::llm::FinishReason::Stop
+    };
+    let chunks = dsh_services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+    Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+}

@@ -10,17 +10,14 @@ use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
 use dsh_actors::subagent::{StartRequest, StopReason, SubagentError, Subagents};
 use dsh_services::llm::scripted::{ScriptStep, ScriptedError};
 use dsh_services::llm::{
-    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage, ToolSchema,
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage,
 };
 use dsh_services::session::{EventData, TurnEndReason};
-use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::harness::{Harness, calls, results, text};
+use super::harness::{Harness, Park, answer, calls, prompt_of, results, text};
 
 fn subagents(h: &Harness) -> Arc<Subagents> {
     let root = h.rt.root();
@@ -35,17 +32,6 @@ fn subagents(h: &Harness) -> Arc<Subagents> {
         )
         .unwrap();
     s
-}
-
-/// The prompt of the turn: the text of the first user-sourced message.
-fn prompt_of(request: &LlmRequest) -> String {
-    request
-        .messages
-        .iter()
-        .rev()
-        .find(|m| m.source.kind == "user")
-        .map(|m| m.text())
-        .unwrap_or_default()
 }
 
 fn results_after_prompt(request: &LlmRequest) -> usize {
@@ -91,43 +77,7 @@ impl LlmAdapter for TreeModel {
                 arguments: "{}".into(),
             }]
         };
-        let finish = if matches!(blocks[0], ContentBlock::Text { .. }) {
-            FinishReason::Stop
-        } else {
-            FinishReason::ToolCalls
-        };
-        let chunks =
-            dsh_services::llm::scripted::chunks_for(&blocks, TokenUsage::default(), finish);
-        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
-    }
-}
-
-/// Parks until cancelled, counting parked calls.
-struct Park {
-    parked: watch::Sender<usize>,
-}
-
-impl Tool for Park {
-    fn schema(&self) -> ToolSchema {
-        ToolSchema {
-            name: "park".into(),
-            description: "Waits until cancelled.".into(),
-            parameters: json!({"type": "object", "properties": {}}),
-        }
-    }
-    fn is_concurrency_safe(&self) -> bool {
-        true
-    }
-    fn execute(
-        self: Arc<Self>,
-        cx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        async move {
-            self.parked.send_modify(|n| *n += 1);
-            cx.cancel.cancelled().await;
-            Err(ToolError::new("ABORTED", "park was cancelled"))
-        }
-        .boxed()
+        answer(blocks)
     }
 }
 
@@ -372,6 +322,11 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
     let child_list = s.children(&parent);
     assert_eq!(child_list.len(), 1);
     assert_eq!(child_list[0].label, "helper");
+    // The child's driver delivers the notice before it reports idle; the
+    // notice then wakes the parent.
+    let agents = h.rt.root().get::<Agents>(Agents::SERVICE).unwrap();
+    let child = agents.get(&id).unwrap();
+    child.when_idle(Duration::from_secs(30)).await.unwrap();
     parent.when_idle(Duration::from_secs(30)).await.unwrap();
     let notices: Vec<String> = parent
         .session()
@@ -392,14 +347,8 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
     ));
     assert!(s.interrupt(&stranger, &id).is_err());
     s.send(&parent, &id, "second").await.unwrap();
-    parent.when_idle(Duration::from_secs(30)).await.unwrap();
-    let child =
-        h.rt.root()
-            .get::<Agents>(Agents::SERVICE)
-            .unwrap()
-            .get(&id)
-            .unwrap();
     child.when_idle(Duration::from_secs(30)).await.unwrap();
+    parent.when_idle(Duration::from_secs(30)).await.unwrap();
     assert_eq!(child.last_turn().unwrap().text, "echo: second");
     // Interrupting an idle or unknown child is a no-op.
     s.interrupt(&parent, &id).unwrap();

@@ -9,18 +9,13 @@ use dsh_actors::subagent::Subagents;
 use dsh_actors::workflow::{
     WorkflowEngine, WorkflowError, WorkflowLimits, WorkflowRequest, WorkflowStop, WorkflowUpdate,
 };
-use dsh_services::llm::{
-    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, ToolSchema,
-};
+use dsh_services::llm::{ChunkStream, ContentBlock, LlmAdapter, LlmRequest};
 use dsh_services::session::{EventData, TurnEndReason};
-use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::harness::Harness;
+use super::harness::{Harness, Park, answer, prompt_of};
 
 /// Answers `done: <prompt>`; a prompt containing `park` parks first, and
 /// one containing `report` reports `{"n": <prompt length>}`.
@@ -31,13 +26,7 @@ impl LlmAdapter for Children {
         "children"
     }
     fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
-        let prompt = request
-            .messages
-            .iter()
-            .rev()
-            .find(|m| m.source.kind == "user")
-            .map(|m| m.text())
-            .unwrap_or_default();
+        let prompt = prompt_of(&request);
         let answered = request
             .messages
             .last()
@@ -58,38 +47,7 @@ impl LlmAdapter for Children {
             let first_line = prompt.lines().next().unwrap_or_default();
             vec![ContentBlock::text(format!("done: {first_line}"))]
         };
-        let finish = if matches!(blocks[0], ContentBlock::Text { .. }) {
-            FinishReason::Stop
-        } else {
-            FinishReason::ToolCalls
-        };
-        let chunks = dsh_services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
-        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
-    }
-}
-
-struct Park {
-    parked: watch::Sender<usize>,
-}
-
-impl Tool for Park {
-    fn schema(&self) -> ToolSchema {
-        ToolSchema {
-            name: "park".into(),
-            description: "Waits until cancelled.".into(),
-            parameters: json!({"type": "object", "properties": {}}),
-        }
-    }
-    fn execute(
-        self: Arc<Self>,
-        cx: ToolContext,
-    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        async move {
-            self.parked.send_modify(|n| *n += 1);
-            cx.cancel.cancelled().await;
-            Err(ToolError::new("ABORTED", "park was cancelled"))
-        }
-        .boxed()
+        answer(blocks)
     }
 }
 
