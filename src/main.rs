@@ -12,6 +12,9 @@ use dsh::kernel::{Error, Loader, Runtime, RuntimeSettings, Source};
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
 /// instructions in malloc/free.
+/// (`--features system-allocator` keeps the system allocator, for heap
+/// profilers such as heaptrack that intercept malloc.)
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

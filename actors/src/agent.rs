@@ -385,7 +385,12 @@ impl Agent {
             .scope(key)
             .await
             .map_err(|e| AgentError::Kernel(e.to_string()))?;
-        let agent = Self::build(scope, spec, id, session, llm, tools, approval, resumed).await?;
+        // Boxed: the build's state lives on the heap only while it runs, not in
+        // every future that awaits a creation.
+        let agent = Box::pin(Self::build(
+            scope, spec, id, session, llm, tools, approval, resumed,
+        ))
+        .await?;
         if let Some(agents) = agents {
             if let Ok(mut live) = agents.live.lock() {
                 live.insert(agent.inner.id.clone(), agent.clone());
@@ -797,7 +802,8 @@ impl Actor for Driver {
             let Some((prompt, turn, token)) = next else {
                 break;
             };
-            let summary = run_turn(&agent, prompt, turn, token).await;
+            // Boxed: an idle driver's task does not carry a turn's state.
+            let summary = Box::pin(run_turn(&agent, prompt, turn, token)).await;
             {
                 let mut inbox = agent.inbox();
                 inbox.running = false;
@@ -979,8 +985,9 @@ fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
     {
         return e.clone();
     }
-    let schemas: Arc<[ToolSchema]> = inner.tools.schemas(inner.ctx.scope_key()).into();
-    let header = Arc::new(header_value(&inner.spec, system, &schemas));
+    let schemas = inner.tools.schemas(inner.ctx.scope_key());
+    let header = header_value(&inner.spec, system, &schemas);
+    let (schemas, header) = shared_envelope(schemas, header);
     let fresh = Envelope {
         generation,
         system: system.map(str::to_owned),
@@ -989,6 +996,30 @@ fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
     };
     *cache = Some(fresh.clone());
     fresh
+}
+
+/// Envelopes in use, shared between agents: agents with the same tools,
+/// route and system text hold one schema list and one header value instead
+/// of a copy each (a thousand subagents would otherwise carry a thousand).
+static SHARED_ENVELOPES: Mutex<VecDeque<SharedEnvelope>> = Mutex::new(VecDeque::new());
+
+/// One shared envelope: the tool schemas and the header that lists them.
+type SharedEnvelope = (Arc<[ToolSchema]>, Arc<serde_json::Value>);
+
+/// Envelopes remembered for sharing (most recently built first).
+const SHARED_ENVELOPE_SLOTS: usize = 32;
+
+fn shared_envelope(schemas: Vec<ToolSchema>, header: serde_json::Value) -> SharedEnvelope {
+    let mut shared = SHARED_ENVELOPES.lock().unwrap_or_else(|p| p.into_inner());
+    let known = shared.iter().position(|(_, h)| **h == header);
+    if let Some(found) = known.and_then(|at| shared.remove(at)) {
+        shared.push_front(found.clone());
+        return found;
+    }
+    let made: SharedEnvelope = (schemas.into(), Arc::new(header));
+    shared.push_front(made.clone());
+    shared.truncate(SHARED_ENVELOPE_SLOTS);
+    made
 }
 
 /// The request envelope as logged in `request/header`.
@@ -1311,10 +1342,12 @@ async fn execute(agent: &Agent, call: ToolCall, token: &CancellationToken) -> Pi
         reply: Some(tx),
     };
     let name = format!("tool/{}#{}", call.name, call.id);
-    let spawned = inner
-        .ctx
-        .spawn(WorkerSpec::new("tool", name, ToolExec, args))
-        .await;
+    let spawned = Box::pin(
+        inner
+            .ctx
+            .spawn(WorkerSpec::new("tool", name, ToolExec, args)),
+    )
+    .await;
     if let Err(e) = spawned {
         return PipelineOutcome {
             content: vec![ContentBlock::text(format!(
@@ -1370,14 +1403,14 @@ impl Actor for ToolExec {
         me: ActorRef<()>,
         run: &mut ToolRun,
     ) -> Result<(), ActorProcessingErr> {
-        let outcome = run_pipeline(
+        let outcome = Box::pin(run_pipeline(
             &run.ctx,
             &run.tools,
             run.approval.as_deref(),
             run.call.clone(),
             run.cancel.clone(),
             run.cwd.clone(),
-        )
+        ))
         .await;
         if let Some(reply) = run.reply.take() {
             let _ = reply.send(outcome);

@@ -404,6 +404,11 @@ pub async fn run(
                     "ralph/round",
                     json!({"runId": run_id, "round": round, "child": child, "handoff": h}),
                 );
+                // Durable before the next round starts: a crash from here on
+                // resumes after this round.
+                if let Err(e) = request.parent.session().flush().await {
+                    tracing::warn!(round, "the round's record was not written: {e}");
+                }
                 completed.push(Round {
                     round,
                     child,

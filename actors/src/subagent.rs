@@ -529,7 +529,7 @@ impl Subagents {
             "provider": p.name(),
             "label": request.label,
         });
-        let agent = compose(&*p, &request, descriptor, None, capture.clone()).await?;
+        let agent = Box::pin(compose(&*p, &request, descriptor, None, capture.clone())).await?;
         let info = RunInfo {
             provider: p.name().to_owned(),
             child: agent.id().to_owned(),
@@ -574,7 +574,7 @@ impl Subagents {
             "label": label,
         });
         let hook = settled_hook(&request.parent);
-        let agent = compose(&*p, &request, descriptor, Some(hook), None).await?;
+        let agent = Box::pin(compose(&*p, &request, descriptor, Some(hook), None)).await?;
         self.admit(&agent, request.parent.id(), label)?;
         if let Err(e) = agent.followup(prompt_message(&request)) {
             agent.dispose().await;

@@ -184,3 +184,155 @@ fn a_ralph_loop_cut_after_a_round_resumes_from_its_handoff() {
         text(&run.stderr)
     );
 }
+
+/// A minimal OpenAI-compatible endpoint for Ralph workers: each round's
+/// worker reports `continue`, round 3 `complete`; after the report the
+/// worker answers `ok`. A request for the round named in `stall` gets no
+/// answer (the connection is held) and is announced on `stalled`.
+struct Endpoint {
+    url: String,
+    stalled: std::sync::mpsc::Receiver<()>,
+    stall: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+fn endpoint() -> Endpoint {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let (tx, stalled) = std::sync::mpsc::channel();
+    let stall = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stall_at = stall.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { break };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0u8; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let messages = request["messages"].as_array().cloned().unwrap_or_default();
+            let prompt = messages
+                .iter()
+                .find(|m| m["role"] == "user")
+                .map(|m| m["content"].to_string())
+                .unwrap_or_default();
+            let round: u32 = prompt
+                .split("Ralph round ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if round == stall_at.load(std::sync::atomic::Ordering::SeqCst) {
+                held.push(conn);
+                let _ = tx.send(());
+                continue;
+            }
+            let answered = messages.last().is_some_and(|m| m["role"] == "tool");
+            let delta = if answered {
+                serde_json::json!({"content": "ok"})
+            } else {
+                let status = if round >= 3 { "complete" } else { "continue" };
+                let handoff = serde_json::json!({
+                    "status": status,
+                    "summary": format!("round {round} work"),
+                    "next_steps": [format!("round {}", round + 1)]
+                });
+                serde_json::json!({"tool_calls": [{
+                    "index": 0, "id": format!("call_{round}"), "type": "function",
+                    "function": {"name": "report", "arguments": handoff.to_string()}
+                }]})
+            };
+            let finish = if answered { "stop" } else { "tool_calls" };
+            let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+                serde_json::json!({
+                    "id": "x", "object": "chat.completion.chunk", "model": "m",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+                })
+            };
+            let sse = format!(
+                "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+                chunk(delta, None),
+                chunk(serde_json::json!({}), Some(finish))
+            );
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{sse}",
+                sse.len()
+            );
+        }
+    });
+    Endpoint {
+        url,
+        stalled,
+        stall,
+    }
+}
+
+#[test]
+fn a_killed_ralph_loop_resumes_after_its_last_completed_round() {
+    let dir = workdir();
+    let server = endpoint();
+    server.stall.store(2, Ordering::SeqCst);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args([
+            "ralph",
+            "Write NOTES.md",
+            "--max-rounds",
+            "5",
+            "--model",
+            "m",
+            "--base-url",
+        ])
+        .arg(&server.url)
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .current_dir(&dir)
+        .env("DSH_API_KEY", "test-key")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Round 2's worker is waiting on the model: round 1 is on disk.
+    server
+        .stalled
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("round 2 reaches the model");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let coordinator = headers(&dir)
+        .into_iter()
+        .find(|h| h.get("parentSession").is_none())
+        .unwrap();
+    let id = coordinator["id"].as_str().unwrap().to_owned();
+    server.stall.store(0, Ordering::SeqCst);
+    let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["ralph", "--resume", &id, "--model", "m", "--base-url"])
+        .arg(&server.url)
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .current_dir(&dir)
+        .env("DSH_API_KEY", "test-key")
+        .output()
+        .unwrap();
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    assert!(err.contains("after round 1 of 5"), "{err}");
+    assert!(
+        out.contains("round 2: continue") && out.contains("round 3: complete"),
+        "{out}"
+    );
+    assert!(!out.contains("round 1:"), "{out}");
+}
