@@ -530,10 +530,20 @@ fn child(
     request.route = host.route.clone();
     let subagents = host.subagents.clone();
     let provider = host.provider.clone();
-    let ctx = host.parent.context().clone();
+    let parent = host.parent.clone();
     let (run_id, name) = (host.id.clone(), host.meta.name.clone());
+    // Observers get the update; the parent's log gets the member record
+    // (`tool-workflow/agent-start|end`), so each child is found again from
+    // its parent after a restart.
     let emit = move |kind: &'static str, data: Value| {
-        ctx.emit(&WorkflowUpdate {
+        let record_kind = match kind {
+            "workflow/agent-start" => "tool-workflow/agent-start",
+            _ => "tool-workflow/agent-end",
+        };
+        let mut recorded = data.clone();
+        recorded["runId"] = Value::String(run_id.clone());
+        record(&parent, record_kind, recorded);
+        parent.context().emit(&WorkflowUpdate {
             run: run_id.clone(),
             name: name.clone(),
             kind,

@@ -132,7 +132,51 @@ return {results, structured, total: results.length};
         kinds.iter().filter(|k| **k == "workflow/agent-end").count(),
         4
     );
+    // The parent's log names every child, paired start and end.
+    let members: Vec<(String, String)> = w
+        .parent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::Other { kind, data } if kind.starts_with("tool-workflow/agent-") => Some((
+                kind.to_string(),
+                data["child"].as_str().unwrap_or_default().to_owned(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(members.len(), 8, "{members:?}");
+    for (_, child) in &members {
+        assert!(!child.is_empty());
+    }
     w.h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_limit_stops_a_script_that_hoards() {
+    let h = Harness::new().await;
+    let subagents = Arc::new(Subagents::with_builtin());
+    h.adapter("children", Arc::new(Children));
+    let limits = WorkflowLimits {
+        memory_bytes: 8 << 20,
+        ..WorkflowLimits::default()
+    };
+    let engine = WorkflowEngine::new(subagents, "spawn", limits);
+    let parent = h.agent("children").await;
+    let script = "const hoard = [];\nwhile (true) { hoard.push(new Array(100000).fill(1)); }";
+    let run = engine
+        .start(WorkflowRequest::new(&parent, script, meta()))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert_eq!(r.stop_reason, WorkflowStop::Error);
+    assert!(
+        r.error.as_deref().unwrap().contains("out of memory"),
+        "{r:?}"
+    );
+    h.rt.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
