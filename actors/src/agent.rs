@@ -867,13 +867,13 @@ async fn run_turn(
         }
         if steps >= agent.inner.spec.max_steps {
             break TurnEndReason::Error {
-                error: failure(
+                error: Box::new(failure(
                     "STEP_LIMIT",
                     format!(
                         "the turn used all {} steps it may take",
                         agent.inner.spec.max_steps
                     ),
-                ),
+                )),
             };
         }
         steps += 1;
@@ -942,7 +942,7 @@ async fn run_turn(
             }
             StepEnd::Failed(f) => {
                 log_append(agent, EventData::StepEnd { turn, step }, None);
-                break TurnEndReason::Error { error: f };
+                break TurnEndReason::Error { error: Box::new(f) };
             }
         }
     };
@@ -1173,7 +1173,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
     }
     let finish = assembler.finish();
     if let FinishReason::Error { failure } | FinishReason::Aborted { failure } = finish {
-        return StepEnd::Failed(failure);
+        return StepEnd::Failed(*failure);
     }
     let max_tokens = finish == FinishReason::MaxTokens;
     let message = match assembler.message(MessageSource::model(

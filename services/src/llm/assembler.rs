@@ -132,7 +132,7 @@ impl BlockAssembler {
                 replay_state,
             } => {
                 self.finish = Some(reason.clone());
-                self.replay = replay_state.clone();
+                self.replay = replay_state.as_deref().cloned();
             }
         }
     }
@@ -326,10 +326,10 @@ mod tests {
             },
             StreamChunk::Finish {
                 reason: FinishReason::MaxTokens,
-                replay_state: Some(ReplayEnvelope {
+                replay_state: Some(Box::new(ReplayEnvelope {
                     response: serde_json::json!({"id": "r"}),
                     blocks: Some(vec![serde_json::json!("t"), serde_json::json!("c")]),
-                }),
+                })),
             },
         ]);
         assert_eq!(a.blocks().unwrap(), vec![ContentBlock::text("a")]);

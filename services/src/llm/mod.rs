@@ -337,12 +337,12 @@ pub enum FinishReason {
     /// The call was cancelled.
     Aborted {
         /// Details.
-        failure: LlmFailure,
+        failure: Box<LlmFailure>,
     },
     /// The provider failed.
     Error {
         /// Details.
-        failure: LlmFailure,
+        failure: Box<LlmFailure>,
     },
 }
 
@@ -417,7 +417,7 @@ pub enum StreamChunk {
             default,
             skip_serializing_if = "Option::is_none"
         )]
-        replay_state: Option<ReplayEnvelope>,
+        replay_state: Option<Box<ReplayEnvelope>>,
     },
 }
 

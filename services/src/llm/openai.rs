@@ -347,10 +347,10 @@ impl Translator {
                     "tool_calls" | "function_call" => FinishReason::ToolCalls,
                     "length" => FinishReason::MaxTokens,
                     other => FinishReason::Error {
-                        failure: fail(
+                        failure: Box::new(fail(
                             "FINISH_REASON",
                             format!("the provider stopped with `{other}`"),
-                        ),
+                        )),
                     },
                 });
             }
@@ -411,14 +411,14 @@ impl Translator {
         }
         let reason = match self.finish.take() {
             Some(FinishReason::Stop) if self.blocks.is_empty() => FinishReason::Error {
-                failure: fail("EMPTY_RESPONSE", "the model returned no content"),
+                failure: Box::new(fail("EMPTY_RESPONSE", "the model returned no content")),
             },
             Some(r) => r,
             None if self.blocks.is_empty() => FinishReason::Error {
-                failure: fail(
+                failure: Box::new(fail(
                     "EMPTY_RESPONSE",
                     "the stream ended without any content or finish reason",
-                ),
+                )),
             },
             None => FinishReason::Stop,
         };

@@ -56,7 +56,7 @@ impl ReplayModel {
                 EventData::TurnEnd {
                     reason: TurnEndReason::Error { error },
                     ..
-                } if !answered => steps.push(RecordedStep::Failed(error.clone())),
+                } if !answered => steps.push(RecordedStep::Failed(error.as_ref().clone())),
                 _ => {}
             }
         }

@@ -86,7 +86,7 @@ pub enum TurnEndReason {
     /// The turn failed.
     Error {
         /// The structured failure.
-        error: LlmFailure,
+        error: Box<LlmFailure>,
     },
     /// A step hit the output-token ceiling.
     MaxTokens,
