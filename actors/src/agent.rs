@@ -88,6 +88,8 @@ pub struct AgentSpec {
     pub flat_scope: bool,
     /// Called by the driver after each turn ends.
     pub on_turn_end: Option<TurnHook>,
+    /// The approval seam of this agent (the one provided in scope when `None`).
+    pub approval: Option<Arc<Approval>>,
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -133,6 +135,7 @@ impl AgentSpec {
             opening: Vec::new(),
             flat_scope: false,
             on_turn_end: None,
+            approval: None,
         }
     }
 }
@@ -350,7 +353,10 @@ impl Agent {
         let tools = ctx
             .get::<ToolRegistry>(ToolRegistry::SERVICE)
             .ok_or(AgentError::MissingService(ToolRegistry::SERVICE))?;
-        let approval = ctx.get::<Approval>(Approval::SERVICE);
+        let approval = spec
+            .approval
+            .clone()
+            .or_else(|| ctx.get::<Approval>(Approval::SERVICE));
         let agents = ctx.get::<Agents>(Agents::SERVICE);
         let (header, seed) = match spec.seed.clone() {
             Some((h, events)) => (h, Some(events)),

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::{ContentBlock, Message, MessageSource, ToolSchema};
 use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
 use dsh_services::session::{EventData, SessionEvent, SessionHeader, TurnEndReason};
@@ -876,10 +877,28 @@ async fn compose(
         r
     });
     spec.on_turn_end = hook;
-    spec.opening = vec![EventData::Other {
-        kind: Arc::from("subagent/descriptor"),
-        data: descriptor,
-    }];
+    // A child cannot ask the human: what needs approval is refused, unless
+    // the parent's policy already allows everything.
+    let parent_policy = request
+        .parent
+        .context()
+        .get::<Approval>(Approval::SERVICE)
+        .map(|a| a.policy());
+    let policy = match parent_policy {
+        Some(ApprovalPolicy::Always) => ApprovalPolicy::Always,
+        _ => ApprovalPolicy::Never,
+    };
+    spec.approval = Some(Arc::new(Approval::new(policy)));
+    spec.opening = vec![
+        EventData::Other {
+            kind: Arc::from("approval/policy"),
+            data: json!({"policy": policy, "source": "delegation"}),
+        },
+        EventData::Other {
+            kind: Arc::from("subagent/descriptor"),
+            data: descriptor,
+        },
+    ];
     if let Some(seed) = provider.seed(&request.parent)? {
         let id = Message::new_id();
         let mut header = SessionHeader::new(id.clone(), Some(spec.cwd.display().to_string()));

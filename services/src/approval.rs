@@ -93,6 +93,7 @@ impl Waterfall for ApprovalAsk {
 }
 
 /// The `approval` service.
+#[derive(Debug)]
 pub struct Approval {
     policy: RwLock<ApprovalPolicy>,
 }

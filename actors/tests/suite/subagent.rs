@@ -359,3 +359,79 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
     assert!(child.status().is_terminal());
     h.rt.shutdown().await;
 }
+
+/// Records every request (system text, tool names, message texts); answers `ok`.
+#[derive(Default)]
+struct Capture {
+    seen: Mutex<Vec<(Option<String>, Vec<String>, Vec<String>)>>,
+}
+
+impl LlmAdapter for Capture {
+    fn name(&self) -> &str {
+        "capture"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        self.seen.lock().unwrap().push((
+            request.system.as_deref().map(str::to_owned),
+            request.tools.iter().map(|t| t.name.clone()).collect(),
+            request.messages.iter().map(|m| m.text()).collect(),
+        ));
+        answer(vec![ContentBlock::text("ok")])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_seeds_the_completed_turns_and_filters_personas_and_policy_shape_the_child() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    let capture = Arc::new(Capture::default());
+    h.adapter("cap", capture.clone());
+    let parent = h.agent("cap").await;
+    parent
+        .run("first question", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut request = StartRequest::new(&parent, "child task", CancellationToken::new());
+    request.persona = Some("You are a careful reviewer.".into());
+    request.tool_filter = Some(dsh_services::tools::Restriction {
+        allow: None,
+        deny: vec!["echo".into()],
+    });
+    let run = s.start("fork", request).await.unwrap();
+    let child = run.agent().clone();
+    assert_eq!(run.result().await.stop_reason, StopReason::Completed);
+    run.dispose().await;
+    let (system, tools, texts) = capture.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(system.as_deref(), Some("You are a careful reviewer."));
+    assert!(!tools.contains(&"echo".to_owned()), "{tools:?}");
+    assert!(tools.contains(&"hang".to_owned()), "{tools:?}");
+    assert_eq!(texts.first().map(String::as_str), Some("first question"));
+    assert_eq!(texts.last().map(String::as_str), Some("child task"));
+    let header = child.session().with_log(|l| l.header().clone());
+    assert!(header.seed_length.unwrap() > 0);
+    assert_eq!(header.parent_session.as_deref(), Some(parent.id()));
+    // The child cannot ask the human (the harness's policy is `ask`).
+    let policy = child.session().events().iter().find_map(|e| match &e.data {
+        EventData::Other { kind, data } if &**kind == "approval/policy" => Some(data.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        policy,
+        Some(json!({"policy": "never", "source": "delegation"}))
+    );
+
+    // `spawn` starts fresh: the child sees only its own prompt.
+    let run = s
+        .start(
+            "spawn",
+            StartRequest::new(&parent, "fresh task", CancellationToken::new()),
+        )
+        .await
+        .unwrap();
+    run.result().await;
+    run.dispose().await;
+    let (_, tools, texts) = capture.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(texts, vec!["fresh task".to_owned()]);
+    assert!(tools.contains(&"echo".to_owned()));
+    h.rt.shutdown().await;
+}
