@@ -363,8 +363,11 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
 /// Records every request (system text, tool names, message texts); answers `ok`.
 #[derive(Default)]
 struct Capture {
-    seen: Mutex<Vec<(Option<String>, Vec<String>, Vec<String>)>>,
+    seen: Mutex<Vec<Seen>>,
 }
+
+/// What one request carried: system text, tool names, message texts.
+type Seen = (Option<String>, Vec<String>, Vec<String>);
 
 impl LlmAdapter for Capture {
     fn name(&self) -> &str {
