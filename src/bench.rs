@@ -642,6 +642,8 @@ pub mod workloads {
     ) -> Result<(f64, f64, u64), BoxError> {
         let mut spec = spec("bench-orchestrator");
         spec.name = Some("orchestrator".into());
+        // All K delegations in flight at once, as the workload defines.
+        spec.max_parallel_tools = k as usize;
         let agent = Agent::create(&w.rt.root(), spec).await?;
         let before = (
             w.worker.calls(),

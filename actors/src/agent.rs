@@ -59,6 +59,9 @@ pub struct AgentSpec {
     pub restriction: Option<Restriction>,
     /// Steps allowed per turn before the turn ends with `STEP_LIMIT`.
     pub max_steps: u32,
+    /// Concurrency-safe calls of one step that run at once (the rest wait
+    /// their turn); bounds a step's fan-out to subagents too.
+    pub max_parallel_tools: usize,
     /// Sampling temperature.
     pub temperature: Option<f64>,
     /// Output-token ceiling per call.
@@ -122,6 +125,7 @@ impl AgentSpec {
             cwd: cwd.into(),
             restriction: None,
             max_steps: 64,
+            max_parallel_tools: 64,
             temperature: None,
             max_tokens: None,
             store: None,
@@ -1247,11 +1251,16 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         let outcomes = if j == i + 1 {
             vec![execute(agent, calls[i].clone(), token).await]
         } else {
+            // At most `max_parallel_tools` at once; results keep call order.
             let batch: Vec<_> = calls[i..j]
                 .iter()
-                .map(|c| execute(agent, c.clone(), token))
+                .cloned()
+                .map(|c| execute(agent, c, token))
                 .collect();
-            futures::future::join_all(batch).await
+            futures::stream::iter(batch)
+                .buffered(inner.spec.max_parallel_tools.max(1))
+                .collect::<Vec<_>>()
+                .await
         };
         for (k, outcome) in outcomes.into_iter().enumerate() {
             let call = &calls[i + k];

@@ -808,6 +808,7 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
         .and_then(|r| r.persona.clone())
         .or_else(|| p.system.clone());
     spec.max_steps = p.max_steps;
+    spec.max_parallel_tools = p.max_parallel_tools;
     spec.temperature = p.temperature;
     spec.max_tokens = p.max_tokens;
     // A single-file store holds the parent's log only; the child then uses

@@ -142,6 +142,8 @@ pub struct WorkflowLimits {
     pub memory_bytes: usize,
     /// Wall-clock budget of a run.
     pub time: Duration,
+    /// Children running at once; later `agent()` calls wait their turn.
+    pub max_concurrency: usize,
 }
 
 impl Default for WorkflowLimits {
@@ -150,6 +152,7 @@ impl Default for WorkflowLimits {
             max_total_agents: 256,
             memory_bytes: 64 << 20,
             time: Duration::from_secs(30 * 60),
+            max_concurrency: 16,
         }
     }
 }
@@ -277,6 +280,7 @@ impl WorkflowEngine {
             max_agents,
             memory: self.limits.memory_bytes,
             time,
+            concurrency: self.limits.max_concurrency.max(1),
             cancel: cancel.clone(),
             reply: Some(tx),
         };
@@ -380,6 +384,7 @@ struct Host {
     max_agents: u32,
     memory: usize,
     time: Duration,
+    concurrency: usize,
     cancel: CancellationToken,
     reply: Option<oneshot::Sender<WorkflowResult>>,
 }
@@ -469,6 +474,8 @@ async fn drive(host: &mut Host) -> WorkflowResult {
         }
     };
     let mut children = FuturesUnordered::new();
+    // `agent()` calls beyond the concurrency limit wait here, in call order.
+    let mut queued = std::collections::VecDeque::new();
     let mut started = 0u32;
     let deadline = tokio::time::sleep(host.time + Duration::from_secs(1));
     tokio::pin!(deadline);
@@ -478,6 +485,9 @@ async fn drive(host: &mut Host) -> WorkflowResult {
             () = &mut deadline => break Err((WorkflowStop::Error, format!("TIME_LIMIT: the workflow ran past its {:?} limit", host.time))),
             Some((seq, answer)) = children.next(), if !children.is_empty() => {
                 js.answer(seq, answer);
+                if let Some((seq, prompt, options)) = queued.pop_front() {
+                    children.push(child(host, seq, prompt, options));
+                }
             }
             msg = from_js.recv() => match msg {
                 None => break Err((WorkflowStop::Error, "the script engine stopped unexpectedly".to_owned())),
@@ -485,7 +495,11 @@ async fn drive(host: &mut Host) -> WorkflowResult {
                 Some(js::ToHost::Log(message)) => update(host, "workflow/log", json!({"message": message})),
                 Some(js::ToHost::Agent { seq, prompt, options }) => {
                     started += 1;
-                    children.push(child(host, seq, prompt, options));
+                    if children.len() < host.concurrency {
+                        children.push(child(host, seq, prompt, options));
+                    } else {
+                        queued.push_back((seq, prompt, options));
+                    }
                 }
                 Some(js::ToHost::Done(Ok(value))) => break Ok(value),
                 Some(js::ToHost::Done(Err(error))) => break Err((WorkflowStop::Error, error)),
@@ -496,6 +510,7 @@ async fn drive(host: &mut Host) -> WorkflowResult {
     // children still running (their runs settle aborted), and let them end.
     js.stop();
     host.cancel.cancel();
+    queued.clear();
     while let Some((seq, answer)) = children.next().await {
         js.answer(seq, answer);
     }

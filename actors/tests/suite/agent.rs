@@ -692,3 +692,66 @@ async fn a_panicking_observer_is_isolated_and_routes_register_all_or_nothing() {
     assert_eq!(err, "provider route `scripted` is already registered");
     assert!(!h.llm.providers().contains(&"fresh".to_owned()));
 }
+
+/// Waits for the gate to open, tracking how many calls are inside at once.
+struct Gated {
+    inside: tokio::sync::watch::Sender<(usize, usize)>,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl dsh_services::tools::Tool for Gated {
+    fn schema(&self) -> dsh_services::llm::ToolSchema {
+        dsh_services::llm::ToolSchema {
+            name: "gated".into(),
+            description: "Waits for the test's gate.".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }
+    }
+    fn is_concurrency_safe(&self) -> bool {
+        true
+    }
+    fn execute(
+        self: Arc<Self>,
+        _cx: dsh_services::tools::ToolContext,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<dsh_services::tools::ToolOutput, dsh_services::tools::ToolError>,
+    > {
+        Box::pin(async move {
+            self.inside.send_modify(|(now, most)| {
+                *now += 1;
+                *most = (*most).max(*now);
+            });
+            let mut open = self.open.clone();
+            let _ = open.wait_for(|o| *o).await;
+            self.inside.send_modify(|(now, _)| *now -= 1);
+            Ok(dsh_services::tools::ToolOutput::text("passed"))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_runs_at_most_max_parallel_tools_calls_at_once() {
+    let h = Harness::new().await;
+    let (inside, mut watch_inside) = tokio::sync::watch::channel((0usize, 0usize));
+    let (gate, open) = tokio::sync::watch::channel(false);
+    h.tools
+        .register(&h.rt.root(), Arc::new(Gated { inside, open }))
+        .unwrap();
+    let five: Vec<(&str, serde_json::Value)> = (0..5).map(|_| ("gated", json!({}))).collect();
+    h.script("s", vec![calls(&five), text("all passed")]);
+    let mut spec = AgentSpec::new("s", "m", std::env::temp_dir());
+    spec.max_parallel_tools = 2;
+    let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    watch_inside.wait_for(|(now, _)| *now == 2).await.unwrap();
+    gate.send_replace(true);
+    agent.when_idle(WAIT).await.unwrap();
+    let (now, most) = *watch_inside.borrow();
+    assert_eq!((now, most), (0, 2), "at most two calls ran at once");
+    assert_eq!(results(&agent).len(), 5);
+    assert_eq!(agent.last_turn().unwrap().text, "all passed");
+    h.rt.shutdown().await;
+}

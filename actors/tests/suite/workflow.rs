@@ -357,3 +357,43 @@ async fn cancelling_mid_run_aborts_the_children_and_frees_the_subtree() {
     assert_eq!(w.h.rt.tree().live_len(), live, "the run's subtree is gone");
     w.h.rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_calls_beyond_the_concurrency_limit_wait_their_turn() {
+    let h = Harness::new().await;
+    let subagents = Arc::new(Subagents::with_builtin());
+    h.adapter("children", Arc::new(Children));
+    let limits = WorkflowLimits {
+        max_concurrency: 2,
+        ..WorkflowLimits::default()
+    };
+    let engine = WorkflowEngine::new(subagents, "spawn", limits);
+    let parent = h.agent("children").await;
+    let in_flight = Arc::new(std::sync::Mutex::new((0i32, 0i32)));
+    let seen = in_flight.clone();
+    h.rt.root()
+        .on(move |u: &WorkflowUpdate| {
+            let mut s = seen.lock().unwrap();
+            match u.kind {
+                "workflow/agent-start" => s.0 += 1,
+                "workflow/agent-end" => s.0 -= 1,
+                _ => {}
+            }
+            s.1 = s.1.max(s.0);
+        })
+        .unwrap();
+    let script = "return await Promise.all([1, 2, 3, 4, 5, 6].map(i => agent('task ' + i)));";
+    let run = engine
+        .start(WorkflowRequest::new(&parent, script, meta()))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert_eq!(r.stop_reason, WorkflowStop::Completed, "{r:?}");
+    assert_eq!(r.value.as_array().unwrap().len(), 6);
+    assert_eq!(r.value[5], json!("done: task 6"), "results keep call order");
+    let (now, most) = *in_flight.lock().unwrap();
+    assert_eq!(now, 0);
+    assert!(most <= 2, "{most} children ran at once");
+    h.rt.shutdown().await;
+}
