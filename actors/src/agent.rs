@@ -287,6 +287,7 @@ struct Inbox {
     accepting: bool,
     last: Option<TurnSummary>,
     opened: bool,
+    cancel_next: bool,
 }
 
 struct Inner {
@@ -308,6 +309,9 @@ struct Inner {
     /// Set by a tool (a structured-output capture) to end the turn once the
     /// step's results are committed.
     conclude: std::sync::atomic::AtomicBool,
+    /// Children started by this step's tool calls, disposed when the step's
+    /// results are in (see [`Agent::adopt_for_step`]).
+    step_children: Mutex<Vec<Agent>>,
 }
 
 /// The agent a scoped context belongs to, provided in every agent scope as
@@ -496,6 +500,7 @@ impl Agent {
             resumed,
             envelope: Mutex::new(None),
             conclude: std::sync::atomic::AtomicBool::new(false),
+            step_children: Mutex::new(Vec::new()),
         });
         let name = format!("driver/{}", short(&inner.id));
         let weak = Arc::downgrade(&inner);
@@ -564,6 +569,18 @@ impl Agent {
             .session
             .with_log(|log| log.header().delegation_depth)
             .max(self.inner.spec.depth)
+    }
+
+    /// Hands `child` (started by a tool call of the running step) to this
+    /// agent: once every call of the step has answered, the step's children
+    /// are disposed in reverse start order — so a cancelled step, like a
+    /// teardown, stops its children one by one, last started first.
+    pub fn adopt_for_step(&self, child: Agent) {
+        self.inner
+            .step_children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child);
     }
 
     /// Ends the running turn (`completed`) once the current step's tool
@@ -687,8 +704,14 @@ impl Agent {
 
     /// Cancels the running turn (it ends `aborted`); queued prompts stay.
     pub fn cancel(&self) {
-        if let Some(token) = &self.inbox().cancel {
-            token.cancel();
+        let mut inbox = self.inbox();
+        match &inbox.cancel {
+            Some(token) => token.cancel(),
+            // A prompt queued but not yet claimed: its turn starts cancelled
+            // (and ends `aborted` at once), so a cancel is never lost in the
+            // moment between `followup` and the driver picking it up.
+            None if !inbox.followups.is_empty() => inbox.cancel_next = true,
+            None => {}
         }
     }
 
@@ -803,6 +826,9 @@ impl Actor for Driver {
                         }
                     }
                     let token = CancellationToken::new();
+                    if std::mem::take(&mut inbox.cancel_next) {
+                        token.cancel();
+                    }
                     inbox.cancel = Some(token.clone());
                     Some((prompt, inbox.turn, token))
                 } else {
@@ -819,9 +845,23 @@ impl Actor for Driver {
                 inbox.running = false;
                 inbox.cancel = None;
                 inbox.last = Some(summary.clone());
+                // Steered in after the turn's last step: the next turn's prompt.
+                let leftover: Vec<Arc<Message>> = inbox.steer.drain(..).collect();
+                for message in leftover {
+                    let start = inbox.followups.len();
+                    agent.splice(start, 0, std::slice::from_ref(&message));
+                    inbox.followups.push_back(message);
+                }
             }
             if let Some(hook) = &agent.inner.spec.on_turn_end {
-                (hook.0)(&agent, &summary);
+                let run = std::panic::AssertUnwindSafe(|| (hook.0)(&agent, &summary));
+                if let Err(p) = std::panic::catch_unwind(run) {
+                    tracing::error!(
+                        agent = %agent.inner.id,
+                        "a turn-end hook panicked: {}",
+                        dsh_supervisors::events::panic_text(&p)
+                    );
+                }
             }
         }
         let inbox = agent.inbox();
@@ -830,6 +870,20 @@ impl Actor for Driver {
             agent.inner.idle.send_replace(true);
         }
         drop(inbox);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<DriverMsg>,
+        inner: &mut Arc<Inner>,
+    ) -> Result<(), ActorProcessingErr> {
+        // However the driver ended (drained, killed, failed), no turn runs
+        // any more: waiters on idle must not wait forever.
+        let mut inbox = inner.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        inbox.running = false;
+        inbox.accepting = false;
+        inner.idle.send_replace(true);
         Ok(())
     }
 }
@@ -867,6 +921,11 @@ async fn run_turn(
     turn: u32,
     token: CancellationToken,
 ) -> TurnSummary {
+    // A capture left over from an aborted turn must not end this one.
+    agent
+        .inner
+        .conclude
+        .store(false, std::sync::atomic::Ordering::Release);
     let mut entering = vec![prompt];
     let mut steps = 0u32;
     let mut max_tokens_hit = false;
@@ -946,6 +1005,14 @@ async fn run_turn(
                 max_tokens_hit |= max_tokens;
                 log_append(agent, EventData::StepEnd { turn, step }, None);
             }
+            StepEnd::Concluded { max_tokens } => {
+                log_append(agent, EventData::StepEnd { turn, step }, None);
+                break if max_tokens_hit || max_tokens {
+                    TurnEndReason::MaxTokens
+                } else {
+                    TurnEndReason::Completed
+                };
+            }
             StepEnd::Aborted => {
                 log_append(agent, EventData::StepEnd { turn, step }, None);
                 break aborted();
@@ -979,8 +1046,17 @@ fn aborted() -> TurnEndReason {
 }
 
 enum StepEnd {
-    Answer { text: String, max_tokens: bool },
-    ToolsDone { max_tokens: bool },
+    Answer {
+        text: String,
+        max_tokens: bool,
+    },
+    /// A capture tool concluded the turn: no continuation.
+    Concluded {
+        max_tokens: bool,
+    },
+    ToolsDone {
+        max_tokens: bool,
+    },
     Aborted,
     Failed(LlmFailure),
 }
@@ -1295,6 +1371,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         }
         i = j;
     }
+    release_step_children(agent).await;
     if token.is_cancelled() {
         return StepEnd::Aborted;
     }
@@ -1302,10 +1379,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         .conclude
         .swap(false, std::sync::atomic::Ordering::AcqRel)
     {
-        return StepEnd::Answer {
-            text: message.text(),
-            max_tokens,
-        };
+        return StepEnd::Concluded { max_tokens };
     }
     StepEnd::ToolsDone { max_tokens }
 }
@@ -1442,5 +1516,25 @@ impl Actor for ToolExec {
         // Stopped before finishing (drained by a teardown): cancel the body.
         run.cancel.cancel();
         Ok(())
+    }
+}
+
+/// Disposes the children the step's calls handed over, in reverse start
+/// order (their position among the agent's own children).
+async fn release_step_children(agent: &Agent) {
+    let mut children = std::mem::take(
+        &mut *agent
+            .inner
+            .step_children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    if children.is_empty() {
+        return;
+    }
+    let order = agent.child_nodes();
+    children.sort_by_key(|c| order.iter().position(|n| *n == c.node_id()));
+    for child in children.into_iter().rev() {
+        child.dispose().await;
     }
 }

@@ -449,6 +449,7 @@ pub struct ChildEntry {
 pub struct Subagents {
     providers: Mutex<Vec<Arc<dyn SubagentProvider>>>,
     resident: Mutex<BTreeMap<String, Resident>>,
+    resuming: tokio::sync::Mutex<()>,
 }
 
 /// How a continuable child's settled turn reaches its parent: a message
@@ -568,15 +569,27 @@ impl Subagents {
         let p = self
             .provider(provider)
             .ok_or_else(|| SubagentError::UnknownProvider(provider.into()))?;
+        // What a cold resume needs to compose the same child again.
         let descriptor = json!({
             "version": 2,
             "mode": "continuable",
             "provider": p.name(),
             "label": label,
+            "persona": request.persona,
+            "toolFilter": request.tool_filter.as_ref().map(|r| json!({"allow": r.allow, "deny": r.deny})),
+            "agentOptions": request.route.as_ref().map(|(provider, model)| json!({"provider": provider, "model": model})),
         });
+        if request.output_schema.is_some() {
+            return Err(SubagentError::Start(
+                "a continuable child has no structured result; omit the output schema".into(),
+            ));
+        }
         let hook = settled_hook(&request.parent);
         let agent = Box::pin(compose(&*p, &request, descriptor, Some(hook), None)).await?;
-        self.admit(&agent, request.parent.id(), label)?;
+        if let Err(e) = self.admit(&agent, request.parent.id(), label) {
+            agent.dispose().await;
+            return Err(e);
+        }
         if let Err(e) = agent.followup(prompt_message(&request)) {
             agent.dispose().await;
             return Err(SubagentError::Start(e.to_string()));
@@ -591,9 +604,21 @@ impl Subagents {
         label: &str,
     ) -> Result<(), SubagentError> {
         let id = agent.id().to_owned();
+        let me = self.clone();
+        let gone = id.clone();
+        // The way out first: a child whose scope is already closing is
+        // never entered.
+        agent
+            .context()
+            .effect("leave the resident subagents", move || {
+                if let Ok(mut r) = me.resident.lock() {
+                    r.remove(&gone);
+                }
+            })
+            .map_err(|e| SubagentError::Start(e.to_string()))?;
         if let Ok(mut r) = self.resident.lock() {
             r.insert(
-                id.clone(),
+                id,
                 Resident {
                     agent: agent.clone(),
                     parent: parent.to_owned(),
@@ -601,16 +626,7 @@ impl Subagents {
                 },
             );
         }
-        let me = self.clone();
-        agent
-            .context()
-            .effect("leave the resident subagents", move || {
-                if let Ok(mut r) = me.resident.lock() {
-                    r.remove(&id);
-                }
-            })
-            .map(|_| ())
-            .map_err(|e| SubagentError::Start(e.to_string()))
+        Ok(())
     }
 
     /// Delivers `text` to a continuable child of `parent` as its next turn;
@@ -634,7 +650,26 @@ impl Subagents {
                 });
             }
             Some(r) => r.agent,
-            None => self.resume(parent, child).await?,
+            None => {
+                // One resume at a time: two messages for a child on disk
+                // must not bring it back twice.
+                let _one = self.resuming.lock().await;
+                let again = self
+                    .resident
+                    .lock()
+                    .ok()
+                    .and_then(|r| r.get(child).cloned());
+                match again {
+                    Some(r) if r.parent == parent.id() => r.agent,
+                    Some(_) => {
+                        return Err(SubagentError::Unauthorized {
+                            caller: parent.id().into(),
+                            child: child.into(),
+                        });
+                    }
+                    None => self.resume(parent, child).await?,
+                }
+            }
         };
         let mut message = Message::user_text(text);
         message.source = MessageSource::of("coordinator");
@@ -644,21 +679,71 @@ impl Subagents {
     }
 
     async fn resume(self: &Arc<Self>, parent: &Agent, child: &str) -> Result<Agent, SubagentError> {
+        let live = parent
+            .context()
+            .get::<crate::agent::Agents>(crate::agent::Agents::SERVICE)
+            .is_some_and(|a| a.get(child).is_some());
+        if live {
+            return Err(SubagentError::Start(format!(
+                "{child} is running and is not a continuable child; it takes no messages"
+            )));
+        }
         let store = store_of(parent).ok_or_else(|| SubagentError::NotFound(child.into()))?;
-        let loaded = store
-            .load(child)
-            .map_err(|_| SubagentError::NotFound(child.into()))?;
+        let (id, from) = (child.to_owned(), store.clone());
+        let loaded = tokio::task::spawn_blocking(move || {
+            let loaded = from.load(&id)?;
+            from.prepare_resume(&id, &loaded).map(|()| loaded)
+        })
+        .await
+        .map_err(|e| SubagentError::Start(e.to_string()))?
+        .map_err(|e| match e {
+            dsh_services::persistence::StoreError::NotFound(..) => {
+                SubagentError::NotFound(child.into())
+            }
+            other => SubagentError::Start(other.to_string()),
+        })?;
         if loaded.header.parent_session.as_deref() != Some(parent.id()) {
             return Err(SubagentError::Unauthorized {
                 caller: parent.id().into(),
                 child: child.into(),
             });
         }
-        store
-            .prepare_resume(child, &loaded)
-            .map_err(|e| SubagentError::Start(e.to_string()))?;
-        let label = descriptor_label(&loaded.events).unwrap_or_default();
+        let Some(found) = descriptor(&loaded.events).cloned() else {
+            return Err(SubagentError::NotFound(child.into()));
+        };
+        if found["mode"] != "continuable" {
+            return Err(SubagentError::Start(format!(
+                "{child} was a one-shot child; only continuable children take messages"
+            )));
+        }
+        let label = found["label"].as_str().unwrap_or_default().to_owned();
         let mut spec = child_spec(parent, None, loaded.header.delegation_depth);
+        if let Some(persona) = found["persona"].as_str() {
+            spec.system = Some(persona.to_owned());
+        }
+        if let Some(filter) = found.get("toolFilter").filter(|f| f.is_object()) {
+            let names = |v: &Value| -> Vec<String> {
+                v.as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|n| n.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            spec.restriction = Some(Restriction {
+                allow: filter["allow"].is_array().then(|| names(&filter["allow"])),
+                deny: names(&filter["deny"]),
+            });
+        }
+        if let (Some(provider), Some(model)) = (
+            found["agentOptions"]["provider"].as_str(),
+            found["agentOptions"]["model"].as_str(),
+        ) {
+            spec.provider = provider.to_owned();
+            spec.model = model.to_owned();
+        }
+        spec.approval = Some(delegated_approval(parent));
         spec.id = Some(child.to_owned());
         spec.durable = Some(loaded.durable);
         spec.store = Some(store);
@@ -667,7 +752,10 @@ impl Subagents {
         let agent = Agent::create(parent.context(), spec)
             .await
             .map_err(|e| SubagentError::Start(e.to_string()))?;
-        self.admit(&agent, parent.id(), &label)?;
+        if let Err(e) = self.admit(&agent, parent.id(), &label) {
+            agent.dispose().await;
+            return Err(e);
+        }
         Ok(agent)
     }
 
@@ -694,7 +782,7 @@ impl Subagents {
 
     /// The continuable children of `parent`: resident ones, then those only
     /// on disk (found by their header's `parentSession`).
-    pub fn children(&self, parent: &Agent) -> Vec<ChildEntry> {
+    pub async fn children(&self, parent: &Agent) -> Vec<ChildEntry> {
         let mut out: Vec<ChildEntry> = self
             .resident
             .lock()
@@ -709,12 +797,20 @@ impl Subagents {
                     .collect()
             })
             .unwrap_or_default();
-        if let Some(store) = store_of(parent)
-            && let Ok(list) = store.list()
-        {
+        let Some(store) = store_of(parent) else {
+            return out;
+        };
+        let resident: Vec<String> = out.iter().map(|c| c.id.clone()).collect();
+        let parent_id = parent.id().to_owned();
+        // Store reads block: off the async workers.
+        let stored = tokio::task::spawn_blocking(move || {
+            let mut found = Vec::new();
+            let Ok(list) = store.list() else {
+                return found;
+            };
             for s in list.into_iter().flatten() {
-                if s.parent_session.as_deref() != Some(parent.id())
-                    || out.iter().any(|c| c.id == s.id)
+                if s.parent_session.as_deref() != Some(parent_id.as_str())
+                    || resident.contains(&s.id)
                 {
                     continue;
                 }
@@ -722,14 +818,18 @@ impl Subagents {
                     continue;
                 };
                 if descriptor_mode(&loaded.events).as_deref() == Some("continuable") {
-                    out.push(ChildEntry {
+                    found.push(ChildEntry {
                         id: s.id,
                         label: descriptor_label(&loaded.events).unwrap_or_default(),
                         status: "ready",
                     });
                 }
             }
-        }
+            found
+        })
+        .await
+        .unwrap_or_default();
+        out.extend(stored);
         out
     }
 }
@@ -797,6 +897,23 @@ fn settled_hook(parent: &Agent) -> TurnHook {
     })
 }
 
+/// The delegation depth cap of a start that names none.
+pub const DEFAULT_MAX_DEPTH: u32 = 3;
+
+/// A child's approval seam: it cannot ask the human, so what needs approval
+/// is refused — unless the parent's policy already allows everything.
+fn delegated_approval(parent: &Agent) -> Arc<Approval> {
+    let parent_policy = parent
+        .context()
+        .get::<Approval>(Approval::SERVICE)
+        .map(|a| a.policy());
+    let policy = match parent_policy {
+        Some(ApprovalPolicy::Always) => ApprovalPolicy::Always,
+        _ => ApprovalPolicy::Never,
+    };
+    Arc::new(Approval::new(policy))
+}
+
 /// The spec of a child of `parent` at `depth`.
 fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> AgentSpec {
     let p = parent.spec();
@@ -852,10 +969,10 @@ async fn compose(
             feature,
         });
     }
+    // Every start is capped, whoever asks (a tool, a workflow, a loop).
     let depth = request.parent.depth().saturating_add(1);
-    if let Some(max) = request.max_depth
-        && depth > max
-    {
+    let max = request.max_depth.unwrap_or(DEFAULT_MAX_DEPTH);
+    if depth > max {
         return Err(SubagentError::DepthExceeded { depth, max });
     }
     let schema = match &request.output_schema {
@@ -880,16 +997,9 @@ async fn compose(
     spec.on_turn_end = hook;
     // A child cannot ask the human: what needs approval is refused, unless
     // the parent's policy already allows everything.
-    let parent_policy = request
-        .parent
-        .context()
-        .get::<Approval>(Approval::SERVICE)
-        .map(|a| a.policy());
-    let policy = match parent_policy {
-        Some(ApprovalPolicy::Always) => ApprovalPolicy::Always,
-        _ => ApprovalPolicy::Never,
-    };
-    spec.approval = Some(Arc::new(Approval::new(policy)));
+    let approval = delegated_approval(&request.parent);
+    let policy = approval.policy();
+    spec.approval = Some(approval);
     spec.opening = vec![
         EventData::Other {
             kind: Arc::from("approval/policy"),

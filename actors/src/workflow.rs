@@ -584,6 +584,8 @@ fn child(
             (StopReason::Completed, None) => js::Answer::Value(Value::String(result.output)),
             _ => js::Answer::Value(Value::Null),
         };
+        // Answered: the child leaves the tree now, not with the whole run.
+        run.dispose().await;
         (seq, answer)
     })
 }

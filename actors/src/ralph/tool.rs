@@ -53,6 +53,11 @@ impl Tool for RalphTool {
         }
     }
 
+    /// A cancelled call stops its run, waits for its children, and records the end.
+    fn cancel_grace(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_secs(90))
+    }
+
     fn execute(
         self: Arc<Self>,
         cx: ToolContext,

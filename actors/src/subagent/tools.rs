@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use dsh_services::llm::ToolSchema;
 use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput};
-use dsh_supervisors::Status;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -121,6 +120,11 @@ impl Tool for SubagentTool {
         true
     }
 
+    /// A cancelled call cancels its child and waits for its turn to end.
+    fn cancel_grace(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_secs(60))
+    }
+
     fn execute(
         self: Arc<Self>,
         cx: ToolContext,
@@ -163,12 +167,10 @@ impl Tool for SubagentTool {
                 .start(&self.config.provider, request)
                 .await
                 .map_err(refused)?;
+            // The parent's step disposes the child once all of the step's
+            // calls have answered, last started first.
+            parent.adopt_for_step(run.agent().clone());
             let result = run.result().await;
-            // A parent tearing down disposes its children itself, in
-            // reverse start order; otherwise the run is released here.
-            if parent.status() != Status::Unloading {
-                run.dispose().await;
-            }
             if result.stop_reason != StopReason::Completed {
                 let mut message = format!("Error: {}", result.stop_reason.as_str());
                 if let Some(d) = &result.diagnostic {
@@ -292,7 +294,7 @@ impl Tool for ListAgents {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let parent = caller(&cx)?;
-            let children = self.0.children(&parent);
+            let children = self.0.children(&parent).await;
             let value: Value = serde_json::to_value(&children).unwrap_or_default();
             Ok(ToolOutput {
                 content: vec![dsh_services::llm::ContentBlock::text(value.to_string())],

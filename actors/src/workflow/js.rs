@@ -119,6 +119,8 @@ struct State {
     pending: RefCell<HashMap<u64, Resolvers>>,
     fatal: RefCell<Option<String>>,
     next: Cell<u64>,
+    /// `log()` and `phase()` calls so far (bounded: they cross to the host).
+    notes: Cell<u64>,
     max_agents: u32,
     to_host: mpsc::UnboundedSender<ToHost>,
 }
@@ -137,6 +139,7 @@ fn run(setup: Setup, rx: Receiver<ToJs>, stop: Arc<AtomicBool>) -> Result<Value,
         pending: RefCell::default(),
         fatal: RefCell::default(),
         next: Cell::new(0),
+        notes: Cell::new(0),
         max_agents: setup.max_agents,
         to_host: setup.to_host.clone(),
     });
@@ -182,7 +185,13 @@ fn event_loop(
             match rt.execute_pending_job() {
                 Ok(true) => {}
                 Ok(false) => break,
-                Err(_) => break,
+                Err(_) if Instant::now() >= deadline => return Err(limit()),
+                Err(_) => {
+                    return Err(
+                        "SCRIPT_ERROR: a promise callback failed (out of memory or interrupted)"
+                            .into(),
+                    );
+                }
             }
         }
         if let Some(fatal) = state.fatal.borrow_mut().take() {
@@ -214,6 +223,13 @@ fn event_loop(
             Some(Err(_)) if Instant::now() >= deadline => return Err(limit()),
             Some(r) => return r,
             None => {}
+        }
+        // Only `agent()` answers can settle anything here (no timers, no
+        // I/O): with none outstanding, the script waits forever.
+        if state.pending.borrow().is_empty() {
+            return Err(
+                "SCRIPT_STUCK: the script awaits a promise that nothing will settle".into(),
+            );
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
@@ -332,16 +348,22 @@ fn install<'js>(ctx: &Ctx<'js>, state: &Rc<State>, args: &Value) -> rquickjs::Re
     let s = state.clone();
     globals.set(
         "phase",
-        Function::new(ctx.clone(), move |title: String| {
-            let _ = s.to_host.send(ToHost::Phase(title));
-        })?,
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, title: rquickjs::Coerced<String>| {
+                note(&ctx, &s, ToHost::Phase(title.0))
+            },
+        )?,
     )?;
     let s = state.clone();
     globals.set(
         "log",
-        Function::new(ctx.clone(), move |message: rquickjs::Coerced<String>| {
-            let _ = s.to_host.send(ToHost::Log(message.0));
-        })?,
+        Function::new(
+            ctx.clone(),
+            move |ctx: Ctx<'js>, message: rquickjs::Coerced<String>| {
+                note(&ctx, &s, ToHost::Log(message.0))
+            },
+        )?,
     )?;
     let s = state.clone();
     globals.set(
@@ -353,6 +375,24 @@ fn install<'js>(ctx: &Ctx<'js>, state: &Rc<State>, args: &Value) -> rquickjs::Re
             },
         )?,
     )?;
+    Ok(())
+}
+
+/// Most `log()` + `phase()` calls a run may make.
+const MAX_NOTES: u64 = 10_000;
+
+/// Sends a narration line to the host, within [`MAX_NOTES`].
+fn note<'js>(ctx: &Ctx<'js>, state: &State, message: ToHost) -> rquickjs::Result<()> {
+    let n = state.notes.get() + 1;
+    if n > MAX_NOTES {
+        return Err(fatal(
+            ctx,
+            state,
+            format!("LOG_CAP: a workflow may call log() and phase() at most {MAX_NOTES} times"),
+        ));
+    }
+    state.notes.set(n);
+    let _ = state.to_host.send(message);
     Ok(())
 }
 

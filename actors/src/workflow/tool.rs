@@ -46,6 +46,11 @@ impl Tool for WorkflowTool {
         }
     }
 
+    /// A cancelled call stops its run, waits for its children, and records the end.
+    fn cancel_grace(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_secs(60))
+    }
+
     fn execute(
         self: Arc<Self>,
         cx: ToolContext,

@@ -755,3 +755,48 @@ async fn a_step_runs_at_most_max_parallel_tools_calls_at_once() {
     assert_eq!(agent.last_turn().unwrap().text, "all passed");
     h.rt.shutdown().await;
 }
+
+/// Always asks for the `hang` tool.
+struct AlwaysHang;
+
+impl dsh_services::llm::LlmAdapter for AlwaysHang {
+    fn name(&self) -> &str {
+        "always-hang"
+    }
+    fn stream(
+        &self,
+        _request: dsh_services::llm::LlmRequest,
+        _cancel: CancellationToken,
+    ) -> dsh_services::llm::ChunkStream {
+        super::harness::answer(vec![dsh_services::llm::ContentBlock::ToolCall {
+            id: "call_hang".into(),
+            name: "hang".into(),
+            arguments: "{}".into(),
+        }])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_right_after_a_followup_is_not_lost() {
+    let h = Harness::new().await;
+    h.adapter("hang", Arc::new(AlwaysHang));
+    for _ in 0..20 {
+        let agent = h.agent("hang").await;
+        agent
+            .followup(dsh_services::llm::Message::user_text("go"))
+            .unwrap();
+        // Whether or not the driver has claimed the prompt yet.
+        agent.cancel();
+        agent.when_idle(WAIT).await.unwrap();
+        assert!(
+            matches!(
+                agent.last_turn().unwrap().reason,
+                TurnEndReason::Aborted { .. }
+            ),
+            "{:?}",
+            agent.last_turn()
+        );
+        agent.dispose().await;
+    }
+    h.rt.shutdown().await;
+}

@@ -95,6 +95,17 @@ fn last_turn_end(agent: &Agent) -> Option<TurnEndReason> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order() {
+    cascade(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disposing_the_root_aborts_three_levels_and_tears_down_in_reverse_order() {
+    cascade(true).await;
+}
+
+/// Three levels × fan-out 5 under one root; then the root is cancelled (its
+/// turn) or disposed (the whole agent).
+async fn cascade(dispose: bool) {
     let h = Harness::new().await;
     subagents(&h);
     h.adapter("tree", Arc::new(TreeModel));
@@ -130,7 +141,12 @@ async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order
         .iter()
         .map(|a| (a.clone(), a.child_nodes()))
         .collect();
-    root.dispose().await;
+    if dispose {
+        root.dispose().await;
+    } else {
+        root.cancel();
+        root.when_idle(Duration::from_secs(60)).await.unwrap();
+    }
     for a in &everyone {
         match last_turn_end(a) {
             Some(TurnEndReason::Aborted { .. }) => {}
@@ -140,7 +156,11 @@ async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order
     let depths: Vec<u32> = everyone.iter().map(|a| a.depth()).collect();
     assert_eq!(depths.iter().filter(|d| **d == 3).count(), 125);
     let tree = h.rt.tree();
-    let scope_ids: std::collections::HashSet<u64> = everyone.iter().map(|a| a.node_id()).collect();
+    let scope_ids: std::collections::HashSet<u64> = everyone
+        .iter()
+        .filter(|a| a.id() != root.id())
+        .map(|a| a.node_id())
+        .collect();
     for (agent, kids) in &children {
         let stops: Vec<u64> = kids
             .iter()
@@ -160,7 +180,24 @@ async fn cancelling_the_root_aborts_three_levels_and_tears_down_in_reverse_order
             agent.id()
         );
     }
-    assert_eq!(tree.live_len(), baseline, "every actor of the tree stopped");
+    // Disposed: the whole tree is gone. Cancelled: the root's scope, session
+    // and driver stay; every descendant is gone (a tool-call actor of the
+    // root may still be finishing its own stop).
+    if dispose {
+        assert_eq!(tree.live_len(), baseline, "every actor of the tree stopped");
+    } else {
+        let own: Vec<String> = root
+            .child_nodes()
+            .into_iter()
+            .filter_map(|n| tree.get(n))
+            .filter(|n| n.kind != "tool")
+            .map(|n| n.kind)
+            .collect();
+        assert_eq!(own, vec!["session".to_owned(), "agent".to_owned()]);
+        for a in everyone.iter().filter(|a| a.id() != root.id()) {
+            assert!(a.status().is_terminal(), "{} is still live", a.id());
+        }
+    }
     h.rt.shutdown().await;
 }
 
@@ -319,7 +356,7 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
         .await
         .unwrap();
     // The settled notice wakes the parent with a turn of its own.
-    let child_list = s.children(&parent);
+    let child_list = s.children(&parent).await;
     assert_eq!(child_list.len(), 1);
     assert_eq!(child_list[0].label, "helper");
     // The child's driver delivers the notice before it reports idle; the
@@ -355,7 +392,7 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
     s.interrupt(&parent, "no-such-child").unwrap();
     // Disposing the parent disposes the resident child.
     parent.dispose().await;
-    assert!(s.children(&parent).is_empty());
+    assert!(s.children(&parent).await.is_empty());
     assert!(child.status().is_terminal());
     h.rt.shutdown().await;
 }

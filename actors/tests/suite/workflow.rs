@@ -288,7 +288,7 @@ async fn misuse_and_caps_are_fatal_even_when_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_time_limit_kills_a_spinning_or_stuck_script() {
     let w = world().await;
-    for script in ["while (true) {}", "await new Promise(() => {});"] {
+    for script in ["while (true) {}", "await agent('park forever');"] {
         let mut request = WorkflowRequest::new(&w.parent, script, meta());
         request.time = Some(Duration::from_millis(300));
         let run = w.engine.start(request).await.unwrap();
@@ -300,6 +300,34 @@ async fn the_time_limit_kills_a_spinning_or_stuck_script() {
             "{script}: {r:?}"
         );
     }
+    // Awaiting what nothing can settle fails at once, not at the deadline.
+    let run = w
+        .engine
+        .start(WorkflowRequest::new(
+            &w.parent,
+            "await new Promise(() => {});",
+            meta(),
+        ))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert!(
+        r.error.as_deref().unwrap().starts_with("SCRIPT_STUCK"),
+        "{r:?}"
+    );
+    let run = w
+        .engine
+        .start(WorkflowRequest::new(
+            &w.parent,
+            "while (true) { log('x'); }",
+            meta(),
+        ))
+        .await
+        .unwrap();
+    let r = run.result().await;
+    run.dispose().await;
+    assert!(r.error.as_deref().unwrap().starts_with("LOG_CAP"), "{r:?}");
     w.h.rt.shutdown().await;
 }
 

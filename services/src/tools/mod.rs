@@ -117,6 +117,15 @@ pub trait Tool: Send + Sync + 'static {
         None
     }
 
+    /// How long a cancelled call may take to clean up. `None` (the default):
+    /// the body is dropped the moment the call is cancelled. `Some(grace)`:
+    /// the body sees `cx.cancel`, stops what it started (children, runs,
+    /// records) and returns; it is dropped only if it takes longer than
+    /// `grace`. The call's result is `ABORTED` either way.
+    fn cancel_grace(&self) -> Option<Duration> {
+        None
+    }
+
     /// The body.
     fn execute(
         self: Arc<Self>,

@@ -315,10 +315,34 @@ async fn run_body(
             ));
         }
     };
+    let grace = tool.tool.cancel_grace();
+    let settled = |out: std::thread::Result<Result<ToolOutput, ToolError>>| {
+        out.unwrap_or_else(|p| {
+            Err(ToolError::new(
+                "PANICKED",
+                format!("the tool panicked: {}", panic_text(&p)),
+            ))
+        })
+    };
     let guarded = async {
+        let mut body = body;
+        let aborted = || ToolError::new("ABORTED", "the call was cancelled");
         tokio::select! {
-            out = body => out.unwrap_or_else(|p| Err(ToolError::new("PANICKED", format!("the tool panicked: {}", panic_text(&p))))),
-            () = cancel.cancelled() => Err(ToolError::new("ABORTED", "the call was cancelled")),
+            out = &mut body => settled(out),
+            () = cancel.cancelled() => match grace {
+                None => Err(aborted()),
+                // The body cleans up and returns; its error (or ABORTED) stands.
+                Some(grace) => match tokio::time::timeout(grace, &mut body).await {
+                    Ok(out) => Err(settled(out).err().unwrap_or_else(aborted)),
+                    Err(_) => Err(ToolError::new(
+                        "ABORTED",
+                        format!(
+                            "the call was cancelled and did not finish cleaning up within {} ms",
+                            grace.as_millis()
+                        ),
+                    )),
+                },
+            },
         }
     };
     match timeout {
