@@ -82,6 +82,17 @@ async fn world() -> World {
     }
 }
 
+/// Starts a run, waits for its result, disposes it.
+async fn settle(
+    engine: &WorkflowEngine,
+    request: WorkflowRequest,
+) -> dsh_actors::workflow::WorkflowResult {
+    let run = engine.start(request).await.unwrap();
+    let result = run.result().await;
+    run.dispose().await;
+    result
+}
+
 fn meta() -> serde_json::Value {
     json!({"name": "test-flow", "description": "a test workflow"})
 }
@@ -165,12 +176,7 @@ async fn the_memory_limit_stops_a_script_that_hoards() {
     let engine = WorkflowEngine::new(subagents, "spawn", limits);
     let parent = h.agent("children").await;
     let script = "const hoard = [];\nwhile (true) { hoard.push(new Array(100000).fill(1)); }";
-    let run = engine
-        .start(WorkflowRequest::new(&parent, script, meta()))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(&engine, WorkflowRequest::new(&parent, script, meta())).await;
     assert_eq!(r.stop_reason, WorkflowStop::Error);
     assert!(
         r.error.as_deref().unwrap().contains("out of memory"),
@@ -183,36 +189,26 @@ async fn the_memory_limit_stops_a_script_that_hoards() {
 async fn script_errors_name_their_line_and_column() {
     let w = world().await;
     let runtime_error = "const a = 1;\nconst b = a + 1;\nnull.boom;\nreturn b;";
-    let run = w
-        .engine
-        .start(WorkflowRequest::new(&w.parent, runtime_error, meta()))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(
+        &w.engine,
+        WorkflowRequest::new(&w.parent, runtime_error, meta()),
+    )
+    .await;
     assert_eq!(r.stop_reason, WorkflowStop::Error);
     let e = r.error.unwrap();
     assert!(e.contains("TypeError") && e.contains("line 3"), "{e}");
 
     let syntax_error = "const x = 1;\nconst = 2;\nreturn x;";
-    let run = w
-        .engine
-        .start(WorkflowRequest::new(&w.parent, syntax_error, meta()))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(
+        &w.engine,
+        WorkflowRequest::new(&w.parent, syntax_error, meta()),
+    )
+    .await;
     let e = r.error.unwrap();
     assert!(e.contains("SyntaxError") && e.contains("line 2"), "{e}");
 
     let thrown = "await agent('one');\nthrow new Error('nope');";
-    let run = w
-        .engine
-        .start(WorkflowRequest::new(&w.parent, thrown, meta()))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(&w.engine, WorkflowRequest::new(&w.parent, thrown, meta())).await;
     let e = r.error.unwrap();
     assert!(e.contains("nope") && e.contains("line 2"), "{e}");
     assert_eq!(r.agents_started, 1);
@@ -223,13 +219,11 @@ async fn script_errors_name_their_line_and_column() {
 async fn misuse_and_caps_are_fatal_even_when_caught() {
     let w = world().await;
     let bad_option = "try { await agent('x', {model: 'big'}); } catch (e) {}\nreturn 1;";
-    let run = w
-        .engine
-        .start(WorkflowRequest::new(&w.parent, bad_option, meta()))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(
+        &w.engine,
+        WorkflowRequest::new(&w.parent, bad_option, meta()),
+    )
+    .await;
     assert_eq!(r.stop_reason, WorkflowStop::Error);
     assert!(
         r.error
@@ -242,9 +236,7 @@ async fn misuse_and_caps_are_fatal_even_when_caught() {
     let too_many = "await Promise.all([1, 2, 3].map(i => agent('t' + i)));\nreturn 1;";
     let mut request = WorkflowRequest::new(&w.parent, too_many, meta());
     request.max_total_agents = Some(2);
-    let run = w.engine.start(request).await.unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(&w.engine, request).await;
     assert!(
         r.error.as_deref().unwrap().starts_with("AGENT_CAP"),
         "{r:?}"
@@ -291,9 +283,7 @@ async fn the_time_limit_kills_a_spinning_or_stuck_script() {
     for script in ["while (true) {}", "await agent('park forever');"] {
         let mut request = WorkflowRequest::new(&w.parent, script, meta());
         request.time = Some(Duration::from_millis(300));
-        let run = w.engine.start(request).await.unwrap();
-        let r = run.result().await;
-        run.dispose().await;
+        let r = settle(&w.engine, request).await;
         assert_eq!(r.stop_reason, WorkflowStop::Error, "{script}: {r:?}");
         assert!(
             r.error.as_deref().unwrap().starts_with("TIME_LIMIT"),
@@ -301,32 +291,20 @@ async fn the_time_limit_kills_a_spinning_or_stuck_script() {
         );
     }
     // Awaiting what nothing can settle fails at once, not at the deadline.
-    let run = w
-        .engine
-        .start(WorkflowRequest::new(
-            &w.parent,
-            "await new Promise(() => {});",
-            meta(),
-        ))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(
+        &w.engine,
+        WorkflowRequest::new(&w.parent, "await new Promise(() => {});", meta()),
+    )
+    .await;
     assert!(
         r.error.as_deref().unwrap().starts_with("SCRIPT_STUCK"),
         "{r:?}"
     );
-    let run = w
-        .engine
-        .start(WorkflowRequest::new(
-            &w.parent,
-            "while (true) { log('x'); }",
-            meta(),
-        ))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(
+        &w.engine,
+        WorkflowRequest::new(&w.parent, "while (true) { log('x'); }", meta()),
+    )
+    .await;
     assert!(r.error.as_deref().unwrap().starts_with("LOG_CAP"), "{r:?}");
     w.h.rt.shutdown().await;
 }
@@ -411,12 +389,7 @@ async fn agent_calls_beyond_the_concurrency_limit_wait_their_turn() {
         })
         .unwrap();
     let script = "return await Promise.all([1, 2, 3, 4, 5, 6].map(i => agent('task ' + i)));";
-    let run = engine
-        .start(WorkflowRequest::new(&parent, script, meta()))
-        .await
-        .unwrap();
-    let r = run.result().await;
-    run.dispose().await;
+    let r = settle(&engine, WorkflowRequest::new(&parent, script, meta())).await;
     assert_eq!(r.stop_reason, WorkflowStop::Completed, "{r:?}");
     assert_eq!(r.value.as_array().unwrap().len(), 6);
     assert_eq!(r.value[5], json!("done: task 6"), "results keep call order");
