@@ -724,6 +724,65 @@ pub mod workloads {
         }))
     }
 
+    /// W3: `n` agents created one after another, each running one 1-step
+    /// turn and then kept resident (a later `followup` must work).
+    pub async fn w3(n: u32) -> Result<serde_json::Value, BoxError> {
+        let w = world(1).await?;
+        let root = w.rt.root();
+        let mut warm = Vec::new();
+        for i in 0..10 {
+            let agent = Agent::create(&root, spec("bench-worker")).await?;
+            turn(&agent, &format!("warmup-{i}"), 1).await?;
+            warm.push(agent);
+        }
+        let calls0 = w.worker.calls();
+        let before = rss_kb("VmRSS:");
+        let start = Instant::now();
+        let mut resident = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let agent = Agent::create(&root, spec("bench-worker")).await?;
+            turn(&agent, &format!("task-{i}"), 1).await?;
+            resident.push(agent);
+        }
+        let wall = start.elapsed().as_secs_f64();
+        let after = rss_kb("VmRSS:");
+        let model_calls = w.worker.calls() - calls0;
+        if model_calls != u64::from(n) {
+            return Err(format!("semantic mismatch: {model_calls} model calls, want {n}").into());
+        }
+        // Resident and resumable: a later followup works on a few of them,
+        // with the conversation kept (two user prompts in its history).
+        let picks = [0, n as usize / 2, n as usize - 1];
+        for &k in picks.iter().filter(|k| **k < resident.len()) {
+            let agent = &resident[k];
+            turn(agent, &format!("again-{k}"), 1).await?;
+            let prompts = agent
+                .session()
+                .derive_messages()
+                .iter()
+                .filter(|m| m.source.kind == "user")
+                .count();
+            if prompts != 2 {
+                return Err(format!("agent {k} kept {prompts} prompts, want 2").into());
+            }
+        }
+        let live = w.rt.tree().live_len();
+        w.rt.shutdown().await;
+        Ok(serde_json::json!({
+            "workload": "w3",
+            "n": n,
+            "create_wall_s": wall,
+            "baseline_rss_kb": before,
+            "rss_after_kb": after,
+            "bytes_per_agent": (after.saturating_sub(before) as f64 * 1024.0) / f64::from(n),
+            "us_per_agent": wall * 1e6 / f64::from(n),
+            "threads": threads(),
+            "model_calls": model_calls,
+            "live_actors": live,
+            "persistence": "in-memory (session logs in the agents, no file sink)",
+        }))
+    }
+
     /// Worker threads of the runtime running the workload.
     pub fn threads() -> usize {
         tokio::runtime::Handle::try_current()

@@ -290,6 +290,17 @@ enum Bench {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// W3: N agents created one by one, each running a 1-step turn, then
+    /// kept resident; reports memory per agent and time per agent.
+    W3 {
+        /// Agents N.
+        #[arg(long, default_value_t = 10_000)]
+        n: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+    },
     /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
     /// worker turns) through the subagent seam; then its tree is torn down.
     W2 {
@@ -509,6 +520,23 @@ async fn run(command: Command) -> ExitCode {
             }
             // On a worker thread, as an embedding service would run it.
             let run = tokio::spawn(dsh::bench::workloads::w1(turns, steps));
+            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+        }
+        Command::Bench {
+            which: Bench::W3 { n, processes },
+        } => {
+            if n == 0 {
+                eprintln!("dsh bench w3: --n must be at least 1");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            let n_text = n.to_string();
+            if processes > 1 {
+                let args = ["bench", "w3", "--n", &n_text];
+                return report(
+                    dsh::bench::across_processes(&args, processes, "bytes_per_agent").await,
+                );
+            }
+            let run = tokio::spawn(dsh::bench::workloads::w3(n));
             report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
         }
         Command::Bench {
