@@ -56,6 +56,7 @@ pub fn default_catalogue() -> Catalogue {
     c.register("scripted", || Scripted);
     c.register("prompt-section", || PromptSectionPlugin);
     c.register("session-store", || SessionStore);
+    c.register("web", || crate::web::Web);
     c
 }
 

@@ -24,3 +24,4 @@ pub mod multi;
 pub mod replay;
 pub mod run;
 pub mod sessions;
+pub mod web;

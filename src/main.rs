@@ -189,6 +189,18 @@ enum Command {
         #[command(flatten)]
         store: dsh::sessions::StoreChoice,
     },
+    /// Serve the HTTP/SSE API over the live actor tree until Ctrl-C/SIGTERM.
+    Serve {
+        /// Boot this cordis.yml first (its `web` entry, if any, is used).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address to listen on (loopback by default).
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        bind: String,
+        /// Environment variable holding the bearer token (required off loopback).
+        #[arg(long)]
+        token_env: Option<String>,
+    },
     /// Run a benchmark and print its figures (last line: `RESULT {json}`).
     Bench {
         #[command(subcommand)]
@@ -388,6 +400,11 @@ async fn run(command: Command) -> ExitCode {
             ExitCode::from(exit.code)
         }
         Command::Demo { cwd, store } => exit_with("demo", dsh::multi::demo(store, cwd).await),
+        Command::Serve {
+            config,
+            bind,
+            token_env,
+        } => serve(config, bind, token_env).await,
         Command::Workflow {
             script,
             args,
@@ -558,6 +575,84 @@ async fn run(command: Command) -> ExitCode {
 }
 
 /// Prints a workload's `RESULT` line, or its error.
+async fn serve(config: Option<PathBuf>, bind: String, token_env: Option<String>) -> ExitCode {
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dsh serve: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let root = rt.root();
+    let booted = match &config {
+        Some(file) => {
+            let source = Source {
+                base: file.clone(),
+                patches: Vec::new(),
+            };
+            match Loader::boot(&rt, default_catalogue(), source).await {
+                Err(Error::Config(e)) => {
+                    eprintln!("dsh serve: {e}");
+                    rt.shutdown().await;
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                Err(e) => Err(e.to_string()),
+                Ok((_, failures)) if !failures.is_empty() => Err(failures
+                    .iter()
+                    .map(|(id, why)| format!("entry `{id}`: {why}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")),
+                Ok(_) => Ok(()),
+            }
+        }
+        None => root
+            .plugin(dsh::catalogue::AgentServices, Default::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+    };
+    let web = match booted {
+        Err(e) => Err(e),
+        Ok(()) => match root.get::<dsh::web::WebServer>(dsh::web::WebServer::SERVICE) {
+            Some(w) => Ok(w),
+            None => {
+                let config = dsh::web::WebConfig { bind, token_env };
+                match root.plugin(dsh::web::Web, config).await {
+                    Err(Error::PluginFailed { reason, .. }) => Err(reason),
+                    Err(e) => Err(e.to_string()),
+                    Ok(_) => root
+                        .get::<dsh::web::WebServer>(dsh::web::WebServer::SERVICE)
+                        .ok_or_else(|| "the web plugin provided no server".to_owned()),
+                }
+            }
+        },
+    };
+    let web = match web {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("dsh serve: {e}");
+            rt.shutdown().await;
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    // One line on stdout: where to connect (tests and scripts read it).
+    println!("dsh serve: listening on http://{}", web.local_addr());
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dsh serve: cannot watch SIGTERM: {e}");
+            rt.shutdown().await;
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    rt.shutdown().await;
+    ExitCode::SUCCESS
+}
+
 fn report(result: Result<serde_json::Value, dsh::kernel::BoxError>) -> ExitCode {
     match result {
         Ok(v) => {

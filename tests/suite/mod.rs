@@ -5,3 +5,4 @@ mod multi;
 mod peers;
 mod persistence;
 mod run;
+mod web;

@@ -1,0 +1,311 @@
+//! The `web` plugin: an HTTP/SSE API over the live actor tree (axum).
+//!
+//! - `GET /api/tree`: every live node.
+//! - `GET /api/tree/stream`: SSE — a `snapshot` event with the whole tree,
+//!   then `delta` events, each a batch of the changes available at once
+//!   (spawned / status / summary / stopped); when the subscriber fell behind,
+//!   a `dropped` event with the number of lost changes tells it to take a
+//!   new snapshot (the stream then restarts with one).
+//! - `GET /api/actors/{id}`: one node (live, or recently stopped) and the ids
+//!   of its live children.
+//!
+//! Errors are JSON `{"error": {"code", "message"}}` with a stable code.
+//! Safety: the server binds 127.0.0.1 unless told otherwise; any other
+//! address requires a bearer token (read from an environment variable),
+//! checked on every request; request bodies are bounded; no CORS headers.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use dsh_supervisors::tree::TreeChange;
+use dsh_supervisors::{BoxError, Context, Plugin, Runtime, WorkerSpec};
+use futures::Stream;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::broadcast::error::RecvError;
+use tokio_util::sync::CancellationToken;
+
+/// Config of the `web` plugin.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebConfig {
+    /// Address to listen on (default `127.0.0.1:7878`; port 0 picks one).
+    #[serde(default = "default_bind")]
+    pub bind: String,
+    /// Environment variable holding the bearer token. Required when `bind`
+    /// is not a loopback address; when set, every request must carry it.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+fn default_bind() -> String {
+    "127.0.0.1:7878".into()
+}
+
+/// The running server, provided as the `web` service.
+#[derive(Debug)]
+pub struct WebServer {
+    addr: SocketAddr,
+}
+
+impl WebServer {
+    /// The capability name.
+    pub const SERVICE: &'static str = "web";
+
+    /// Where the server listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Largest request body accepted.
+const MAX_BODY: usize = 64 * 1024;
+
+/// Changes sent in one `delta` event at most.
+const BATCH: usize = 512;
+
+#[derive(Clone)]
+struct Api {
+    rt: Runtime,
+    token: Option<Arc<str>>,
+    /// Fired when the server stops: open streams end, so the graceful
+    /// shutdown does not wait on them.
+    stop: CancellationToken,
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = json!({"error": {"code": code, "message": message.into()}});
+    (status, Json(body)).into_response()
+}
+
+async fn tree(State(api): State<Api>) -> Response {
+    Json(api.rt.tree().snapshot()).into_response()
+}
+
+async fn actor(State(api): State<Api>, Path(id): Path<String>) -> Response {
+    let Ok(id) = id.parse::<u64>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BAD_ID",
+            format!("`{id}` is not an actor id (a number)"),
+        );
+    };
+    let tree = api.rt.tree();
+    let node = tree.get(id).or_else(|| tree.get_stopped(id));
+    let Some(node) = node else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("no actor {id} is live or recently stopped"),
+        );
+    };
+    let children: Vec<u64> = tree
+        .snapshot()
+        .iter()
+        .filter(|n| n.parent == Some(id))
+        .map(|n| n.id)
+        .collect();
+    Json(json!({"node": node, "children": children})).into_response()
+}
+
+async fn stream(State(api): State<Api>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let tree = api.rt.tree().clone();
+    let stop = api.stop.clone();
+    let events = futures::stream::unfold(
+        (tree, None::<tokio::sync::broadcast::Receiver<TreeChange>>),
+        move |(tree, rx)| {
+            let stop = stop.clone();
+            async move {
+                let Some(mut rx) = rx else {
+                    // Subscribe first, then snapshot: no change falls between.
+                    let rx = tree.subscribe();
+                    let snapshot = json!({"nodes": tree.snapshot()});
+                    let event = SseEvent::default()
+                        .event("snapshot")
+                        .data(snapshot.to_string());
+                    return Some((Ok(event), (tree, Some(rx))));
+                };
+                let next = tokio::select! {
+                    r = rx.recv() => r,
+                    () = stop.cancelled() => return None,
+                };
+                let first = match next {
+                    Ok(change) => change,
+                    Err(RecvError::Lagged(n)) => {
+                        let event = SseEvent::default()
+                            .event("dropped")
+                            .data(json!({"dropped": n}).to_string());
+                        // The next item is a fresh snapshot.
+                        return Some((Ok(event), (tree, None)));
+                    }
+                    Err(RecvError::Closed) => return None,
+                };
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(change) => batch.push(change),
+                        Err(_) => break,
+                    }
+                }
+                let event = SseEvent::default()
+                    .event("delta")
+                    .data(json!({"changes": batch}).to_string());
+                Some((Ok(event), (tree, Some(rx))))
+            }
+        },
+    );
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+async fn authorize(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &api.token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(token.as_ref()) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "UNAUTHORIZED",
+                "this server requires `Authorization: Bearer <token>`",
+            );
+        }
+    }
+    next.run(request).await
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint")
+}
+
+/// The API's routes over `rt`; `stop` ends the open streams.
+pub fn router(rt: Runtime, token: Option<Arc<str>>, stop: CancellationToken) -> Router {
+    let api = Api { rt, token, stop };
+    Router::new()
+        .route("/api/tree", get(tree))
+        .route("/api/tree/stream", get(stream))
+        .route("/api/actors/{id}", get(actor))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(api.clone(), authorize))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
+}
+
+/// The `web` plugin.
+pub struct Web;
+
+impl Plugin for Web {
+    type Config = WebConfig;
+
+    fn name(&self) -> &str {
+        "web"
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<WebConfig>) -> Result<(), BoxError> {
+        let addr: SocketAddr = config
+            .bind
+            .parse()
+            .map_err(|e| format!("`bind: {}` is not an address: {e}", config.bind))?;
+        let token: Option<Arc<str>> = match &config.token_env {
+            None => None,
+            Some(var) => match std::env::var(var) {
+                Ok(t) if !t.is_empty() => Some(Arc::from(t)),
+                _ => return Err(format!("`token_env: {var}`: ${var} is not set").into()),
+            },
+        };
+        if !addr.ip().is_loopback() && token.is_none() {
+            return Err(format!(
+                "binding {addr} (not loopback) requires a token: set `token_env` to a variable holding it"
+            )
+            .into());
+        }
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let bound = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let serving = Serving {
+            listener: Some(listener),
+            router: Some(router(ctx.runtime().clone(), token, stop.clone())),
+            stop: stop.clone(),
+        };
+        ctx.spawn(WorkerSpec::new(
+            "web",
+            format!("web/{bound}"),
+            Server,
+            serving,
+        ))
+        .await?;
+        // Before the server actor is drained: stop accepting, finish requests.
+        ctx.on_teardown("stop the web server", move || async move { stop.cancel() })?;
+        ctx.provide(WebServer::SERVICE, Arc::new(WebServer { addr: bound }))?;
+        tracing::info!("dsh web API on http://{bound}");
+        Ok(())
+    }
+}
+
+struct Serving {
+    listener: Option<tokio::net::TcpListener>,
+    router: Option<Router>,
+    stop: CancellationToken,
+}
+
+/// The actor that owns the listening socket and serves until stopped.
+struct Server;
+
+impl Actor for Server {
+    type Msg = ();
+    type State = Serving;
+    type Arguments = Serving;
+
+    async fn pre_start(
+        &self,
+        _me: ActorRef<()>,
+        args: Serving,
+    ) -> Result<Serving, ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn post_start(
+        &self,
+        me: ActorRef<()>,
+        s: &mut Serving,
+    ) -> Result<(), ActorProcessingErr> {
+        if let (Some(listener), Some(router)) = (s.listener.take(), s.router.take()) {
+            let stop = s.stop.clone();
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::error!("the web server failed: {e}");
+            }
+        }
+        me.stop(None);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ActorRef<()>,
+        s: &mut Serving,
+    ) -> Result<(), ActorProcessingErr> {
+        s.stop.cancel();
+        Ok(())
+    }
+}
