@@ -200,6 +200,9 @@ enum Command {
         /// Environment variable holding the bearer token (required off loopback).
         #[arg(long)]
         token_env: Option<String>,
+        /// Enable the endpoints that create and steer agents.
+        #[arg(long)]
+        mutations: bool,
     },
     /// Run a benchmark and print its figures (last line: `RESULT {json}`).
     Bench {
@@ -404,7 +407,8 @@ async fn run(command: Command) -> ExitCode {
             config,
             bind,
             token_env,
-        } => serve(config, bind, token_env).await,
+            mutations,
+        } => serve(config, bind, token_env, mutations).await,
         Command::Workflow {
             script,
             args,
@@ -575,7 +579,12 @@ async fn run(command: Command) -> ExitCode {
 }
 
 /// Prints a workload's `RESULT` line, or its error.
-async fn serve(config: Option<PathBuf>, bind: String, token_env: Option<String>) -> ExitCode {
+async fn serve(
+    config: Option<PathBuf>,
+    bind: String,
+    token_env: Option<String>,
+    mutations: bool,
+) -> ExitCode {
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
         Err(e) => {
@@ -616,7 +625,11 @@ async fn serve(config: Option<PathBuf>, bind: String, token_env: Option<String>)
         Ok(()) => match root.get::<dsh::web::WebServer>(dsh::web::WebServer::SERVICE) {
             Some(w) => Ok(w),
             None => {
-                let config = dsh::web::WebConfig { bind, token_env };
+                let config = dsh::web::WebConfig {
+                    bind,
+                    token_env,
+                    mutations,
+                };
                 match root.plugin(dsh::web::Web, config).await {
                     Err(Error::PluginFailed { reason, .. }) => Err(reason),
                     Err(e) => Err(e.to_string()),

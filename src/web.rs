@@ -6,8 +6,15 @@
 //!   (spawned / status / summary / stopped); when the subscriber fell behind,
 //!   a `dropped` event with the number of lost changes tells it to take a
 //!   new snapshot (the stream then restarts with one).
-//! - `GET /api/actors/{id}`: one node (live, or recently stopped) and the ids
-//!   of its live children.
+//! - `GET /api/actors/{id}`: one node (live, or recently stopped), the ids
+//!   of its live children and, for an agent's scope, the agent: its
+//!   progress (turn, step, queued prompts) and its last session events.
+//! - `GET /api/sessions`: live agents' sessions, then stored ones.
+//! - `GET /api/sessions/{id}/events?from_seq=N&limit=M`: a page of events;
+//!   `&stream=1` streams them as SSE, then every new one (a live session).
+//! - `POST /api/agents` `{prompt, provider?, model?, system?}`, and
+//!   `POST /api/agents/{id}/followup|steer` `{text}`, `.../cancel`: only
+//!   when `mutations: true`.
 //!
 //! Errors are JSON `{"error": {"code", "message"}}` with a stable code.
 //! Safety: the server binds 127.0.0.1 unless told otherwise; any other
@@ -36,6 +43,8 @@ use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
+mod agents;
+
 /// Config of the `web` plugin.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +56,10 @@ pub struct WebConfig {
     /// is not a loopback address; when set, every request must carry it.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Allow the endpoints that change things (create, followup, steer,
+    /// cancel agents). Off by default.
+    #[serde(default)]
+    pub mutations: bool,
 }
 
 fn default_bind() -> String {
@@ -76,15 +89,17 @@ const MAX_BODY: usize = 64 * 1024;
 const BATCH: usize = 512;
 
 #[derive(Clone)]
-struct Api {
-    rt: Runtime,
+pub(crate) struct Api {
+    pub(crate) rt: Runtime,
     token: Option<Arc<str>>,
     /// Fired when the server stops: open streams end, so the graceful
     /// shutdown does not wait on them.
-    stop: CancellationToken,
+    pub(crate) stop: CancellationToken,
+    /// Whether mutating endpoints are enabled.
+    pub(crate) mutations: bool,
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let body = json!({"error": {"code": code, "message": message.into()}});
     (status, Json(body)).into_response()
 }
@@ -116,7 +131,8 @@ async fn actor(State(api): State<Api>, Path(id): Path<String>) -> Response {
         .filter(|n| n.parent == Some(id))
         .map(|n| n.id)
         .collect();
-    Json(json!({"node": node, "children": children})).into_response()
+    let agent = agents::by_node(&api.rt, id).map(|a| agents::describe(&a, 20));
+    Json(json!({"node": node, "children": children, "agent": agent})).into_response()
 }
 
 async fn stream(State(api): State<Api>) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
@@ -195,12 +211,29 @@ async fn not_found() -> Response {
 }
 
 /// The API's routes over `rt`; `stop` ends the open streams.
-pub fn router(rt: Runtime, token: Option<Arc<str>>, stop: CancellationToken) -> Router {
-    let api = Api { rt, token, stop };
+pub fn router(
+    rt: Runtime,
+    token: Option<Arc<str>>,
+    stop: CancellationToken,
+    mutations: bool,
+) -> Router {
+    let api = Api {
+        rt,
+        token,
+        stop,
+        mutations,
+    };
     Router::new()
         .route("/api/tree", get(tree))
         .route("/api/tree/stream", get(stream))
         .route("/api/actors/{id}", get(actor))
+        .route("/api/sessions", get(agents::sessions))
+        .route("/api/sessions/{id}/events", get(agents::events))
+        .route("/api/agents", axum::routing::post(agents::create))
+        .route(
+            "/api/agents/{id}/{action}",
+            axum::routing::post(agents::act),
+        )
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(api.clone(), authorize))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
@@ -242,7 +275,12 @@ impl Plugin for Web {
         let stop = CancellationToken::new();
         let serving = Serving {
             listener: Some(listener),
-            router: Some(router(ctx.runtime().clone(), token, stop.clone())),
+            router: Some(router(
+                ctx.runtime().clone(),
+                token,
+                stop.clone(),
+                config.mutations,
+            )),
             stop: stop.clone(),
         };
         ctx.spawn(WorkerSpec::new(

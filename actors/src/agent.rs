@@ -312,6 +312,21 @@ struct Inner {
     /// Children started by this step's tool calls, disposed when the step's
     /// results are in (see [`Agent::adopt_for_step`]).
     step_children: Mutex<Vec<Agent>>,
+    /// The step the running turn is in (0 between turns).
+    step: std::sync::atomic::AtomicU32,
+}
+
+/// What an agent is doing, for observers (the API, the dashboard).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Progress {
+    /// The last turn started (0 before the first).
+    pub turn: u32,
+    /// The step of the running turn (0 when none runs).
+    pub step: u32,
+    /// Whether a turn is running.
+    pub running: bool,
+    /// Prompts waiting for their turn.
+    pub queued: usize,
 }
 
 /// The agent a scoped context belongs to, provided in every agent scope as
@@ -501,6 +516,7 @@ impl Agent {
             envelope: Mutex::new(None),
             conclude: std::sync::atomic::AtomicBool::new(false),
             step_children: Mutex::new(Vec::new()),
+            step: std::sync::atomic::AtomicU32::new(0),
         });
         let name = format!("driver/{}", short(&inner.id));
         let weak = Arc::downgrade(&inner);
@@ -738,6 +754,21 @@ impl Agent {
             .ok_or_else(|| AgentError::Closed(self.inner.id.clone()))
     }
 
+    /// What the agent is doing now.
+    pub fn progress(&self) -> Progress {
+        let inbox = self.inbox();
+        Progress {
+            turn: inbox.turn,
+            step: if inbox.running {
+                self.inner.step.load(std::sync::atomic::Ordering::Relaxed)
+            } else {
+                0
+            },
+            running: inbox.running,
+            queued: inbox.followups.len(),
+        }
+    }
+
     /// The summary of the last finished turn.
     pub fn last_turn(&self) -> Option<TurnSummary> {
         self.inbox().last.clone()
@@ -947,6 +978,10 @@ async fn run_turn(
         }
         steps += 1;
         let step = steps;
+        agent
+            .inner
+            .step
+            .store(step, std::sync::atomic::Ordering::Relaxed);
         log_append(agent, EventData::StepStart { turn, step }, None);
         let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
         agent.inner.ctx.events().emit(

@@ -13,6 +13,7 @@ async fn serve(token_env: Option<&str>) -> (Runtime, String) {
     let config = WebConfig {
         bind: "127.0.0.1:0".into(),
         token_env: token_env.map(str::to_owned),
+        mutations: true,
     };
     rt.root().plugin(Web, config).await.unwrap();
     let web = rt.root().get::<WebServer>(WebServer::SERVICE).unwrap();
@@ -135,6 +136,7 @@ async fn binding_off_loopback_without_a_token_is_refused() {
     let config = WebConfig {
         bind: "0.0.0.0:0".into(),
         token_env: None,
+        mutations: false,
     };
     let err = match rt.root().plugin(Web, config).await {
         Err(e) => e.to_string(),
@@ -230,4 +232,213 @@ async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
     let rest =
         tokio::time::timeout(WAIT, async { while let Some(Ok(_)) = body.next().await {} }).await;
     assert!(rest.is_ok(), "the stream ended");
+}
+
+async fn serve_agents(mutations: bool) -> (Runtime, String) {
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    root.plugin(dsh::catalogue::AgentServices, Default::default())
+        .await
+        .unwrap();
+    let llm = root
+        .get::<dsh::services::llm::LlmRuntime>(dsh::services::llm::LlmRuntime::SERVICE)
+        .unwrap();
+    llm.register(&root, &["demo"], std::sync::Arc::new(dsh::demo::DemoModel))
+        .unwrap();
+    let config = WebConfig {
+        bind: "127.0.0.1:0".into(),
+        token_env: None,
+        mutations,
+    };
+    root.plugin(Web, config).await.unwrap();
+    let web = root.get::<WebServer>(WebServer::SERVICE).unwrap();
+    (rt, format!("http://{}", web.local_addr()))
+}
+
+fn agent(rt: &Runtime, id: &str) -> dsh::actors::agent::Agent {
+    rt.root()
+        .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)
+        .unwrap()
+        .get(id)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
+    let (rt, base) = serve_agents(true).await;
+    let c = client();
+    let r = c
+        .post(format!("{base}/api/agents"))
+        .json(&serde_json::json!({"prompt": "Write one line about actors."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let created: serde_json::Value = r.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let node = created["node"].as_u64().unwrap();
+
+    // The tail replays the history, then follows: read to the first turn's end.
+    let r = c
+        .get(format!("{base}/api/sessions/{id}/events?stream=1"))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut buf = String::new();
+    let (_, end) = until(&mut body, &mut buf, |name, data| {
+        name == "event" && data.contains("\"turn/end\"")
+    })
+    .await;
+    assert!(end.contains("completed"), "{end}");
+
+    let a = agent(&rt, &id);
+    a.when_idle(WAIT).await.unwrap();
+    let detail: serde_json::Value = c
+        .get(format!("{base}/api/actors/{node}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(detail["agent"]["id"], id.as_str());
+    assert_eq!(detail["agent"]["progress"]["turn"], 1);
+    assert_eq!(detail["agent"]["progress"]["running"], false);
+    assert!(
+        detail["agent"]["last_turn"]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("actors:")
+    );
+    assert!(
+        !detail["agent"]["recent_events"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // A followup becomes turn 2, and the open tail sees it.
+    let r = c
+        .post(format!("{base}/api/agents/{id}/followup"))
+        .json(&serde_json::json!({"text": "Write one line about teardown."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, second) = until(&mut body, &mut buf, |name, data| {
+        name == "event" && data.contains("\"turn/end\"") && data.contains("\"turn\":2")
+    })
+    .await;
+    assert!(second.contains("completed"), "{second}");
+
+    let page: serde_json::Value = c
+        .get(format!(
+            "{base}/api/sessions/{id}/events?from_seq=1&limit=3"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3]);
+    let sessions: serde_json::Value = c
+        .get(format!("{base}/api/sessions"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        sessions
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == id.as_str() && s["live"] == true)
+    );
+    let r = c
+        .post(format!("{base}/api/agents/{id}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
+    let (rt, base) = serve_agents(true).await;
+    let c = client();
+    let post = |path: &str, body: &str| {
+        c.post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    for (path, body, status, code) in [
+        ("/api/agents", "{not json", 400, "BAD_JSON"),
+        (
+            "/api/agents",
+            r#"{"prompt": "x", "colour": "red"}"#,
+            400,
+            "BAD_JSON",
+        ),
+        (
+            "/api/agents",
+            r#"{"prompt": "x", "provider": "nope"}"#,
+            400,
+            "UNKNOWN_PROVIDER",
+        ),
+        (
+            "/api/agents/no-such-agent/followup",
+            r#"{"text": "x"}"#,
+            404,
+            "NOT_FOUND",
+        ),
+    ] {
+        let r = post(path, body).await.unwrap();
+        assert_eq!(r.status(), status, "{path} {body}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{path} {body}: {v}");
+    }
+    let huge = format!(r#"{{"prompt": "{}"}}"#, "x".repeat(70 * 1024));
+    let r = post("/api/agents", &huge).await.unwrap();
+    assert_eq!(r.status(), 413);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "TOO_LARGE");
+    let r = c
+        .get(format!("{base}/api/sessions/x/events?from_seq=abc"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "BAD_QUERY");
+    let r = c
+        .get(format!("{base}/api/sessions/no-such/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    rt.shutdown().await;
+
+    let (rt, base) = serve_agents(false).await;
+    let r = client()
+        .post(format!("{base}/api/agents"))
+        .json(&serde_json::json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "MUTATIONS_DISABLED");
+    rt.shutdown().await;
 }
