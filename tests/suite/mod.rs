@@ -1,5 +1,6 @@
 mod cli;
 mod conformance;
+mod dashboard;
 mod embedding;
 mod multi;
 mod peers;

@@ -22,7 +22,7 @@ fn repo() -> PathBuf {
 }
 
 /// Installs the peers if needed; returns their directory.
-fn peers() -> PathBuf {
+pub(crate) fn peers() -> PathBuf {
     let out = Command::new("bash")
         .arg(repo().join("tests/peers/install.sh"))
         .output()

@@ -1,0 +1,56 @@
+// Drives the dashboard in headless Chromium (playwright-core + Debian chromium).
+// Usage: node dashboard.cjs <base-url> <coordinator-node-id>
+// Prints READY once the page is live (the Rust test then starts a workflow),
+// and a final JSON line with what it saw. Exits non-zero on any failure.
+"use strict";
+const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const readline = require("readline");
+
+const [base, coordinator] = process.argv.slice(2);
+const WAIT = 30000;
+
+function step(name) { process.stderr.write(`dashboard: ${name}\n`); }
+
+(async () => {
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox", "--headless=new", "--disable-gpu"],
+  });
+  try {
+    const page = await browser.newPage();
+    await page.goto(base);
+    await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
+    const before = await page.locator('[data-name^="scope/subagent/"]').count();
+    console.log("READY");
+    // The test starts the workflow now: the tree grows.
+    step("waiting for three subagents");
+    await page.waitForFunction(
+      () => document.querySelectorAll('[data-name^="scope/subagent/"]').length >= 3,
+      null, { timeout: WAIT });
+    const grown = await page.locator('[data-name^="scope/subagent/"]').count();
+
+    step("a child's events");
+    await page.locator('[data-name^="scope/subagent/"]').first().click();
+    await page.waitForSelector('#events li[data-type="tool/call"]', { timeout: WAIT });
+    const events = await page.locator("#events li").count();
+
+    step("cancel the coordinator from the page");
+    await page.locator(`[data-node-id="${coordinator}"]`).first().click();
+    await page.waitForSelector("#cancel", { timeout: WAIT });
+    await page.locator("#cancel").click();
+    await page.waitForFunction(
+      () => document.querySelectorAll('[data-name^="scope/subagent/"]').length === 0,
+      null, { timeout: WAIT });
+
+    step("the teardown view");
+    await page.locator(`[data-node-id="${coordinator}"]`).first().click();
+    await page.waitForFunction(
+      () => document.querySelectorAll('#teardown li').length >= 3, null, { timeout: WAIT });
+    const order = await page.$$eval("#teardown li", (lis) => lis.map((li) => ({
+      seq: +li.dataset.stopSeq, text: li.textContent,
+    })));
+    console.log(JSON.stringify({ before, grown, events, order }));
+  } finally {
+    await browser.close();
+  }
+})().catch((e) => { console.error(e); process.exit(1); });

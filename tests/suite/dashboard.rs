@@ -1,0 +1,176 @@
+//! The dashboard in headless Chromium (Debian `chromium`, driven by npm
+//! `playwright-core`): while a workflow runs, the page's tree grows; a click
+//! on an agent shows its events; cancelling the coordinator from the page
+//! drains its subtree, and the teardown view shows the stop order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh::actors::agent::{Agent, AgentSpec};
+use dsh::kernel::{Runtime, RuntimeSettings};
+use dsh::services::llm::{
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, LlmRuntime, ToolSchema,
+};
+use dsh::services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use dsh::web::{Web, WebConfig, WebServer};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::io::AsyncBufReadExt;
+use tokio_util::sync::CancellationToken;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The coordinator starts a workflow of three parked children.
+struct Board;
+
+impl LlmAdapter for Board {
+    fn name(&self) -> &str {
+        "board"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let prompt = request
+            .messages
+            .iter()
+            .find(|m| m.source.kind == "user")
+            .map(|m| m.text())
+            .unwrap_or_default();
+        let answered = request
+            .messages
+            .last()
+            .is_some_and(|m| m.source.kind == "tool");
+        let call = |name: &str, args: serde_json::Value| ContentBlock::ToolCall {
+            id: format!("call_{name}"),
+            name: name.into(),
+            arguments: args.to_string(),
+        };
+        let (blocks, finish) = if answered {
+            (vec![ContentBlock::text("done")], FinishReason::Stop)
+        } else if prompt.starts_with("park") {
+            (
+                vec![call("park", serde_json::json!({}))],
+                FinishReason::ToolCalls,
+            )
+        } else {
+            let script = "return await Promise.all([1, 2, 3].map(i => agent('park ' + i, {label: 'worker ' + i})));";
+            let meta =
+                serde_json::json!({"name": "watched", "description": "three parked workers"});
+            (
+                vec![call(
+                    "workflow",
+                    serde_json::json!({"script": script, "meta": meta}),
+                )],
+                FinishReason::ToolCalls,
+            )
+        };
+        let chunks = dsh::services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+struct Park;
+
+impl Tool for Park {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "park".into(),
+            description: "Waits until cancelled.".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {}}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            cx.cancel.cancelled().await;
+            Err(ToolError::new("ABORTED", "park was cancelled"))
+        }
+        .boxed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order() {
+    let peers = super::peers::peers();
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    root.plugin(dsh::catalogue::AgentServices, Default::default())
+        .await
+        .unwrap();
+    let llm = root.get::<LlmRuntime>(LlmRuntime::SERVICE).unwrap();
+    llm.register(&root, &["board"], Arc::new(Board)).unwrap();
+    let tools = root.get::<ToolRegistry>(ToolRegistry::SERVICE).unwrap();
+    tools.register(&root, Arc::new(Park)).unwrap();
+    let config = WebConfig {
+        bind: "127.0.0.1:0".into(),
+        token_env: None,
+        mutations: true,
+    };
+    root.plugin(Web, config).await.unwrap();
+    let base = format!(
+        "http://{}",
+        root.get::<WebServer>(WebServer::SERVICE)
+            .unwrap()
+            .local_addr()
+    );
+    let mut spec = AgentSpec::new("board", "m", std::env::temp_dir());
+    spec.name = Some("coordinator".into());
+    let coordinator = Agent::create(&root, spec).await.unwrap();
+
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser/dashboard.cjs");
+    let mut node = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(&base)
+        .arg(coordinator.node_id().to_string())
+        .env(
+            "PLAYWRIGHT_CORE",
+            peers.join("npm/node_modules/playwright-core"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node runs");
+    let mut lines = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("the page loads")
+        .unwrap();
+    assert_eq!(ready.as_deref(), Some("READY"));
+    // Now the workflow starts, and the page watches its tree grow.
+    coordinator
+        .followup(dsh::services::llm::Message::user_text("start the workflow"))
+        .unwrap();
+    let report = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("the browser test finishes")
+        .unwrap()
+        .expect("a report line");
+    let status = tokio::time::timeout(WAIT, node.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "the browser script failed: {report}");
+    let seen: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(seen["before"], 0);
+    assert!(seen["grown"].as_u64().unwrap() >= 3, "{seen}");
+    assert!(seen["events"].as_u64().unwrap() >= 3, "{seen}");
+    let order: Vec<u64> = seen["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["seq"].as_u64().unwrap())
+        .collect();
+    assert!(order.len() >= 3, "{seen}");
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "stop order: {order:?}"
+    );
+    // The page's cancel reached the coordinator: its turn ended aborted.
+    coordinator.when_idle(WAIT).await.unwrap();
+    assert!(matches!(
+        coordinator.last_turn().unwrap().reason,
+        dsh::services::session::TurnEndReason::Aborted { .. }
+    ));
+    rt.shutdown().await;
+}
