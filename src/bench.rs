@@ -336,6 +336,7 @@ pub mod workloads {
     use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
     use dsh_supervisors::{BoxError, Runtime, RuntimeSettings};
     use futures::FutureExt;
+    use futures::StreamExt;
     use futures::future::BoxFuture;
     use tokio_util::sync::CancellationToken;
 
@@ -780,6 +781,111 @@ pub mod workloads {
             "model_calls": model_calls,
             "live_actors": live,
             "persistence": "in-memory (session logs in the agents, no file sink)",
+        }))
+    }
+
+    /// Runs `agents` agents at once, each `turns` turns of `steps` steps;
+    /// returns the wall seconds.
+    async fn active(w: &World, agents: u32, turns: u32, steps: u32) -> Result<f64, BoxError> {
+        let root = w.rt.root();
+        let mut all = Vec::with_capacity(agents as usize);
+        for _ in 0..agents {
+            all.push(Agent::create(&root, spec("bench-worker")).await?);
+        }
+        let start = Instant::now();
+        let runs = all.iter().enumerate().map(|(i, a)| async move {
+            for t in 0..turns {
+                turn(a, &format!("agent-{i}-turn-{t}"), steps).await?;
+            }
+            Ok::<(), BoxError>(())
+        });
+        for r in futures::future::join_all(runs).await {
+            r?;
+        }
+        let wall = start.elapsed().as_secs_f64();
+        for a in all.iter().rev() {
+            a.dispose().await;
+        }
+        Ok(wall)
+    }
+
+    /// The dashboard's delta stream under load: `agents` active agents with
+    /// and without one HTTP subscriber on `/api/tree/stream`; the stream's
+    /// throughput and the slowdown it causes.
+    pub async fn stream(agents: u32, turns: u32) -> Result<serde_json::Value, BoxError> {
+        let steps = 5;
+        let w = world(steps).await?;
+        // Warm-up, then the run without a subscriber.
+        active(&w, 10, 1, steps).await?;
+        let alone = active(&w, agents, turns, steps).await?;
+        let root = w.rt.root();
+        let config = crate::web::WebConfig {
+            bind: "127.0.0.1:0".into(),
+            token_env: None,
+            mutations: false,
+        };
+        root.plugin(crate::web::Web, config).await?;
+        let addr = root
+            .get::<crate::web::WebServer>(crate::web::WebServer::SERVICE)
+            .ok_or("no web server")?
+            .local_addr();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().build()?;
+        let response = client
+            .get(format!("http://{addr}/api/tree/stream"))
+            .send()
+            .await?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        // The subscriber: reads and splits events, counts changes.
+        let reader = async move {
+            let mut body = response.bytes_stream();
+            let (mut bytes, mut events, mut changes, mut dropped) = (0u64, 0u64, 0u64, 0u64);
+            let mut pending = String::new();
+            loop {
+                let chunk = tokio::select! {
+                    c = body.next() => c,
+                    () = stopped.cancelled() => None,
+                };
+                let Some(Ok(chunk)) = chunk else { break };
+                bytes += chunk.len() as u64;
+                pending.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = pending.find("\n\n") {
+                    let block: String = pending.drain(..end + 2).collect();
+                    events += 1;
+                    changes += block.matches("\"type\":\"").count() as u64;
+                    if block.starts_with("event: dropped") {
+                        dropped += 1;
+                    }
+                }
+            }
+            (bytes, events, changes, dropped)
+        };
+        let (watched, counts) = tokio::join!(
+            async {
+                let r = active(&w, agents, turns, steps).await;
+                stop.cancel();
+                r
+            },
+            reader
+        );
+        let watched = watched?;
+        let (bytes, events, changes, dropped) = counts;
+        w.rt.shutdown().await;
+        Ok(serde_json::json!({
+            "workload": "stream",
+            "agents": agents,
+            "turns": turns,
+            "steps": steps,
+            "wall_alone_s": alone,
+            "wall_watched_s": watched,
+            "slowdown": watched / alone,
+            "changes": changes,
+            "sse_events": events,
+            "bytes": bytes,
+            "changes_per_s": changes as f64 / watched,
+            "dropped_events": dropped,
+            "threads": threads(),
         }))
     }
 

@@ -316,6 +316,20 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         processes: u32,
     },
+    /// The dashboard's delta stream: N active agents with and without one
+    /// SSE subscriber; throughput and slowdown.
+    Stream {
+        /// Agents running at once.
+        #[arg(long, default_value_t = 1000)]
+        agents: u32,
+        /// Turns per agent (5 steps each).
+        #[arg(long, default_value_t = 3)]
+        turns: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+    },
     /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
     /// worker turns) through the subagent seam; then its tree is torn down.
     W2 {
@@ -541,6 +555,26 @@ async fn run(command: Command) -> ExitCode {
             }
             // On a worker thread, as an embedding service would run it.
             let run = tokio::spawn(dsh::bench::workloads::w1(turns, steps));
+            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+        }
+        Command::Bench {
+            which:
+                Bench::Stream {
+                    agents,
+                    turns,
+                    processes,
+                },
+        } => {
+            if agents == 0 || turns == 0 {
+                eprintln!("dsh bench stream: --agents and --turns must be at least 1");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            let (a, t) = (agents.to_string(), turns.to_string());
+            if processes > 1 {
+                let args = ["bench", "stream", "--agents", &a, "--turns", &t];
+                return report(dsh::bench::across_processes(&args, processes, "slowdown").await);
+            }
+            let run = tokio::spawn(dsh::bench::workloads::stream(agents, turns));
             report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
         }
         Command::Bench {

@@ -370,6 +370,66 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // Stopping the agent disposes its subtree; it is then among the stopped.
+    let r = c
+        .post(format!("{base}/api/actors/{node}/stop"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let stopped: serde_json::Value = c
+        .get(format!("{base}/api/tree/stopped"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seqs: Vec<u64> = stopped
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["stop_seq"].as_u64().unwrap())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "in stop order: {seqs:?}"
+    );
+    assert!(stopped.as_array().unwrap().iter().any(|n| n["id"] == node));
+    let detail: serde_json::Value = c
+        .get(format!("{base}/api/actors/{node}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(detail["node"]["status"], "disposed");
+    // Only agents are stopped here.
+    let tree: serde_json::Value = c
+        .get(format!("{base}/api/tree"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let web = tree
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["kind"] == "web")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let r = c
+        .post(format!("{base}/api/actors/{web}/stop"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "NOT_STOPPABLE");
     rt.shutdown().await;
 }
 
@@ -440,5 +500,11 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
     assert_eq!(r.status(), 403);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "MUTATIONS_DISABLED");
+    let r = client()
+        .post(format!("{base}/api/actors/1/stop"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
     rt.shutdown().await;
 }
