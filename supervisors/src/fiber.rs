@@ -634,14 +634,16 @@ impl Actor for FiberActor {
         let FiberState { rt, fiber } = state;
         fiber.node.stats.handled();
         match msg {
-            FiberMsg::Reevaluate => reevaluate(rt, fiber).await,
+            // Boxed (here and below): a fiber waiting for messages does not carry
+            // the state of a teardown or a load in its task.
+            FiberMsg::Reevaluate => Box::pin(reevaluate(rt, fiber)).await,
             FiberMsg::Restart => {
                 if fiber.status() == Status::Active || fiber.status() == Status::Failed {
-                    unload(rt, fiber, Arc::from(Vec::new())).await;
+                    Box::pin(unload(rt, fiber, Arc::from(Vec::new()))).await;
                     fiber.lock().loaded_with = None;
                     fiber.lock().error = None;
                     fiber.set_status(rt, Status::Pending);
-                    reevaluate(rt, fiber).await;
+                    Box::pin(reevaluate(rt, fiber)).await;
                 }
             }
             FiberMsg::Dispose { chain, from_parent } => {
@@ -650,7 +652,7 @@ impl Actor for FiberActor {
                 } else {
                     Status::Disposed
                 };
-                let mut order = unload(rt, fiber, chain).await;
+                let mut order = Box::pin(unload(rt, fiber, chain)).await;
                 order.push(fiber.id);
                 let order: Arc<[u64]> = Arc::from(order);
                 fiber.lock().stop_order = Some(order.clone());
@@ -691,12 +693,12 @@ impl Actor for FiberActor {
         let Some(seq) = fiber.child_by_actor(pid) else {
             return Ok(());
         };
-        let escalate = on_child_exit(rt, fiber, seq, failure).await;
+        let escalate = Box::pin(on_child_exit(rt, fiber, seq, failure)).await;
         if let Some(reason) = escalate {
             // Fail upward: tear everything down in order, then let ractor
             // report this actor's failure to our own supervisor.
             fiber.lock().error = Some(reason.clone());
-            let mut order = unload(rt, fiber, Arc::from(Vec::new())).await;
+            let mut order = Box::pin(unload(rt, fiber, Arc::from(Vec::new()))).await;
             order.push(fiber.id);
             fiber.lock().stop_order = Some(Arc::from(order));
             fiber.node.stats.set_status(Status::Failed);
