@@ -988,7 +988,10 @@ async fn run_turn(
             .inner
             .step
             .store(step, std::sync::atomic::Ordering::Relaxed);
-        publish_progress(agent, turn, step);
+        // Per step only while someone watches the tree; every turn end always.
+        if agent.inner.ctx.runtime().tree().watched() {
+            publish_progress(agent, turn, step);
+        }
         log_append(agent, EventData::StepStart { turn, step }, None);
         let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
         agent.inner.ctx.events().emit(

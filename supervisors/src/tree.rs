@@ -268,6 +268,11 @@ impl Tree {
         self.feed.subscribe()
     }
 
+    /// Whether anyone follows the change feed right now.
+    pub fn watched(&self) -> bool {
+        self.feed.receiver_count() > 0
+    }
+
     fn publish(&self, change: TreeChange) {
         if self.feed.receiver_count() > 0 {
             // An error only means nobody listens right now.
@@ -310,10 +315,14 @@ impl Tree {
     /// Replaces a node's kind-specific summary.
     pub fn set_summary(&self, id: u64, summary: serde_json::Value) {
         if let Some(node) = self.live.get(&id) {
-            if let Ok(mut s) = node.summary.lock() {
-                *s = summary.clone();
+            if self.watched() {
+                if let Ok(mut s) = node.summary.lock() {
+                    *s = summary.clone();
+                }
+                self.publish(TreeChange::Summary { id, summary });
+            } else if let Ok(mut s) = node.summary.lock() {
+                *s = summary;
             }
-            self.publish(TreeChange::Summary { id, summary });
         }
     }
 
