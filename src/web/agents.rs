@@ -390,8 +390,8 @@ pub(super) async fn act(
     }
 }
 
-/// `POST /api/actors/{id}/stop`: disposes an agent (its whole subtree, in
-/// order) and answers when it is done.
+/// `POST /api/actors/{id}/stop`: stops an actor the normal way — an agent
+/// (or any fiber) with its whole subtree, in order — and answers when done.
 pub(super) async fn stop(State(api): State<Api>, Path(id): Path<String>) -> Response {
     if let Some(r) = read_only(&api) {
         return r;
@@ -403,22 +403,24 @@ pub(super) async fn stop(State(api): State<Api>, Path(id): Path<String>) -> Resp
             format!("`{id}` is not an actor id (a number)"),
         );
     };
-    let Some(agent) = by_node(&api.rt, node) else {
-        let code = if api.rt.tree().get(node).is_some() {
-            (
-                StatusCode::CONFLICT,
-                "NOT_STOPPABLE",
-                format!("actor {node} is not an agent; only agents are stopped here"),
-            )
-        } else {
-            (
-                StatusCode::NOT_FOUND,
-                "NOT_FOUND",
-                format!("no live actor {node}"),
-            )
-        };
-        return error(code.0, code.1, code.2);
-    };
-    agent.dispose().await;
-    Json(json!({"id": node, "stopped": true, "order": agent.child_nodes()})).into_response()
+    if let Some(agent) = by_node(&api.rt, node) {
+        agent.dispose().await;
+        let seq = api.rt.tree().get_stopped(node).and_then(|n| n.stop_seq);
+        return Json(json!({"id": node, "stopped": true, "stop_seq": seq})).into_response();
+    }
+    if api.rt.tree().get(node).is_none() {
+        return error(
+            StatusCode::NOT_FOUND,
+            "NOT_FOUND",
+            format!("no live actor {node}"),
+        );
+    }
+    match api.rt.stop_node(node).await {
+        Some(order) => Json(json!({"id": node, "stopped": true, "order": order})).into_response(),
+        None => error(
+            StatusCode::CONFLICT,
+            "NOT_STOPPABLE",
+            format!("actor {node} cannot be stopped here (the root stops with the server)"),
+        ),
+    }
 }

@@ -545,6 +545,40 @@ async fn stop_children(
     out
 }
 
+/// The fiber that owns tree node `id` among `from`'s descendants, and the
+/// child's key there.
+fn owner_of(from: &Arc<FiberShared>, id: u64) -> Option<(Arc<FiberShared>, u64)> {
+    let subs: Vec<Arc<FiberShared>> = {
+        let inner = from.lock();
+        if let Some(seq) = inner
+            .children
+            .iter()
+            .find_map(|(seq, c)| (c.node.info.id == id).then_some(*seq))
+        {
+            return Some((from.clone(), seq));
+        }
+        inner
+            .children
+            .values()
+            .filter_map(|c| match &c.kind {
+                ChildKind::Fiber(f) => Some(f.clone()),
+                ChildKind::Worker { .. } => None,
+            })
+            .collect()
+    };
+    subs.iter().find_map(|f| owner_of(f, id))
+}
+
+/// Stops the actor of tree node `id` wherever it is under `root`: its owner
+/// forgets it first (so it is not restarted), then it stops the normal way
+/// (drained, killed past its budget; a fiber tears its subtree down in
+/// order). Returns the stop order, or `None` when no live child has that id.
+pub(crate) async fn stop_node(rt: &Runtime, root: &Arc<FiberShared>, id: u64) -> Option<Vec<u64>> {
+    let (owner, seq) = owner_of(root, id)?;
+    let entry = owner.lock().children.remove(&seq)?;
+    Some(stop_child(rt, &entry).await)
+}
+
 /// Runs effects in reverse registration order, each isolated from the others.
 async fn run_effects(rt: &Runtime, fiber: &Arc<FiberShared>) {
     loop {

@@ -97,6 +97,15 @@ impl Runtime {
         }
     }
 
+    /// Stops one actor by its tree id, in the normal way (a fiber with its
+    /// whole subtree, in order); it is not restarted. Returns the stop
+    /// order, or `None` when no live child has that id (the root cannot be
+    /// stopped this way; use [`Runtime::shutdown`]).
+    pub async fn stop_node(&self, id: u64) -> Option<Vec<u64>> {
+        let root = self.root_fiber().ok()?.clone();
+        crate::fiber::stop_node(self, &root, id).await
+    }
+
     /// The root fiber handle.
     pub fn root_fiber_handle(&self) -> Fiber {
         self.root().fiber()

@@ -405,25 +405,22 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
         .await
         .unwrap();
     assert_eq!(detail["node"]["status"], "disposed");
-    // Only agents are stopped here.
-    let tree: serde_json::Value = c
-        .get(format!("{base}/api/tree"))
+    // Any actor stops the same way: here a scope with a worker inside.
+    let victim = rt.root().scope(ScopeKey::new("victim")).await.unwrap();
+    let vid = victim.fiber().id();
+    let r = c
+        .post(format!("{base}/api/actors/{vid}/stop"))
         .send()
         .await
-        .unwrap()
-        .json()
-        .await
         .unwrap();
-    let web = tree
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["kind"] == "web")
-        .unwrap()["id"]
-        .as_u64()
-        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["order"], serde_json::json!([vid]));
+    assert!(victim.fiber().status().is_terminal());
+    // The root stops only with the server.
+    let root_id = rt.root().fiber().id();
     let r = c
-        .post(format!("{base}/api/actors/{web}/stop"))
+        .post(format!("{base}/api/actors/{root_id}/stop"))
         .send()
         .await
         .unwrap();

@@ -370,3 +370,44 @@ async fn teardown_preludes_run_before_the_children_stop() {
     fiber.dispose().await;
     assert_eq!(log.lines(), ["start w", "prelude", "stop w", "effect"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_one_node_stops_its_subtree_in_order_and_nothing_restarts_it() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let branch = Branch {
+        name: "b".into(),
+        depth: 1,
+        fanout: 3,
+        log: log.clone(),
+    };
+    let options = PluginOptions {
+        name: Some("b".into()),
+        ..PluginOptions::default()
+    };
+    let top = rt.root().plugin_with(branch, (), options).await.unwrap();
+    let before = rt.tree().live_len();
+    // One worker of the tree, by its id: stopped and not restarted.
+    let worker = rt
+        .tree()
+        .snapshot()
+        .into_iter()
+        .find(|n| n.kind != "root" && n.kind != "plugin" && n.kind != "scope")
+        .unwrap();
+    let order = rt.stop_node(worker.id).await.unwrap();
+    assert_eq!(order, vec![worker.id]);
+    assert_eq!(
+        rt.tree().live_len(),
+        before - 1,
+        "the worker is gone, not restarted"
+    );
+    // The whole branch, by its id: its subtree in reverse start order.
+    let order = rt.stop_node(top.id()).await.unwrap();
+    assert_eq!(order.last(), Some(&top.id()));
+    assert_eq!(top.status(), Status::Disposed);
+    assert_eq!(rt.tree().live_len(), 1, "only the root is left");
+    // Unknown ids and the root are not stopped this way.
+    assert!(rt.stop_node(999_999).await.is_none());
+    assert!(rt.stop_node(rt.root().fiber().id()).await.is_none());
+    bounded("shutdown", rt.shutdown()).await;
+}
