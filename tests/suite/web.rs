@@ -20,6 +20,11 @@ async fn serve(token_env: Option<&str>) -> (Runtime, String) {
     (rt, format!("http://{}", web.local_addr()))
 }
 
+/// GETs `url` and parses the JSON body.
+async fn get_json(c: &reqwest::Client, url: String) -> serde_json::Value {
+    c.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 fn client() -> reqwest::Client {
     // reqwest is built without a default TLS provider (plain HTTP here).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -30,14 +35,7 @@ fn client() -> reqwest::Client {
 async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
     let (rt, base) = serve(None).await;
     let c = client();
-    let tree: serde_json::Value = c
-        .get(format!("{base}/api/tree"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tree: serde_json::Value = get_json(&c, format!("{base}/api/tree")).await;
     let nodes = tree.as_array().unwrap();
     assert!(nodes.iter().any(|n| n["kind"] == "root"), "{tree}");
     let web = nodes.iter().find(|n| n["kind"] == "web").unwrap();
@@ -294,14 +292,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
 
     let a = agent(&rt, &id);
     a.when_idle(WAIT).await.unwrap();
-    let detail: serde_json::Value = c
-        .get(format!("{base}/api/actors/{node}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let detail: serde_json::Value = get_json(&c, format!("{base}/api/actors/{node}")).await;
     assert_eq!(detail["agent"]["id"], id.as_str());
     assert_eq!(detail["agent"]["progress"]["turn"], 1);
     assert_eq!(detail["agent"]["progress"]["running"], false);
@@ -332,16 +323,11 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     .await;
     assert!(second.contains("completed"), "{second}");
 
-    let page: serde_json::Value = c
-        .get(format!(
-            "{base}/api/sessions/{id}/events?from_seq=1&limit=3"
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page: serde_json::Value = get_json(
+        &c,
+        format!("{base}/api/sessions/{id}/events?from_seq=1&limit=3"),
+    )
+    .await;
     let seqs: Vec<u64> = page["events"]
         .as_array()
         .unwrap()
@@ -349,14 +335,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(seqs, vec![1, 2, 3]);
-    let sessions: serde_json::Value = c
-        .get(format!("{base}/api/sessions"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sessions: serde_json::Value = get_json(&c, format!("{base}/api/sessions")).await;
     assert!(
         sessions
             .as_array()
@@ -377,14 +356,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let stopped: serde_json::Value = c
-        .get(format!("{base}/api/tree/stopped"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stopped: serde_json::Value = get_json(&c, format!("{base}/api/tree/stopped")).await;
     let seqs: Vec<u64> = stopped
         .as_array()
         .unwrap()
@@ -396,14 +368,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
         "in stop order: {seqs:?}"
     );
     assert!(stopped.as_array().unwrap().iter().any(|n| n["id"] == node));
-    let detail: serde_json::Value = c
-        .get(format!("{base}/api/actors/{node}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let detail: serde_json::Value = get_json(&c, format!("{base}/api/actors/{node}")).await;
     assert_eq!(detail["node"]["status"], "disposed");
     // Any actor stops the same way: here a scope with a worker inside.
     let victim = rt.root().scope(ScopeKey::new("victim")).await.unwrap();
