@@ -363,6 +363,18 @@ pub mod workloads {
         }
     }
 
+    /// Streams `blocks` as a fake model's answer to `request`.
+    fn reply(request: &LlmRequest, blocks: &[ContentBlock], finish: FinishReason) -> ChunkStream {
+        let usage = TokenUsage {
+            input_tokens: request.messages.len() as u64,
+            output_tokens: 1,
+            ..TokenUsage::default()
+        };
+        Box::pin(futures::stream::iter(
+            chunks_for(blocks, usage, finish).into_iter().map(Ok),
+        ))
+    }
+
     /// Tool results after the last prompt (a user message from the user).
     fn results_since_prompt(request: &LlmRequest) -> u32 {
         let mut n = 0;
@@ -397,14 +409,7 @@ pub mod workloads {
             } else {
                 (vec![ContentBlock::text("done")], FinishReason::Stop)
             };
-            let usage = TokenUsage {
-                input_tokens: request.messages.len() as u64,
-                output_tokens: 1,
-                ..TokenUsage::default()
-            };
-            Box::pin(futures::stream::iter(
-                chunks_for(&blocks, usage, finish).into_iter().map(Ok),
-            ))
+            reply(&request, &blocks, finish)
         }
     }
 
@@ -563,14 +568,7 @@ pub mod workloads {
             } else {
                 (vec![ContentBlock::text("done")], FinishReason::Stop)
             };
-            let usage = TokenUsage {
-                input_tokens: request.messages.len() as u64,
-                output_tokens: 1,
-                ..TokenUsage::default()
-            };
-            Box::pin(futures::stream::iter(
-                chunks_for(&blocks, usage, finish).into_iter().map(Ok),
-            ))
+            reply(&request, &blocks, finish)
         }
     }
 

@@ -550,12 +550,8 @@ async fn run(command: Command) -> ExitCode {
             if let Some(n) = &n {
                 args.extend(["--threads", n.as_str()]);
             }
-            if processes > 1 {
-                return report(dsh::bench::across_processes(&args, processes, "us_per_step").await);
-            }
-            // On a worker thread, as an embedding service would run it.
-            let run = tokio::spawn(dsh::bench::workloads::w1(turns, steps));
-            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+            let run = dsh::bench::workloads::w1(turns, steps);
+            workload(&args, processes, "us_per_step", run).await
         }
         Command::Bench {
             which:
@@ -570,12 +566,9 @@ async fn run(command: Command) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
             let (a, t) = (agents.to_string(), turns.to_string());
-            if processes > 1 {
-                let args = ["bench", "stream", "--agents", &a, "--turns", &t];
-                return report(dsh::bench::across_processes(&args, processes, "slowdown").await);
-            }
-            let run = tokio::spawn(dsh::bench::workloads::stream(agents, turns));
-            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+            let args = ["bench", "stream", "--agents", &a, "--turns", &t];
+            let run = dsh::bench::workloads::stream(agents, turns);
+            workload(&args, processes, "slowdown", run).await
         }
         Command::Bench {
             which: Bench::W3 { n, processes },
@@ -585,14 +578,14 @@ async fn run(command: Command) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
             let n_text = n.to_string();
-            if processes > 1 {
-                let args = ["bench", "w3", "--n", &n_text];
-                return report(
-                    dsh::bench::across_processes(&args, processes, "bytes_per_agent").await,
-                );
-            }
-            let run = tokio::spawn(dsh::bench::workloads::w3(n));
-            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+            let args = ["bench", "w3", "--n", &n_text];
+            workload(
+                &args,
+                processes,
+                "bytes_per_agent",
+                dsh::bench::workloads::w3(n),
+            )
+            .await
         }
         Command::Bench {
             which: Bench::W2 { k, processes },
@@ -602,17 +595,12 @@ async fn run(command: Command) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
             let k_text = k.to_string();
-            if processes > 1 {
-                let args = ["bench", "w2", "--k", &k_text];
-                return report(dsh::bench::across_processes(&args, processes, "wall_s").await);
-            }
-            let run = tokio::spawn(dsh::bench::workloads::w2(k));
-            report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+            let args = ["bench", "w2", "--k", &k_text];
+            workload(&args, processes, "wall_s", dsh::bench::workloads::w2(k)).await
         }
     }
 }
 
-/// Prints a workload's `RESULT` line, or its error.
 async fn serve(
     config: Option<PathBuf>,
     bind: String,
@@ -700,6 +688,24 @@ async fn serve(
     ExitCode::SUCCESS
 }
 
+/// Runs a workload across `processes` fresh processes (median of `key`), or
+/// once here on a worker thread, as an embedding service would run it.
+async fn workload(
+    args: &[&str],
+    processes: u32,
+    key: &str,
+    run: impl std::future::Future<Output = Result<serde_json::Value, dsh::kernel::BoxError>>
+    + Send
+    + 'static,
+) -> ExitCode {
+    if processes > 1 {
+        return report(dsh::bench::across_processes(args, processes, key).await);
+    }
+    let run = tokio::spawn(run);
+    report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+}
+
+/// Prints a workload's `RESULT` line, or its error.
 fn report(result: Result<serde_json::Value, dsh::kernel::BoxError>) -> ExitCode {
     match result {
         Ok(v) => {

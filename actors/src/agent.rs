@@ -612,30 +612,6 @@ impl Agent {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// Runs one prompt as a turn and waits for it without a deadline; firing
-    /// `cancel` cancels the turn (it ends `aborted`) and waits for its end.
-    pub async fn run_until(
-        &self,
-        prompt: Message,
-        cancel: &CancellationToken,
-    ) -> Result<TurnSummary, AgentError> {
-        let mut rx = self.inner.idle.subscribe();
-        self.followup(prompt)?;
-        tokio::select! {
-            r = rx.wait_for(|idle| *idle) => {
-                r.map_err(|_| AgentError::Closed(self.inner.id.clone()))?;
-            }
-            () = cancel.cancelled() => {
-                self.cancel();
-                self.when_idle(Duration::from_secs(30)).await?;
-            }
-        }
-        self.inbox()
-            .last
-            .clone()
-            .ok_or_else(|| AgentError::Closed(self.inner.id.clone()))
-    }
-
     /// The kernel id of the agent's scope fiber.
     pub fn node_id(&self) -> u64 {
         self.inner.scope.fiber().id()
@@ -757,6 +733,18 @@ impl Agent {
             .last
             .clone()
             .ok_or_else(|| AgentError::Closed(self.inner.id.clone()))
+    }
+
+    /// Appends a plugin-defined record (`kind`, payload) to the agent's log;
+    /// a refusal is logged, not returned (records are observations).
+    pub fn record(&self, kind: &str, data: serde_json::Value) {
+        let event = EventData::Other {
+            kind: Arc::from(kind),
+            data,
+        };
+        if let Err(e) = self.inner.session.append(event, None) {
+            tracing::warn!(agent = %self.inner.id, "cannot record {kind}: {e}");
+        }
     }
 
     /// What the agent is doing now.

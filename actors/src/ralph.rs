@@ -14,8 +14,6 @@
 //! round is recorded in the parent's log (`ralph/start`, `ralph/round`,
 //! `ralph/end`), so a killed loop resumes after its last completed round.
 
-use std::sync::Arc;
-
 use dsh_services::session::{EventData, SessionEvent};
 use dsh_supervisors::ScopeKey;
 use serde::{Deserialize, Serialize};
@@ -274,16 +272,6 @@ pub fn last_loop(events: &[SessionEvent]) -> Option<Resume> {
     found
 }
 
-fn record(parent: &Agent, kind: &str, data: Value) {
-    let event = EventData::Other {
-        kind: Arc::from(kind),
-        data,
-    };
-    if let Err(e) = parent.session().append(event, None) {
-        tracing::warn!(agent = parent.id(), "cannot record {kind}: {e}");
-    }
-}
-
 fn round_prompt(objective: &str, round: u32, cap: u32, previous: Option<&Handoff>) -> String {
     let handoff = match previous {
         None => "None: this is the first round.".to_owned(),
@@ -330,8 +318,7 @@ pub async fn run(
                 ));
             }
             let run_id = dsh_services::llm::Message::new_id();
-            record(
-                &request.parent,
+            request.parent.record(
                 "ralph/start",
                 json!({"runId": run_id, "objective": request.objective, "maxRounds": cap}),
             );
@@ -399,8 +386,7 @@ pub async fn run(
         };
         match handoff {
             Ok(h) => {
-                record(
-                    &request.parent,
+                request.parent.record(
                     "ralph/round",
                     json!({"runId": run_id, "round": round, "child": child, "handoff": h}),
                 );
@@ -424,8 +410,7 @@ pub async fn run(
         RalphOutcome::Failed { round, .. } | RalphOutcome::Cancelled { round } => *round,
         _ => round,
     };
-    record(
-        &request.parent,
+    request.parent.record(
         "ralph/end",
         json!({"runId": run_id, "outcome": outcome, "rounds": rounds}),
     );

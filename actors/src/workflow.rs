@@ -24,7 +24,6 @@ mod js;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dsh_services::session::EventData;
 use dsh_supervisors::{Emit, Event, Scope, ScopeKey, WorkerSpec};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -557,7 +556,7 @@ fn child(
         };
         let mut recorded = data.clone();
         recorded["runId"] = Value::String(run_id.clone());
-        record(&parent, record_kind, recorded);
+        parent.record(record_kind, recorded);
         parent.context().emit(&WorkflowUpdate {
             run: run_id.clone(),
             name: name.clone(),
@@ -588,15 +587,4 @@ fn child(
         run.dispose().await;
         (seq, answer)
     })
-}
-
-/// Appends a `tool-workflow/*` record to the parent's log.
-pub(crate) fn record(parent: &Agent, kind: &str, data: Value) {
-    let event = EventData::Other {
-        kind: Arc::from(kind),
-        data,
-    };
-    if let Err(e) = parent.session().append(event, None) {
-        tracing::warn!(agent = parent.id(), "cannot record {kind}: {e}");
-    }
 }

@@ -285,22 +285,23 @@ fn returned<'js>(ctx: &Ctx<'js>, promise: &Promise<'js>) -> Result<Value, String
     }
 }
 
+/// Codes of the errors hooks throw (their messages are already complete).
+const FATAL_CODES: &[&str] = &[
+    "AGENT_CAP",
+    "AGENT_START",
+    "INVALID_ARGUMENT",
+    "UNSUPPORTED_OPTION",
+    "LOG_CAP",
+];
+
 /// A thrown value as `CODE: Name: message (workflow.js line L, column C)`.
 fn describe(error: CaughtError<'_>, code: &str) -> String {
     match error {
         CaughtError::Exception(e) => {
             let message = e.message().unwrap_or_default();
             let name: String = e.as_object().get("name").unwrap_or_else(|_| "Error".into());
-            if let Some(known) = [
-                "AGENT_CAP",
-                "AGENT_START",
-                "INVALID_ARGUMENT",
-                "UNSUPPORTED_OPTION",
-            ]
-            .iter()
-            .find(|c| message.starts_with(**c))
-            {
-                let _ = known;
+            // A fatal hook error already says what it is.
+            if FATAL_CODES.iter().any(|c| message.starts_with(c)) {
                 return message;
             }
             let place = e.stack().and_then(|s| position(&s)).or_else(|| {

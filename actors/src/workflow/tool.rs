@@ -9,7 +9,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
 
-use super::{WorkflowEngine, WorkflowRequest, WorkflowStop, record};
+use super::{WorkflowEngine, WorkflowRequest, WorkflowStop};
 use crate::agent::Agent;
 
 /// The `workflow` tool over one engine.
@@ -67,15 +67,13 @@ impl Tool for WorkflowTool {
                 .start(request)
                 .await
                 .map_err(|e| ToolError::new("WORKFLOW_START", e.to_string()))?;
-            record(
-                &parent,
+            parent.record(
                 "tool-workflow/run-start",
                 json!({"runId": run.id(), "name": run.meta().name, "callId": cx.call_id}),
             );
             let result = run.result().await;
             run.dispose().await;
-            record(
-                &parent,
+            parent.record(
                 "tool-workflow/run-end",
                 json!({
                     "runId": run.id(),
