@@ -325,7 +325,7 @@ pub mod workloads {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
-    use dsh_actors::agent::{Agent, AgentSpec, Agents};
+    use dsh_actors::agent::{Agent, AgentSpec, Agents, Hibernation};
     use dsh_actors::subagent::{StartRequest, StopReason, Subagents};
     use dsh_services::llm::scripted::chunks_for;
     use dsh_services::llm::{
@@ -463,14 +463,19 @@ pub mod workloads {
         echo: Arc<Echo>,
     }
 
-    async fn world(steps: u32) -> Result<World, BoxError> {
+    /// The bench runtime; agents hibernate above `max_awake` awake ones.
+    async fn world(steps: u32, max_awake: Option<usize>) -> Result<World, BoxError> {
         let rt = Runtime::start(RuntimeSettings::default()).await?;
         let root = rt.root();
         let llm = Arc::new(LlmRuntime::new());
         let tools = Arc::new(ToolRegistry::new());
         root.provide(LlmRuntime::SERVICE, llm.clone())?;
         root.provide(ToolRegistry::SERVICE, tools.clone())?;
-        root.provide(Agents::SERVICE, Arc::new(Agents::default()))?;
+        let policy = Hibernation {
+            idle_ms: None,
+            max_awake,
+        };
+        root.provide(Agents::SERVICE, Agents::start(&root, policy).await?)?;
         let worker = Arc::new(WorkerModel::new(steps));
         llm.register(&root, &["bench-worker"], worker.clone())?;
         let echo = Arc::new(Echo {
@@ -504,7 +509,7 @@ pub mod workloads {
 
     /// W1: one agent, `turns` sequential turns of `steps` steps each.
     pub async fn w1(turns: u32, steps: u32) -> Result<serde_json::Value, BoxError> {
-        let w = world(steps).await?;
+        let w = world(steps, None).await?;
         let agent = Agent::create(&w.rt.root(), spec("bench-worker")).await?;
         for t in 0..5 {
             turn(&agent, &format!("warmup-{t}"), steps).await?;
@@ -681,7 +686,7 @@ pub mod workloads {
     /// W2: an orchestrator whose first step fans out to `k` concurrent
     /// sub-agents, each a 5-step worker turn.
     pub async fn w2(k: u32) -> Result<serde_json::Value, BoxError> {
-        let w = world(5).await?;
+        let w = world(5, None).await?;
         let root = w.rt.root();
         let subagents = Arc::new(Subagents::with_builtin());
         root.provide(Subagents::SERVICE, subagents.clone())?;
@@ -725,9 +730,12 @@ pub mod workloads {
 
     /// W3: `n` agents created one after another, each running one 1-step
     /// turn and then kept resident (a later `followup` must work).
-    pub async fn w3(n: u32) -> Result<serde_json::Value, BoxError> {
-        let w = world(1).await?;
+    pub async fn w3(n: u32, max_awake: Option<usize>) -> Result<serde_json::Value, BoxError> {
+        let w = world(1, max_awake).await?;
         let root = w.rt.root();
+        let agents = root
+            .get::<Agents>(Agents::SERVICE)
+            .ok_or("no agents registry")?;
         let mut warm = Vec::new();
         for i in 0..10 {
             let agent = Agent::create(&root, spec("bench-worker")).await?;
@@ -738,13 +746,19 @@ pub mod workloads {
         let before = rss_kb("VmRSS:");
         let start = Instant::now();
         let mut resident = Vec::with_capacity(n as usize);
+        let mut most_awake = 0;
         for i in 0..n {
             let agent = Agent::create(&root, spec("bench-worker")).await?;
             turn(&agent, &format!("task-{i}"), 1).await?;
             resident.push(agent);
+            most_awake = most_awake.max(agents.awake_count());
         }
+        // Hibernations the keeper still has queued are part of the cost.
+        agents.settled(Duration::from_secs(60)).await?;
         let wall = start.elapsed().as_secs_f64();
         let after = rss_kb("VmRSS:");
+        let awake = agents.awake_count();
+        let hibernated = resident.iter().filter(|a| a.is_hibernated()).count();
         let model_calls = w.worker.calls() - calls0;
         if model_calls != u64::from(n) {
             return Err(format!("semantic mismatch: {model_calls} model calls, want {n}").into());
@@ -770,6 +784,10 @@ pub mod workloads {
         Ok(serde_json::json!({
             "workload": "w3",
             "n": n,
+            "max_awake": max_awake,
+            "awake_after": awake,
+            "most_awake": most_awake,
+            "hibernated_after": hibernated,
             "create_wall_s": wall,
             "baseline_rss_kb": before,
             "rss_after_kb": after,
@@ -778,7 +796,7 @@ pub mod workloads {
             "threads": threads(),
             "model_calls": model_calls,
             "live_actors": live,
-            "persistence": "in-memory (session logs in the agents, no file sink)",
+            "persistence": "in-memory; hibernated sessions compacted (zstd with a shared dictionary)",
         }))
     }
 
@@ -812,7 +830,7 @@ pub mod workloads {
     /// throughput and the slowdown it causes.
     pub async fn stream(agents: u32, turns: u32) -> Result<serde_json::Value, BoxError> {
         let steps = 5;
-        let w = world(steps).await?;
+        let w = world(steps, None).await?;
         // Warm-up, then the run without a subscriber.
         active(&w, 10, 1, steps).await?;
         let alone = active(&w, agents, turns, steps).await?;

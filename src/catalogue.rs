@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dsh_actors::agent::Agents;
+use dsh_actors::agent::{Agents, Hibernation};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
 use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
@@ -148,7 +148,14 @@ pub struct AgentServicesConfig {
     /// (default true).
     #[serde(default)]
     pub multi_agent: Option<bool>,
+    /// When idle agents hibernate (default: after 5 minutes idle, no cap on
+    /// awake agents).
+    #[serde(default)]
+    pub hibernate: Option<Hibernation>,
 }
+
+/// Idle time after which an agent hibernates unless configured otherwise.
+pub const DEFAULT_IDLE_MS: u64 = 300_000;
 
 /// Backoff of the `llm/stream` retry listener.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -196,7 +203,11 @@ impl Plugin for AgentServices {
                 config.approval.unwrap_or(ApprovalPolicy::Ask),
             )),
         )?;
-        ctx.provide(Agents::SERVICE, Arc::new(Agents::default()))?;
+        let hibernation = config.hibernate.clone().unwrap_or(Hibernation {
+            idle_ms: Some(DEFAULT_IDLE_MS),
+            max_awake: None,
+        });
+        ctx.provide(Agents::SERVICE, Agents::start(&ctx, hibernation).await?)?;
         ctx.provide(SystemPrompt::SERVICE, Arc::new(SystemPrompt::new()))?;
         if config.builtin_tools.unwrap_or(true) {
             register_builtin(&ctx, &tools)?;

@@ -315,6 +315,10 @@ enum Bench {
         /// report the median, min and max.
         #[arg(long, default_value_t = 1)]
         processes: u32,
+        /// Awake agents at most: above it the least recently used idle ones
+        /// hibernate (0: no hibernation, every agent stays awake).
+        #[arg(long, default_value_t = 64)]
+        max_awake: usize,
     },
     /// The dashboard's delta stream: N active agents with and without one
     /// SSE subscriber; throughput and slowdown.
@@ -571,19 +575,25 @@ async fn run(command: Command) -> ExitCode {
             workload(&args, processes, "slowdown", run).await
         }
         Command::Bench {
-            which: Bench::W3 { n, processes },
+            which:
+                Bench::W3 {
+                    n,
+                    processes,
+                    max_awake,
+                },
         } => {
             if n == 0 {
                 eprintln!("dsh bench w3: --n must be at least 1");
                 return ExitCode::from(EXIT_CONFIG);
             }
-            let n_text = n.to_string();
-            let args = ["bench", "w3", "--n", &n_text];
+            let (n_text, cap_text) = (n.to_string(), max_awake.to_string());
+            let args = ["bench", "w3", "--n", &n_text, "--max-awake", &cap_text];
+            let cap = (max_awake > 0).then_some(max_awake);
             workload(
                 &args,
                 processes,
                 "bytes_per_agent",
-                dsh::bench::workloads::w3(n),
+                dsh::bench::workloads::w3(n, cap),
             )
             .await
         }

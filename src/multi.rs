@@ -174,7 +174,7 @@ async fn stage(
             .prepare_resume(id, &loaded)
             .map_err(|e| fail(1, e.to_string()))?;
         spec.durable = Some(loaded.durable);
-        spec.seed = Some((loaded.header, loaded.events));
+        spec.seed = Some(Box::new((loaded.header, loaded.events)));
     }
     let coordinator = Agent::create(&root, spec)
         .await

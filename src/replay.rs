@@ -173,7 +173,10 @@ async fn drive(
         Arc::new(Approval::new(ApprovalPolicy::Never)),
     )
     .map_err(|e| e.to_string())?;
-    root.provide(Agents::SERVICE, Arc::new(Agents::default()))
+    let agents = Agents::start(&root, Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    root.provide(Agents::SERVICE, agents)
         .map_err(|e| e.to_string())?;
     register_builtin(&root, &tools)?;
     llm.register(&root, &["replay"], model)?;

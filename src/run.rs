@@ -153,7 +153,7 @@ fn place_session(
     }
     spec.durable = Some(loaded.durable);
     spec.store = Some(store);
-    spec.seed = Some((loaded.header, loaded.events));
+    spec.seed = Some(Box::new((loaded.header, loaded.events)));
     Ok(())
 }
 

@@ -21,6 +21,7 @@
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -36,13 +37,17 @@ use dsh_services::session::{
 };
 use dsh_services::tools::{PipelineOutcome, Restriction, ToolCall, ToolRegistry, run_pipeline};
 use dsh_supervisors::tree::now_ms;
-use dsh_supervisors::{Context, Emit, Event, Scope, ScopeKey, Status, WorkerRef, WorkerSpec};
+use dsh_supervisors::{
+    Context, Disposer, Emit, Event, Scope, ScopeKey, Status, WorkerRef, WorkerSpec,
+};
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::session::{SessionHandle, short};
+
+mod keeper;
 
 /// How to build an agent.
 #[derive(Clone, Debug)]
@@ -68,8 +73,9 @@ pub struct AgentSpec {
     pub max_tokens: Option<u64>,
     /// Where the session is made durable; in memory only when `None`.
     pub store: Option<Arc<dyn dsh_services::persistence::SessionPersistence>>,
-    /// Resume or fork from these events (and header).
-    pub seed: Option<(SessionHeader, Vec<SessionEvent>)>,
+    /// Resume or fork from these events (and header); boxed, so a spec
+    /// kept for the agent's life stays small.
+    pub seed: Option<Box<(SessionHeader, Vec<SessionEvent>)>>,
     /// Readable name for the tree.
     pub name: Option<String>,
     /// Delegation depth (0 for a top-level agent).
@@ -159,6 +165,9 @@ pub enum AgentError {
     /// The agent no longer takes input (it is being disposed).
     #[error("agent {0} is closed and takes no more input")]
     Closed(String),
+    /// The agent is hibernated and has no scope now (wake it first).
+    #[error("agent {0} is hibernated; wake it first")]
+    Hibernated(String),
     /// A wait ran out.
     #[error("agent {id} did not become idle within {after:?}")]
     Timeout {
@@ -252,29 +261,7 @@ impl dsh_supervisors::Serial for AgentTurnStopping {
     type Output = String;
 }
 
-/// The `agents` service: every live agent by id.
-#[derive(Default)]
-pub struct Agents {
-    live: Mutex<std::collections::BTreeMap<String, Agent>>,
-}
-
-impl Agents {
-    /// The capability name.
-    pub const SERVICE: &'static str = "agents";
-
-    /// The agent with `id`.
-    pub fn get(&self, id: &str) -> Option<Agent> {
-        self.live.lock().ok()?.get(id).cloned()
-    }
-
-    /// Ids of live agents, sorted.
-    pub fn ids(&self) -> Vec<String> {
-        self.live
-            .lock()
-            .map(|l| l.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-}
+pub use keeper::{Agents, Hibernation};
 
 #[derive(Default)]
 struct Inbox {
@@ -285,37 +272,129 @@ struct Inbox {
     running: bool,
     cancel: Option<CancellationToken>,
     accepting: bool,
-    last: Option<TurnSummary>,
+    last: Option<Box<TurnSummary>>,
     opened: bool,
     cancel_next: bool,
+    /// Created and not yet given a prompt: the awake cap does not evict it
+    /// (its creator is still setting it up).
+    fresh: bool,
 }
 
+/// What an agent keeps for its whole life, awake or hibernated.
 struct Inner {
     id: String,
-    spec: AgentSpec,
+    /// The spec as kept: without seed, id and durable count (the session's),
+    /// and shared with every agent made from the same template.
+    spec: Arc<AgentSpec>,
+    /// The context the agent's scope is created under: its owner.
+    owner: Context,
+    session: SessionHandle,
+    inbox: Mutex<Inbox>,
+    idle: Idle,
+    resumed: bool,
+    /// Tokens spent (input + output), over the agent's life.
+    tokens: AtomicU64,
+    life: Mutex<Life>,
+    /// Held while the agent goes to sleep, wakes or is disposed.
+    transition: tokio::sync::Mutex<()>,
+    /// The registry (and its keeper, which wakes and hibernates agents).
+    agents: Option<Arc<Agents>>,
+    /// The agent's key among the keeper's awake agents.
+    serial: u64,
+    /// Logical time of the last use (least recently used goes first).
+    used: AtomicU64,
+    /// Wall time of the last use, ms (for the idle timeout).
+    used_ms: AtomicU64,
+    /// The tree node standing for the agent: its scope, or its parked node.
+    node: AtomicU64,
+    /// Events of the session already in its store (`None`: not created there).
+    durable: Mutex<Option<u64>>,
+    /// The owner's effect that disposes the agent should the owner unload
+    /// while the agent sleeps (an awake agent's scope stops with the owner).
+    owner_hook: Mutex<Option<Disposer>>,
+    /// Run once when the agent is disposed for good (not when it hibernates).
+    on_disposed: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+}
+
+/// Whether the agent is idle (no turn runs, nothing queued), and a way to
+/// wait for it (lighter than a watch channel, which allocates per agent).
+struct Idle {
+    flag: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl Default for Idle {
+    fn default() -> Idle {
+        Idle {
+            flag: AtomicBool::new(true),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl Idle {
+    fn set(&self, idle: bool) {
+        self.flag.store(idle, Ordering::SeqCst);
+        if idle {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn get(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once idle (registered before the check, so no wakeup is lost).
+    async fn wait(&self) {
+        loop {
+            let notified = self.changed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.get() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Whether the agent has actors now.
+enum Life {
+    /// Its scope, session actor and driver run.
+    Awake(Arc<Awake>),
+    /// Hibernated: the actors stopped, the session is at rest, `node` is
+    /// its parked tree node.
+    Asleep { node: u64 },
+    /// Disposed (or not built yet).
+    Gone,
+}
+
+/// The part of an agent that exists only while it is awake.
+struct Awake {
     ctx: Context,
     scope: Scope,
-    session: SessionHandle,
     llm: Arc<LlmRuntime>,
     tools: Arc<ToolRegistry>,
     approval: Option<Arc<Approval>>,
-    inbox: Mutex<Inbox>,
-    idle: watch::Sender<bool>,
-    driver: std::sync::OnceLock<WorkerRef<DriverMsg>>,
     cwd: Arc<PathBuf>,
-    resumed: bool,
+    driver: std::sync::OnceLock<WorkerRef<DriverMsg>>,
     /// Tool schemas and request header, rebuilt only when the tool registry changes.
     envelope: Mutex<Option<Envelope>>,
     /// Set by a tool (a structured-output capture) to end the turn once the
     /// step's results are committed.
-    conclude: std::sync::atomic::AtomicBool,
+    conclude: AtomicBool,
     /// Children started by this step's tool calls, disposed when the step's
     /// results are in (see [`Agent::adopt_for_step`]).
     step_children: Mutex<Vec<Agent>>,
     /// The step the running turn is in (0 between turns).
-    step: std::sync::atomic::AtomicU32,
-    /// Tokens spent (input + output), over the agent's life.
-    tokens: std::sync::atomic::AtomicU64,
+    step: AtomicU32,
+    /// Effects and children the build left in the scope: anything beyond
+    /// them is an ad hoc registration or running work, and keeps it awake.
+    settled: std::sync::OnceLock<(usize, usize)>,
+    /// The session is made durable in a store.
+    stored: bool,
+    /// Going to sleep: the teardown leaves input open and the registry alone.
+    sleeping: AtomicBool,
 }
 
 /// What an agent is doing, for observers (the API, the dashboard).
@@ -331,6 +410,23 @@ pub struct Progress {
     pub queued: usize,
     /// Tokens spent (input + output), over the agent's life.
     pub tokens: u64,
+    /// Whether the agent is hibernated.
+    pub hibernated: bool,
+}
+
+/// What a cancel did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cancelled {
+    /// The running turn was cancelled (it ends `aborted`).
+    Running,
+    /// No turn ran; the queued prompt's turn starts cancelled.
+    Queued,
+    /// Nothing ran or waited.
+    Idle,
+    /// The agent is hibernated: nothing runs, so nothing was cancelled (and
+    /// it was not woken).
+    Hibernated,
 }
 
 /// The agent a scoped context belongs to, provided in every agent scope as
@@ -348,7 +444,8 @@ struct Envelope {
     header: Arc<serde_json::Value>,
 }
 
-/// A handle to a live agent.
+/// A handle to an agent: it stays valid while the agent hibernates and
+/// wakes (under the same id), until the agent is disposed.
 #[derive(Clone)]
 pub struct Agent {
     inner: Arc<Inner>,
@@ -369,23 +466,22 @@ enum DriverMsg {
     Wake,
 }
 
+/// The driver's state: the agent and its awake part.
+struct Driving {
+    agent: Agent,
+    me: Arc<Awake>,
+}
+
 impl Agent {
     /// Creates an agent under `ctx` as one transaction: prepare (services),
     /// set up the private scope, enter the session, enter the driver,
     /// announce; any failure disposes what was built.
-    pub async fn create(ctx: &Context, spec: AgentSpec) -> Result<Agent, AgentError> {
-        let llm = ctx
-            .get::<LlmRuntime>(LlmRuntime::SERVICE)
-            .ok_or(AgentError::MissingService(LlmRuntime::SERVICE))?;
-        let tools = ctx
-            .get::<ToolRegistry>(ToolRegistry::SERVICE)
-            .ok_or(AgentError::MissingService(ToolRegistry::SERVICE))?;
-        let approval = spec
-            .approval
-            .clone()
-            .or_else(|| ctx.get::<Approval>(Approval::SERVICE));
+    pub async fn create(ctx: &Context, mut spec: AgentSpec) -> Result<Agent, AgentError> {
         let agents = ctx.get::<Agents>(Agents::SERVICE);
-        let (header, seed) = match spec.seed.clone() {
+        if let Some(agents) = &agents {
+            agents.admit_one_more().await;
+        }
+        let (header, seed) = match spec.seed.take().map(|b| *b) {
             Some((h, events)) => (h, Some(events)),
             None => {
                 let mut h = SessionHeader::new(
@@ -405,11 +501,81 @@ impl Agent {
             None => SessionLog::new(header),
         };
         let session = SessionHandle::new(log);
-        let label = spec
-            .name
+        let first_turn = turns_in(&session);
+        let serial = agents.as_ref().map_or(0, |a| a.next_serial());
+        let durable = spec.durable.take();
+        spec.id = None;
+        let inner = Arc::new(Inner {
+            id,
+            spec: shared_spec(spec),
+            owner: ctx.clone(),
+            session,
+            inbox: Mutex::new(Inbox {
+                accepting: true,
+                fresh: true,
+                // A resumed session numbers its turns after the seed's.
+                turn: first_turn,
+                ..Inbox::default()
+            }),
+            idle: Idle::default(),
+            resumed,
+            tokens: AtomicU64::new(0),
+            life: Mutex::new(Life::Gone),
+            transition: tokio::sync::Mutex::new(()),
+            agents,
+            serial,
+            used: AtomicU64::new(0),
+            used_ms: AtomicU64::new(0),
+            node: AtomicU64::new(0),
+            durable: Mutex::new(durable),
+            owner_hook: Mutex::new(None),
+            on_disposed: Mutex::new(Vec::new()),
+        });
+        let agent = Agent { inner };
+        // Boxed: the build's state lives on the heap only while it runs, not in
+        // every future that awaits a creation.
+        let awake = Box::pin(agent.build()).await?;
+        let weak = agent.downgrade();
+        let hook = ctx.effect_async("dispose a hibernated agent", move || async move {
+            if let Some(agent) = weak.upgrade() {
+                agent.dispose().await;
+            }
+        });
+        match hook {
+            Ok(hook) => *lock(&agent.inner.owner_hook) = Some(hook),
+            Err(e) => {
+                awake.scope.dispose().await;
+                return Err(AgentError::Kernel(e.to_string()));
+            }
+        }
+        if let Some(agents) = &agent.inner.agents {
+            agents.admit(&agent);
+        }
+        agent.set_awake(awake);
+        ctx.emit(&AgentCreated {
+            id: agent.inner.id.clone(),
+        });
+        Ok(agent)
+    }
+
+    /// Builds the agent's awake part in a fresh scope under its owner,
+    /// applying what its spec registers there; on any failure the scope
+    /// (and whatever was started in it) is disposed before returning.
+    async fn build(&self) -> Result<Arc<Awake>, AgentError> {
+        let inner = &self.inner;
+        let spec = &inner.spec;
+        let ctx = &inner.owner;
+        let llm = ctx
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .ok_or(AgentError::MissingService(LlmRuntime::SERVICE))?;
+        let tools = ctx
+            .get::<ToolRegistry>(ToolRegistry::SERVICE)
+            .ok_or(AgentError::MissingService(ToolRegistry::SERVICE))?;
+        let approval = spec
+            .approval
             .clone()
-            .unwrap_or_else(|| format!("agent/{}", short(&id)));
-        let key = ScopeKey::new(label.clone());
+            .or_else(|| ctx.get::<Approval>(Approval::SERVICE));
+        let key = ScopeKey::new(self.label());
         if let Some(parent) = ctx.scope_key().filter(|_| !spec.flat_scope) {
             key.bind_parent(parent)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
@@ -418,50 +584,16 @@ impl Agent {
             .scope(key)
             .await
             .map_err(|e| AgentError::Kernel(e.to_string()))?;
-        // Boxed: the build's state lives on the heap only while it runs, not in
-        // every future that awaits a creation.
-        let agent = Box::pin(Self::build(
-            scope, spec, id, session, llm, tools, approval, resumed,
-        ))
-        .await?;
-        if let Some(agents) = agents {
-            if let Ok(mut live) = agents.live.lock() {
-                live.insert(agent.inner.id.clone(), agent.clone());
-            }
-            let registry = agents.clone();
-            let gone = agent.inner.id.clone();
-            let root = ctx.clone();
-            let _ = agent
-                .inner
-                .scope
-                .ctx()
-                .effect("leave the agents registry", move || {
-                    if let Ok(mut live) = registry.live.lock() {
-                        live.remove(&gone);
-                    }
-                    root.emit(&AgentDisposed { id: gone });
-                });
-        }
-        ctx.emit(&AgentCreated {
-            id: agent.inner.id.clone(),
-        });
-        Ok(agent)
-    }
-
-    /// Builds the agent inside its fresh scope; on any failure the scope
-    /// (and whatever was started in it) is disposed before returning.
-    #[allow(clippy::too_many_arguments)]
-    async fn build(
-        scope: Scope,
-        spec: AgentSpec,
-        id: String,
-        session: SessionHandle,
-        llm: Arc<LlmRuntime>,
-        tools: Arc<ToolRegistry>,
-        approval: Option<Arc<Approval>>,
-        resumed: bool,
-    ) -> Result<Agent, AgentError> {
         let sctx = scope.ctx().clone();
+        let session = &inner.session;
+        // A store of the spec's own, else the one provided in scope.
+        let store = spec.store.clone().or_else(|| {
+            sctx.get::<dyn dsh_services::persistence::SessionPersistence>(
+                dsh_services::persistence::PERSISTENCE_SERVICE,
+            )
+        });
+        let stored = store.is_some();
+        let durable = *lock(&inner.durable);
         let setup = async {
             if let Some(r) = spec.restriction.clone() {
                 tools.restrict(&sctx, r).map_err(AgentError::Kernel)?;
@@ -481,14 +613,8 @@ impl Agent {
             let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
             sctx.provide(dsh_services::session::SESSION_SERVICE, writer)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
-            // A store of the spec's own, else the one provided in scope.
-            let store = spec.store.clone().or_else(|| {
-                sctx.get::<dyn dsh_services::persistence::SessionPersistence>(
-                    dsh_services::persistence::PERSISTENCE_SERVICE,
-                )
-            });
             session
-                .attach_after(&sctx, store, spec.durable)
+                .attach_after(&sctx, store, durable)
                 .await
                 .map_err(|e| AgentError::Kernel(e.to_string()))
         };
@@ -496,56 +622,110 @@ impl Agent {
             scope.dispose().await;
             return Err(e);
         }
-        let (idle, _) = watch::channel(true);
-        let first_turn = turns_in(&session);
-        let inner = Arc::new(Inner {
-            id,
-            cwd: Arc::new(spec.cwd.clone()),
-            spec,
+        let awake = Arc::new(Awake {
             ctx: sctx.clone(),
             scope,
-            session,
             llm,
             tools,
             approval,
-            inbox: Mutex::new(Inbox {
-                accepting: true,
-                // A resumed session numbers its turns after the seed's.
-                turn: first_turn,
-                ..Inbox::default()
-            }),
-            idle,
+            cwd: Arc::new(spec.cwd.clone()),
             driver: std::sync::OnceLock::new(),
-            resumed,
             envelope: Mutex::new(None),
-            conclude: std::sync::atomic::AtomicBool::new(false),
+            conclude: AtomicBool::new(false),
             step_children: Mutex::new(Vec::new()),
-            step: std::sync::atomic::AtomicU32::new(0),
-            tokens: std::sync::atomic::AtomicU64::new(0),
+            step: AtomicU32::new(0),
+            settled: std::sync::OnceLock::new(),
+            stored,
+            sleeping: AtomicBool::new(false),
         });
         let name = format!("driver/{}", short(&inner.id));
-        let weak = Arc::downgrade(&inner);
-        let me = Arc::new(AgentSelf(Arc::downgrade(&inner)));
+        let me = Arc::new(AgentSelf(Arc::downgrade(inner)));
         let entered = async {
             sctx.provide(AGENT_SELF, me)
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
+            let driving = Driving {
+                agent: self.clone(),
+                me: awake.clone(),
+            };
             let driver = sctx
-                .spawn(WorkerSpec::new("agent", name, Driver, inner.clone()))
+                .spawn(WorkerSpec::new("agent", name, Driver, driving))
                 .await
                 .map_err(|e| AgentError::Kernel(e.to_string()))?;
-            let _ = inner.driver.set(driver);
+            let _ = awake.driver.set(driver);
+            let (weak, part) = (self.downgrade(), Arc::downgrade(&awake));
             sctx.on_teardown("stop input and cancel the turn", move || async move {
-                if let Some(inner) = weak.upgrade() {
-                    Agent { inner }.close_and_cancel().await;
+                let sleeping = part
+                    .upgrade()
+                    .is_some_and(|p| p.sleeping.load(Ordering::Acquire));
+                if let Some(agent) = weak.upgrade().filter(|_| !sleeping) {
+                    agent.close_and_cancel().await;
+                }
+            })
+            .map_err(|e| AgentError::Kernel(e.to_string()))?;
+            let (weak, part) = (self.downgrade(), Arc::downgrade(&awake));
+            sctx.effect("leave the agents registry", move || {
+                let sleeping = part
+                    .upgrade()
+                    .is_some_and(|p| p.sleeping.load(Ordering::Acquire));
+                if let Some(agent) = weak.upgrade().filter(|_| !sleeping) {
+                    agent.finish();
                 }
             })
             .map_err(|e| AgentError::Kernel(e.to_string()))
         };
         if let Err(e) = entered.await {
-            inner.scope.dispose().await;
+            awake.scope.dispose().await;
             return Err(e);
         }
-        Ok(Agent { inner })
+        let fiber = awake.scope.fiber();
+        let _ = awake
+            .settled
+            .set((fiber.effect_count(), fiber.child_count()));
+        sctx.runtime()
+            .tree()
+            .set_summary_fn(fiber.id(), self.summary_fn());
+        Ok(awake)
+    }
+
+    /// The readable name of the agent's scope (and of its parked node).
+    fn label(&self) -> String {
+        self.inner
+            .spec
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("agent/{}", short(&self.inner.id)))
+    }
+
+    fn life(&self) -> MutexGuard<'_, Life> {
+        lock(&self.inner.life)
+    }
+
+    /// The awake part, while the agent is awake.
+    fn awake(&self) -> Option<Arc<Awake>> {
+        match &*self.life() {
+            Life::Awake(a) => Some(a.clone()),
+            _ => None,
+        }
+    }
+
+    fn set_awake(&self, awake: Arc<Awake>) {
+        self.inner
+            .node
+            .store(awake.scope.fiber().id(), Ordering::Relaxed);
+        *self.life() = Life::Awake(awake);
+        self.touch();
+        if let Some(agents) = &self.inner.agents {
+            agents.woke(self);
+        }
+    }
+
+    /// Marks a use (for the awake cap's least-recently-used order and the
+    /// idle timeout).
+    fn touch(&self) {
+        if let Some(agents) = &self.inner.agents {
+            self.inner.used.store(agents.tick(), Ordering::Relaxed);
+        }
+        self.inner.used_ms.store(now_ms(), Ordering::Relaxed);
     }
 
     /// The agent (session) id.
@@ -553,14 +733,43 @@ impl Agent {
         &self.inner.id
     }
 
-    /// The agent's session.
+    /// The agent's session (readable while the agent hibernates).
     pub fn session(&self) -> &SessionHandle {
         &self.inner.session
     }
 
-    /// The agent's scoped context.
-    pub fn context(&self) -> &Context {
-        &self.inner.ctx
+    /// The agent's scoped context (registrations made through it are ad hoc:
+    /// they keep the agent awake). A hibernated agent has none; wake it first.
+    pub fn context(&self) -> Result<Context, AgentError> {
+        match &*self.life() {
+            Life::Awake(a) => Ok(a.ctx.clone()),
+            Life::Asleep { .. } => Err(AgentError::Hibernated(self.inner.id.clone())),
+            Life::Gone => Err(AgentError::Closed(self.inner.id.clone())),
+        }
+    }
+
+    /// Wakes the agent if it hibernates and returns its scoped context.
+    pub async fn awake_context(&self) -> Result<Context, AgentError> {
+        if self.is_hibernated() {
+            self.wake().await?;
+        }
+        self.context()
+    }
+
+    /// The context to emit through and look services up from: the scope's
+    /// while awake; while hibernated, the owner's. Both reach the same
+    /// listeners and services, since what an agent's spec registers in its
+    /// scope is neither, and anything registered there ad hoc keeps it awake.
+    pub fn reach(&self) -> Context {
+        match &*self.life() {
+            Life::Awake(a) => a.ctx.clone(),
+            _ => self.inner.owner.clone(),
+        }
+    }
+
+    /// The context the agent's scope is created under (its owner).
+    pub fn owner(&self) -> &Context {
+        &self.inner.owner
     }
 
     /// The agent whose scope `ctx` is (a tool body's calling agent).
@@ -576,10 +785,16 @@ impl Agent {
 
     /// Whether no turn runs and nothing is queued.
     pub fn is_idle(&self) -> bool {
-        *self.inner.idle.borrow()
+        self.inner.idle.get()
     }
 
-    /// The spec the agent was built from.
+    /// Whether the agent is hibernated.
+    pub fn is_hibernated(&self) -> bool {
+        matches!(&*self.life(), Life::Asleep { .. })
+    }
+
+    /// The spec the agent is built from (and rebuilt from when it wakes):
+    /// without its seed, id and durable count, which belong to the session.
     pub fn spec(&self) -> &AgentSpec {
         &self.inner.spec
     }
@@ -588,8 +803,19 @@ impl Agent {
     pub fn depth(&self) -> u32 {
         self.inner
             .session
-            .with_log(|log| log.header().delegation_depth)
+            .read(|log| log.header().delegation_depth)
             .max(self.inner.spec.depth)
+    }
+
+    /// Runs `f` once when the agent is disposed for good (not when it
+    /// hibernates); at once if it is already gone.
+    pub fn on_disposed(&self, f: impl FnOnce() + Send + 'static) {
+        let gone = matches!(&*self.life(), Life::Gone);
+        if gone && !self.inbox().accepting {
+            f();
+            return;
+        }
+        lock(&self.inner.on_disposed).push(Box::new(f));
     }
 
     /// Hands `child` (started by a tool call of the running step) to this
@@ -597,42 +823,76 @@ impl Agent {
     /// are disposed in reverse start order — so a cancelled step, like a
     /// teardown, stops its children one by one, last started first.
     pub fn adopt_for_step(&self, child: Agent) {
-        self.inner
-            .step_children
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(child);
+        match self.awake() {
+            Some(me) => lock(&me.step_children).push(child),
+            None => {
+                tracing::warn!(agent = %self.inner.id, "a step child was handed to an agent that is not awake")
+            }
+        }
     }
 
     /// Ends the running turn (`completed`) once the current step's tool
     /// results are committed: a structured-output capture concluding it.
     pub fn conclude_turn(&self) {
-        self.inner
-            .conclude
-            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(me) = self.awake() {
+            me.conclude.store(true, Ordering::Release);
+        }
     }
 
-    /// The kernel id of the agent's scope fiber.
+    /// The kernel id of the agent's tree node: its scope fiber while awake,
+    /// its parked node while hibernated.
     pub fn node_id(&self) -> u64 {
-        self.inner.scope.fiber().id()
+        self.inner.node.load(Ordering::Relaxed)
     }
 
-    /// Kernel ids of the actors the agent's scope owns, in start order.
+    /// Kernel ids of the actors the agent's scope owns, in start order
+    /// (none while it hibernates).
     pub fn child_nodes(&self) -> Vec<u64> {
-        self.inner.scope.fiber().children()
+        self.awake()
+            .map(|me| me.scope.fiber().children())
+            .unwrap_or_default()
     }
 
     fn inbox(&self) -> MutexGuard<'_, Inbox> {
-        self.inner.inbox.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner.inbox)
     }
 
-    /// Tells the driver there is work. `idle` was already cleared under the
-    /// inbox lock by the caller, so a driver finishing concurrently cannot
-    /// report idle over queued work.
-    fn wake(&self) {
-        if let Some(d) = self.inner.driver.get() {
-            let _ = d.send(DriverMsg::Wake);
+    /// Tells the driver there is work (waking the agent first if it sleeps).
+    /// `idle` was already cleared under the inbox lock by the caller, so a
+    /// driver finishing concurrently cannot report idle over queued work.
+    fn kick(&self) {
+        self.touch();
+        match &*self.life() {
+            Life::Awake(me) if !me.sleeping.load(Ordering::Acquire) => {
+                if let Some(d) = me.driver.get() {
+                    let _ = d.send(DriverMsg::Wake);
+                }
+                return;
+            }
+            Life::Gone => return,
+            _ => {}
         }
+        // Asleep, or going to sleep: the keeper wakes it (after the
+        // hibernation finishes) and then tells the new driver.
+        let asked = self
+            .inner
+            .agents
+            .as_ref()
+            .is_some_and(|a| a.ask_wake(self.clone()));
+        if !asked {
+            self.abandon("no keeper runs to wake it");
+        }
+    }
+
+    /// A wake failed: queued input is dropped and the agent takes no more.
+    fn abandon(&self, why: &str) {
+        tracing::error!(agent = %self.inner.id, "cannot wake the agent: {why}");
+        let mut inbox = self.inbox();
+        inbox.accepting = false;
+        inbox.followups.clear();
+        inbox.steer.clear();
+        inbox.inject.clear();
+        self.inner.idle.set(true);
     }
 
     fn accepting(&self) -> Result<(), AgentError> {
@@ -643,20 +903,22 @@ impl Agent {
         }
     }
 
-    /// Queues a prompt as a new turn (after the running one).
+    /// Queues a prompt as a new turn (after the running one); wakes a
+    /// hibernated agent.
     pub fn followup(&self, message: Message) -> Result<(), AgentError> {
         {
             let mut inbox = self.inbox();
             if !inbox.accepting {
                 return Err(AgentError::Closed(self.inner.id.clone()));
             }
+            inbox.fresh = false;
             let start = inbox.followups.len();
             let message = Arc::new(message);
             self.splice(start, 0, std::slice::from_ref(&message));
             inbox.followups.push_back(message);
-            self.inner.idle.send_replace(false);
+            self.inner.idle.set(false);
         }
-        self.wake();
+        self.kick();
         Ok(())
     }
 
@@ -673,7 +935,8 @@ impl Agent {
         log_append(self, EventData::InboxSpliced(splice), None);
     }
 
-    /// Adds a message to the running turn at its next step (a new turn when idle).
+    /// Adds a message to the running turn at its next step (a new turn when
+    /// idle); wakes a hibernated agent.
     pub fn steer(&self, message: Message) -> Result<(), AgentError> {
         self.accepting()?;
         {
@@ -682,57 +945,70 @@ impl Agent {
                 inbox.steer.push_back(Arc::new(message));
                 return Ok(());
             }
+            inbox.fresh = false;
             let start = inbox.followups.len();
             let message = Arc::new(message);
             self.splice(start, 0, std::slice::from_ref(&message));
             inbox.followups.push_back(message);
-            self.inner.idle.send_replace(false);
+            self.inner.idle.set(false);
         }
-        self.wake();
+        self.kick();
         Ok(())
     }
 
-    /// Adds injected context (a non-user source) to the next step.
+    /// Adds injected context (a non-user source) to the next step; wakes a
+    /// hibernated agent (which then waits, awake, for that step).
     pub fn inject(&self, message: Message) -> Result<(), AgentError> {
         self.accepting()?;
         self.inbox().inject.push_back(Arc::new(message));
+        if !matches!(&*self.life(), Life::Awake(_)) {
+            self.kick();
+        }
         Ok(())
     }
 
     /// Cancels the running turn (it ends `aborted`); queued prompts stay.
-    pub fn cancel(&self) {
+    /// A hibernated agent runs nothing: the cancel is a no-op, and says so.
+    pub fn cancel(&self) -> Cancelled {
+        let asleep = self.is_hibernated();
         let mut inbox = self.inbox();
         match &inbox.cancel {
-            Some(token) => token.cancel(),
+            Some(token) => {
+                token.cancel();
+                Cancelled::Running
+            }
             // A prompt queued but not yet claimed: its turn starts cancelled
             // (and ends `aborted` at once), so a cancel is never lost in the
             // moment between `followup` and the driver picking it up.
-            None if !inbox.followups.is_empty() => inbox.cancel_next = true,
-            None => {}
+            None if !inbox.followups.is_empty() => {
+                inbox.cancel_next = true;
+                Cancelled::Queued
+            }
+            None if asleep => Cancelled::Hibernated,
+            None => Cancelled::Idle,
         }
     }
 
     /// Waits until no turn runs and nothing is queued, up to `timeout`.
     pub async fn when_idle(&self, timeout: Duration) -> Result<(), AgentError> {
-        let mut rx = self.inner.idle.subscribe();
-        tokio::time::timeout(timeout, rx.wait_for(|idle| *idle))
+        tokio::time::timeout(timeout, self.inner.idle.wait())
             .await
             .map_err(|_| AgentError::Timeout {
                 id: self.inner.id.clone(),
                 after: timeout,
-            })?
-            .map(|_| ())
-            .map_err(|_| AgentError::Closed(self.inner.id.clone()))
+            })
     }
 
     /// Runs one prompt as a turn and waits for it, up to `timeout`.
     pub async fn run(&self, prompt: &str, timeout: Duration) -> Result<TurnSummary, AgentError> {
+        let before = self.inbox().turn;
         self.followup(Message::user_text(prompt))?;
         self.when_idle(timeout).await?;
-        self.inbox()
-            .last
-            .clone()
-            .ok_or_else(|| AgentError::Closed(self.inner.id.clone()))
+        let inbox = self.inbox();
+        match &inbox.last {
+            Some(last) if inbox.turn > before => Ok(TurnSummary::clone(last)),
+            _ => Err(AgentError::Closed(self.inner.id.clone())),
+        }
     }
 
     /// Appends a plugin-defined record (`kind`, payload) to the agent's log;
@@ -749,23 +1025,25 @@ impl Agent {
 
     /// What the agent is doing now.
     pub fn progress(&self) -> Progress {
+        let (step, hibernated) = match &*self.life() {
+            Life::Awake(me) => (me.step.load(Ordering::Relaxed), false),
+            Life::Asleep { .. } => (0, true),
+            Life::Gone => (0, false),
+        };
         let inbox = self.inbox();
         Progress {
             turn: inbox.turn,
-            step: if inbox.running {
-                self.inner.step.load(std::sync::atomic::Ordering::Relaxed)
-            } else {
-                0
-            },
+            step: if inbox.running { step } else { 0 },
             running: inbox.running,
             queued: inbox.followups.len(),
-            tokens: self.inner.tokens.load(std::sync::atomic::Ordering::Relaxed),
+            tokens: self.inner.tokens.load(Ordering::Relaxed),
+            hibernated,
         }
     }
 
     /// The summary of the last finished turn.
     pub fn last_turn(&self) -> Option<TurnSummary> {
-        self.inbox().last.clone()
+        self.inbox().last.as_deref().cloned()
     }
 
     async fn close_and_cancel(&self) {
@@ -779,19 +1057,241 @@ impl Agent {
         }
         // The driver writes the turn's end; bounded so a stuck body cannot
         // hold the teardown (the kernel kills it after its budget anyway).
-        let mut rx = self.inner.idle.subscribe();
-        let _ = tokio::time::timeout(Duration::from_secs(5), rx.wait_for(|idle| *idle)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.inner.idle.wait()).await;
     }
 
-    /// Ordered teardown of the agent and everything it owns.
+    /// Ordered teardown of the agent and everything it owns. A hibernated
+    /// agent is disposed without waking: its parked node and compact session
+    /// go, and it leaves the registry.
     pub async fn dispose(&self) {
-        self.inner.scope.dispose().await;
+        let _transition = self.inner.transition.lock().await;
+        let awake = match &*self.life() {
+            Life::Awake(me) => Some(me.clone()),
+            Life::Asleep { .. } => None,
+            Life::Gone => return,
+        };
+        match awake {
+            // Its teardown ends with `finish` (the registry effect).
+            Some(me) => me.scope.dispose().await,
+            None => {
+                self.inbox().accepting = false;
+                self.finish();
+            }
+        }
     }
 
-    /// The agent scope's status.
-    pub fn status(&self) -> Status {
-        self.inner.scope.fiber().status()
+    /// The end of the agent: it leaves the registry and the tree, its
+    /// disposal callbacks run, `agent/disposed` is emitted.
+    fn finish(&self) {
+        let was = std::mem::replace(&mut *self.life(), Life::Gone);
+        {
+            let mut inbox = self.inbox();
+            inbox.accepting = false;
+            inbox.followups.clear();
+        }
+        self.inner.idle.set(true);
+        if let Life::Asleep { node } = was {
+            self.inner.owner.runtime().tree().unpark(
+                node,
+                Status::Disposed,
+                "disposed while hibernated",
+            );
+        }
+        if let Some(hook) = lock(&self.inner.owner_hook).take() {
+            hook.cancel();
+        }
+        if let Some(agents) = &self.inner.agents {
+            agents.leave(self);
+        }
+        let callbacks = std::mem::take(&mut *lock(&self.inner.on_disposed));
+        for f in callbacks {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                tracing::error!(
+                    agent = %self.inner.id,
+                    "a disposal callback panicked: {}",
+                    dsh_supervisors::events::panic_text(&p)
+                );
+            }
+        }
+        self.inner.owner.emit(&AgentDisposed {
+            id: self.inner.id.clone(),
+        });
     }
+
+    /// The agent's status: its scope's while awake, `hibernated` while it
+    /// sleeps, `disposed` once gone.
+    pub fn status(&self) -> Status {
+        match &*self.life() {
+            Life::Awake(me) => me.scope.fiber().status(),
+            Life::Asleep { .. } => Status::Hibernated,
+            Life::Gone => Status::Disposed,
+        }
+    }
+
+    /// What the tree shows for the agent, computed when read (not kept as
+    /// JSON per agent): turn, step (0 between turns), tokens spent, whether
+    /// it hibernates, and between turns what keeps it from hibernating
+    /// (`pinned`: registrations made in its scope after it was built).
+    fn summary_fn(&self) -> Arc<dsh_supervisors::tree::SummaryFn> {
+        let weak = self.downgrade();
+        Arc::new(move || match weak.upgrade() {
+            Some(agent) => agent.summary(),
+            None => serde_json::Value::Null,
+        })
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        let progress = self.progress();
+        let mut summary = serde_json::json!({
+            "agent": self.inner.id,
+            "turn": progress.turn,
+            "step": progress.step,
+            "tokens": progress.tokens,
+        });
+        if progress.hibernated {
+            summary["hibernated"] = true.into();
+        }
+        if let Some(me) = self.awake().filter(|_| !progress.running) {
+            let fiber = me.scope.fiber();
+            let settled = me.settled.get().map_or(0, |s| s.0);
+            if fiber.effect_count() > settled {
+                let mut labels = fiber.effects();
+                let ad_hoc = labels.split_off(settled.min(labels.len()));
+                summary["pinned"] = format!("ad hoc registrations: {}", ad_hoc.join(", ")).into();
+            }
+        }
+        summary
+    }
+
+    /// Why the agent cannot hibernate now (`None`: it can).
+    pub fn awake_reason(&self) -> Option<String> {
+        let me = self.awake()?;
+        self.may_sleep(&me, &self.inbox()).err()
+    }
+
+    /// Whether the agent may hibernate, given its inbox (locked by the caller).
+    fn may_sleep(&self, me: &Awake, inbox: &Inbox) -> Result<(), String> {
+        {
+            if !inbox.accepting {
+                return Err("it takes no more input".into());
+            }
+            if inbox.running {
+                return Err("a turn is running".into());
+            }
+            if !inbox.followups.is_empty() || !inbox.steer.is_empty() || !inbox.inject.is_empty() {
+                return Err("input is queued".into());
+            }
+        }
+        if me.sleeping.load(Ordering::Acquire) {
+            return Err("it is going to sleep".into());
+        }
+        let fiber = me.scope.fiber();
+        let (effects, children) = me.settled.get().copied().unwrap_or((0, 0));
+        if fiber.child_count() > children || !lock(&me.step_children).is_empty() {
+            return Err("it has live children".into());
+        }
+        if fiber.effect_count() > effects {
+            let ad_hoc = fiber
+                .effects()
+                .split_off(effects.min(fiber.effects().len()));
+            return Err(format!(
+                "ad hoc registrations in its scope: {}",
+                ad_hoc.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts an idle agent to sleep: its actors stop in the normal ordered
+    /// way (scope, driver, session actor, which writes what is pending),
+    /// its session is compacted, and a parked node stands for it in the
+    /// tree. Refused (with the reason) while it works, has queued input,
+    /// live children or ad hoc registrations, or when no keeper runs to
+    /// wake it again.
+    pub async fn hibernate(&self) -> Result<(), String> {
+        if !self.inner.agents.as_ref().is_some_and(|a| a.has_keeper()) {
+            return Err("no agents keeper runs to wake it again".into());
+        }
+        let _transition = self.inner.transition.lock().await;
+        let me = match &*self.life() {
+            Life::Awake(me) => me.clone(),
+            Life::Asleep { .. } => return Ok(()),
+            Life::Gone => return Err("it is disposed".into()),
+        };
+        {
+            // Under the inbox lock: input arriving from now on sees
+            // `sleeping` and asks the keeper to wake the agent.
+            let mut inbox = self.inbox();
+            self.may_sleep(&me, &inbox)?;
+            me.sleeping.store(true, Ordering::Release);
+            // Empty, but sized for the last burst: sized for idle instead.
+            inbox.followups.shrink_to_fit();
+            inbox.steer.shrink_to_fit();
+            inbox.inject.shrink_to_fit();
+        }
+        // Durable first: an agent whose log cannot be written stays awake
+        // (its session actor keeps retrying).
+        if let Err(e) = self.inner.session.flush().await {
+            me.sleeping.store(false, Ordering::Release);
+            return Err(e);
+        }
+        me.scope.dispose().await;
+        let session = &self.inner.session;
+        session.detach();
+        if me.stored {
+            *lock(&self.inner.durable) = Some(session.next_seq());
+        }
+        if let Err(e) = session.compact() {
+            tracing::warn!(agent = %self.inner.id, "the session stays uncompressed: {e}");
+        }
+        let summary = self.summary_fn();
+        let owner = &self.inner.owner;
+        let node =
+            owner
+                .runtime()
+                .tree()
+                .park("agent", &self.label(), Some(owner.fiber().id()), summary);
+        self.inner.node.store(node, Ordering::Relaxed);
+        *self.life() = Life::Asleep { node };
+        if let Some(agents) = &self.inner.agents {
+            agents.slept(self);
+        }
+        Ok(())
+    }
+
+    /// Wakes a hibernated agent under the same id: a new scope with what its
+    /// spec registers, the session restored, a new driver; then any queued
+    /// input runs. Awake already: only the driver is told.
+    pub async fn wake(&self) -> Result<(), AgentError> {
+        let _transition = self.inner.transition.lock().await;
+        let node = match &*self.life() {
+            Life::Awake(me) => {
+                if let Some(d) = me.driver.get() {
+                    let _ = d.send(DriverMsg::Wake);
+                }
+                return Ok(());
+            }
+            Life::Asleep { node } => *node,
+            Life::Gone => return Err(AgentError::Closed(self.inner.id.clone())),
+        };
+        self.inner.session.thaw();
+        let awake = Box::pin(self.build()).await?;
+        self.inner
+            .owner
+            .runtime()
+            .tree()
+            .unpark(node, Status::Hibernated, "woke");
+        let driver = awake.driver.get().cloned();
+        self.set_awake(awake);
+        if let Some(d) = driver {
+            let _ = d.send(DriverMsg::Wake);
+        }
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The last turn number a session's log holds.
@@ -813,26 +1313,24 @@ struct Driver;
 
 impl Actor for Driver {
     type Msg = DriverMsg;
-    type State = Arc<Inner>;
-    type Arguments = Arc<Inner>;
+    type State = Driving;
+    type Arguments = Driving;
 
     async fn pre_start(
         &self,
         _me: ActorRef<DriverMsg>,
-        inner: Arc<Inner>,
-    ) -> Result<Arc<Inner>, ActorProcessingErr> {
-        Ok(inner)
+        driving: Driving,
+    ) -> Result<Driving, ActorProcessingErr> {
+        Ok(driving)
     }
 
     async fn handle(
         &self,
         _me: ActorRef<DriverMsg>,
         DriverMsg::Wake: DriverMsg,
-        inner: &mut Arc<Inner>,
+        state: &mut Driving,
     ) -> Result<(), ActorProcessingErr> {
-        let agent = Agent {
-            inner: inner.clone(),
-        };
+        let Driving { agent, me } = &*state;
         loop {
             let next = {
                 let mut inbox = agent.inbox();
@@ -843,11 +1341,11 @@ impl Actor for Driver {
                     inbox.turn += 1;
                     // Under the inbox lock: the claim is logged at the
                     // position the queue had, right after the turn opens.
-                    log_append(&agent, EventData::TurnStart { turn: inbox.turn }, None);
+                    log_append(agent, EventData::TurnStart { turn: inbox.turn }, None);
                     agent.splice(0, 1, &[]);
                     if !std::mem::replace(&mut inbox.opened, true) {
                         for data in agent.inner.spec.opening.iter().cloned() {
-                            log_append(&agent, data, None);
+                            log_append(agent, data, None);
                         }
                     }
                     let token = CancellationToken::new();
@@ -864,12 +1362,12 @@ impl Actor for Driver {
                 break;
             };
             // Boxed: an idle driver's task does not carry a turn's state.
-            let summary = Box::pin(run_turn(&agent, prompt, turn, token)).await;
+            let summary = Box::pin(run_turn(agent, me, prompt, turn, token)).await;
             {
                 let mut inbox = agent.inbox();
                 inbox.running = false;
                 inbox.cancel = None;
-                inbox.last = Some(summary.clone());
+                inbox.last = Some(Box::new(summary.clone()));
                 // Steered in after the turn's last step: the next turn's prompt.
                 let leftover: Vec<Arc<Message>> = inbox.steer.drain(..).collect();
                 for message in leftover {
@@ -879,7 +1377,7 @@ impl Actor for Driver {
                 }
             }
             if let Some(hook) = &agent.inner.spec.on_turn_end {
-                let run = std::panic::AssertUnwindSafe(|| (hook.0)(&agent, &summary));
+                let run = std::panic::AssertUnwindSafe(|| (hook.0)(agent, &summary));
                 if let Err(p) = std::panic::catch_unwind(run) {
                     tracing::error!(
                         agent = %agent.inner.id,
@@ -889,10 +1387,16 @@ impl Actor for Driver {
                 }
             }
         }
+        // Before idle is announced: whoever waits for it finds the keeper
+        // already asked to apply the awake cap.
+        agent.touch();
+        if let Some(agents) = &agent.inner.agents {
+            agents.idled();
+        }
         let inbox = agent.inbox();
         if inbox.followups.is_empty() || !inbox.accepting {
-            // Under the inbox lock: see `Agent::wake`.
-            agent.inner.idle.send_replace(true);
+            // Under the inbox lock: see `Agent::kick`.
+            agent.inner.idle.set(true);
         }
         drop(inbox);
         Ok(())
@@ -901,14 +1405,19 @@ impl Actor for Driver {
     async fn post_stop(
         &self,
         _me: ActorRef<DriverMsg>,
-        inner: &mut Arc<Inner>,
+        state: &mut Driving,
     ) -> Result<(), ActorProcessingErr> {
         // However the driver ended (drained, killed, failed), no turn runs
-        // any more: waiters on idle must not wait forever.
-        let mut inbox = inner.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        // any more: waiters on idle must not wait forever. Going to sleep,
+        // the agent still takes input (which wakes it).
+        let mut inbox = state.agent.inbox();
         inbox.running = false;
-        inbox.accepting = false;
-        inner.idle.send_replace(true);
+        if !state.me.sleeping.load(Ordering::Acquire) {
+            inbox.accepting = false;
+        }
+        if inbox.followups.is_empty() || !inbox.accepting {
+            state.agent.inner.idle.set(true);
+        }
         Ok(())
     }
 }
@@ -942,15 +1451,13 @@ fn failure(code: &str, message: impl Into<String>) -> LlmFailure {
 /// Runs one turn; its `turn/start` was logged when the driver claimed the prompt.
 async fn run_turn(
     agent: &Agent,
+    me: &Awake,
     prompt: Arc<Message>,
     turn: u32,
     token: CancellationToken,
 ) -> TurnSummary {
     // A capture left over from an aborted turn must not end this one.
-    agent
-        .inner
-        .conclude
-        .store(false, std::sync::atomic::Ordering::Release);
+    me.conclude.store(false, Ordering::Release);
     let mut entering = vec![prompt];
     let mut steps = 0u32;
     let mut max_tokens_hit = false;
@@ -972,17 +1479,11 @@ async fn run_turn(
         }
         steps += 1;
         let step = steps;
-        agent
-            .inner
-            .step
-            .store(step, std::sync::atomic::Ordering::Relaxed);
-        // Per step only while someone watches the tree; every turn end always.
-        if agent.inner.ctx.runtime().tree().watched() {
-            publish_progress(agent, turn, step);
-        }
+        me.step.store(step, Ordering::Relaxed);
+        publish_progress(me);
         log_append(agent, EventData::StepStart { turn, step }, None);
-        let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
-        agent.inner.ctx.events().emit(
+        let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
+        me.ctx.events().emit(
             &target,
             &AgentPreStep {
                 agent: agent.inner.id.clone(),
@@ -1002,7 +1503,7 @@ async fn run_turn(
                 Some(SurfaceIntent::append()),
             );
         }
-        match run_step(agent, turn, step, &token).await {
+        match run_step(agent, me, turn, step, &token).await {
             StepEnd::Answer {
                 text: t,
                 max_tokens,
@@ -1019,9 +1520,9 @@ async fn run_turn(
                     turn,
                     text: text.clone(),
                 };
-                let target = dsh_supervisors::Target::Scope(agent.inner.ctx.scope_key().cloned());
+                let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
                 if !token.is_cancelled()
-                    && let Some(more) = agent.inner.ctx.events().serial(&target, stopping).await
+                    && let Some(more) = me.ctx.events().serial(&target, stopping).await
                 {
                     let mut continuation = Message::user_text(more);
                     continuation.source = MessageSource::plugin("agent/turn-stopping");
@@ -1064,7 +1565,7 @@ async fn run_turn(
         },
         None,
     );
-    publish_progress(agent, turn, 0);
+    publish_progress(me);
     TurnSummary {
         turn,
         steps,
@@ -1096,16 +1597,16 @@ enum StepEnd {
 }
 
 /// The tool schemas and header in force, rebuilt when the registry changed.
-fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
-    let generation = inner.tools.generation();
-    let mut cache = inner.envelope.lock().unwrap_or_else(|p| p.into_inner());
+fn envelope(inner: &Inner, me: &Awake, system: Option<&str>) -> Envelope {
+    let generation = me.tools.generation();
+    let mut cache = lock(&me.envelope);
     if let Some(e) = cache.as_ref()
         && e.generation == generation
         && e.system.as_deref() == system
     {
         return e.clone();
     }
-    let schemas = inner.tools.schemas(inner.ctx.scope_key());
+    let schemas = me.tools.schemas(me.ctx.scope_key());
     let header = header_value(&inner.spec, system, &schemas);
     let (schemas, header) = shared_envelope(schemas, header);
     let fresh = Envelope {
@@ -1116,6 +1617,70 @@ fn envelope(inner: &Inner, system: Option<&str>) -> Envelope {
     };
     *cache = Some(fresh.clone());
     fresh
+}
+
+/// Specs in use, shared between agents: agents made from one template (same
+/// route, prompt, tools, limits and hooks) hold one spec, not a copy each.
+static SHARED_SPECS: Mutex<VecDeque<std::sync::Weak<AgentSpec>>> = Mutex::new(VecDeque::new());
+
+/// Specs remembered for sharing (most recently made first).
+const SHARED_SPEC_SLOTS: usize = 32;
+
+fn shared_spec(spec: AgentSpec) -> Arc<AgentSpec> {
+    let mut shared = lock(&SHARED_SPECS);
+    shared.retain(|w| w.strong_count() > 0);
+    let found = shared
+        .iter()
+        .position(|w| w.upgrade().is_some_and(|s| same_template(&s, &spec)));
+    if let Some(at) = found
+        && let Some(known) = shared.remove(at).and_then(|w| w.upgrade())
+    {
+        shared.push_front(Arc::downgrade(&known));
+        return known;
+    }
+    let made = Arc::new(spec);
+    shared.push_front(Arc::downgrade(&made));
+    shared.truncate(SHARED_SPEC_SLOTS);
+    made
+}
+
+/// Whether two kept specs (no seed, id or durable count) build the same agent.
+fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
+    fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+            _ => false,
+        }
+    }
+    let hooks = match (&a.on_turn_end, &b.on_turn_end) {
+        (None, None) => true,
+        (Some(x), Some(y)) => Arc::ptr_eq(&x.0, &y.0),
+        _ => false,
+    };
+    a.seed.is_none()
+        && b.seed.is_none()
+        && a.opening.is_empty()
+        && b.opening.is_empty()
+        && hooks
+        && a.provider == b.provider
+        && a.model == b.model
+        && a.system == b.system
+        && a.cwd == b.cwd
+        && a.restriction == b.restriction
+        && a.max_steps == b.max_steps
+        && a.max_parallel_tools == b.max_parallel_tools
+        && a.temperature == b.temperature
+        && a.max_tokens == b.max_tokens
+        && same_arc(&a.store, &b.store)
+        && a.name == b.name
+        && a.depth == b.depth
+        && a.id == b.id
+        && a.durable == b.durable
+        && a.parent_session == b.parent_session
+        && a.origin == b.origin
+        && a.flat_scope == b.flat_scope
+        && same_arc(&a.approval, &b.approval)
 }
 
 /// Envelopes in use, shared between agents: agents with the same tools,
@@ -1167,18 +1732,24 @@ fn header_value(spec: &AgentSpec, system: Option<&str>, tools: &[ToolSchema]) ->
     serde_json::Value::Object(header)
 }
 
-async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken) -> StepEnd {
+async fn run_step(
+    agent: &Agent,
+    me: &Awake,
+    turn: u32,
+    step: u32,
+    token: &CancellationToken,
+) -> StepEnd {
     let inner = &agent.inner;
-    let scope = inner.ctx.scope_key();
-    let system: Option<Arc<str>> = match inner.ctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
-        Some(prompt) => match prompt.assemble(&inner.ctx).await {
+    let scope = me.ctx.scope_key();
+    let system: Option<Arc<str>> = match me.ctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
+        Some(prompt) => match prompt.assemble(&me.ctx).await {
             Ok(text) if text.is_empty() => None,
             Ok(text) => Some(Arc::from(text)),
             Err(e) => return StepEnd::Failed(failure("SYSTEM_PROMPT", e)),
         },
         None => inner.spec.system.as_deref().map(Arc::from),
     };
-    let envelope = envelope(inner, system.as_deref());
+    let envelope = envelope(inner, me, system.as_deref());
     // The request envelope is logged state: a full snapshot at the first
     // request of this agent instance, then whenever it changes.
     let (first, changed) = inner.session.with_log(|log| {
@@ -1238,7 +1809,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         agent: inner.id.clone(),
         request,
     };
-    let request = match inner
+    let request = match me
         .ctx
         .events()
         .waterfall(&target, wrapped, |r: AgentRequest| async move { r.request })
@@ -1249,7 +1820,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
     };
     let call_token = token.child_token();
     let stream = tokio::select! {
-        s = inner.llm.stream(&inner.ctx, request, call_token.clone()) => s,
+        s = me.llm.stream(&me.ctx, request, call_token.clone()) => s,
         () = token.cancelled() => return StepEnd::Aborted,
     };
     let mut stream = match stream {
@@ -1297,10 +1868,9 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
     }
     let max_tokens = finish == FinishReason::MaxTokens;
     if let Some(u) = assembler.usage() {
-        inner.tokens.fetch_add(
-            u.input_tokens + u.output_tokens,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        inner
+            .tokens
+            .fetch_add(u.input_tokens + u.output_tokens, Ordering::Relaxed);
     }
     let message = match assembler.message(MessageSource::model(
         &inner.spec.provider,
@@ -1353,7 +1923,7 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
     // Runs of concurrency-safe calls go in parallel; any other call alone.
     let mut i = 0;
     while i < calls.len() {
-        let safe = |c: &ToolCall| match inner.tools.resolve(scope, &c.name) {
+        let safe = |c: &ToolCall| match me.tools.resolve(scope, &c.name) {
             dsh_services::tools::Resolution::Found(t) => t.tool.is_concurrency_safe(),
             _ => true,
         };
@@ -1365,13 +1935,13 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         }
         // A lone call is awaited in place (no batch of large futures to move).
         let outcomes = if j == i + 1 {
-            vec![execute(agent, calls[i].clone(), token).await]
+            vec![execute(me, calls[i].clone(), token).await]
         } else {
             // At most `max_parallel_tools` at once; results keep call order.
             let batch: Vec<_> = calls[i..j]
                 .iter()
                 .cloned()
-                .map(|c| execute(agent, c, token))
+                .map(|c| execute(me, c, token))
                 .collect();
             futures::stream::iter(batch)
                 .buffered(inner.spec.max_parallel_tools.max(1))
@@ -1411,14 +1981,11 @@ async fn run_step(agent: &Agent, turn: u32, step: u32, token: &CancellationToken
         }
         i = j;
     }
-    release_step_children(agent).await;
+    release_step_children(me).await;
     if token.is_cancelled() {
         return StepEnd::Aborted;
     }
-    if inner
-        .conclude
-        .swap(false, std::sync::atomic::Ordering::AcqRel)
-    {
+    if me.conclude.swap(false, Ordering::AcqRel) {
         return StepEnd::Concluded { max_tokens };
     }
     StepEnd::ToolsDone { max_tokens }
@@ -1458,25 +2025,19 @@ fn keep_interrupted(
 }
 
 /// Runs one call as a supervised child actor of the agent's scope.
-async fn execute(agent: &Agent, call: ToolCall, token: &CancellationToken) -> PipelineOutcome {
-    let inner = &agent.inner;
+async fn execute(me: &Awake, call: ToolCall, token: &CancellationToken) -> PipelineOutcome {
     let (tx, rx) = oneshot::channel();
     let args = ToolRun {
-        ctx: inner.ctx.clone(),
-        tools: inner.tools.clone(),
-        approval: inner.approval.clone(),
+        ctx: me.ctx.clone(),
+        tools: me.tools.clone(),
+        approval: me.approval.clone(),
         call: call.clone(),
         cancel: token.child_token(),
-        cwd: inner.cwd.clone(),
+        cwd: me.cwd.clone(),
         reply: Some(tx),
     };
     let name = format!("tool/{}#{}", call.name, call.id);
-    let spawned = Box::pin(
-        inner
-            .ctx
-            .spawn(WorkerSpec::new("tool", name, ToolExec, args)),
-    )
-    .await;
+    let spawned = Box::pin(me.ctx.spawn(WorkerSpec::new("tool", name, ToolExec, args))).await;
     if let Err(e) = spawned {
         return PipelineOutcome {
             content: vec![ContentBlock::text(format!(
@@ -1561,38 +2122,23 @@ impl Actor for ToolExec {
 
 /// Disposes the children the step's calls handed over, in reverse start
 /// order (their position among the agent's own children).
-async fn release_step_children(agent: &Agent) {
-    let mut children = std::mem::take(
-        &mut *agent
-            .inner
-            .step_children
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()),
-    );
+async fn release_step_children(me: &Awake) {
+    let mut children = std::mem::take(&mut *lock(&me.step_children));
     if children.is_empty() {
         return;
     }
-    let order = agent.child_nodes();
+    let order = me.scope.fiber().children();
     children.sort_by_key(|c| order.iter().position(|n| *n == c.node_id()));
     for child in children.into_iter().rev() {
         child.dispose().await;
     }
 }
 
-/// Publishes what the agent is doing as its scope node's summary in the tree
-/// registry (the dashboard and `dsh tree` show it): turn, step (0 between
-/// turns) and tokens spent.
-fn publish_progress(agent: &Agent, turn: u32, step: u32) {
-    let inner = &agent.inner;
-    let summary = serde_json::json!({
-        "agent": inner.id,
-        "turn": turn,
-        "step": step,
-        "tokens": inner.tokens.load(std::sync::atomic::Ordering::Relaxed),
-    });
-    inner
-        .ctx
+/// Tells the tree the agent's summary changed (sent to the feed only while
+/// someone watches it; the summary itself is computed when read).
+fn publish_progress(me: &Awake) {
+    me.ctx
         .runtime()
         .tree()
-        .set_summary(inner.scope.fiber().id(), summary);
+        .summary_changed(me.scope.fiber().id());
 }

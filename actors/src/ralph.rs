@@ -327,7 +327,9 @@ pub async fn run(
     };
     let scope = request
         .parent
-        .context()
+        .awake_context()
+        .await
+        .map_err(|e| e.to_string())?
         .scope(ScopeKey::new(format!(
             "ralph/{}",
             crate::session::short(&run_id)

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use dsh_services::persistence::SessionPersistence;
+use dsh_services::session::compact::{CompactError, CompactLog};
 use dsh_services::session::{
     EventData, History, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent,
 };
@@ -32,9 +33,38 @@ pub enum SessionMsg {
     Tick,
 }
 
+/// The log, in memory or at rest (a hibernated agent's).
+enum Slot {
+    Live(Box<SessionLog>),
+    Compact(CompactLog),
+}
+
+impl Slot {
+    /// The live log, restoring a compact one in place.
+    fn live(&mut self) -> &mut SessionLog {
+        if let Slot::Compact(c) = self {
+            *self = Slot::Live(Box::new(restore(c)));
+        }
+        match self {
+            Slot::Live(log) => log,
+            Slot::Compact(_) => unreachable!("restored above"),
+        }
+    }
+}
+
+/// A compact log was made by [`CompactLog::of`] in this process from a
+/// valid log; failing to restore it is a codec bug, and carrying on with
+/// anything else would lose committed events.
+fn restore(c: &CompactLog) -> SessionLog {
+    match c.restore() {
+        Ok(log) => log,
+        Err(e) => panic!("a compact session log does not restore: {e}"),
+    }
+}
+
 /// Shared state of one session.
 struct Core {
-    log: Mutex<SessionLog>,
+    log: Mutex<Slot>,
     observers: RwLock<Vec<(u64, Observer)>>,
     next_observer: AtomicU64,
     actor: Mutex<Option<WorkerRef<SessionMsg>>>,
@@ -53,7 +83,7 @@ impl SessionHandle {
         let id: Arc<str> = Arc::from(log.header().id.as_str());
         SessionHandle {
             core: Arc::new(Core {
-                log: Mutex::new(log),
+                log: Mutex::new(Slot::Live(Box::new(log))),
                 observers: RwLock::new(Vec::new()),
                 next_observer: AtomicU64::new(0),
                 actor: Mutex::new(None),
@@ -67,10 +97,48 @@ impl SessionHandle {
         &self.id
     }
 
-    fn log(&self) -> std::sync::MutexGuard<'_, SessionLog> {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         // Poisoning means a panic while appending; the log itself is only
         // changed after validation, so it stays consistent.
         self.core.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads the log without restoring a compact one in place (a read of a
+    /// hibernated agent's session decodes a temporary copy).
+    pub fn read<T>(&self, f: impl FnOnce(&mut SessionLog) -> T) -> T {
+        let mut slot = self.slot();
+        match &mut *slot {
+            Slot::Live(log) => f(log),
+            Slot::Compact(c) => {
+                let mut log = restore(c);
+                drop(slot);
+                f(&mut log)
+            }
+        }
+    }
+
+    /// Puts the log at rest: compressed, request headers shared. Any later
+    /// write (or [`SessionHandle::with_log`]) restores it first.
+    pub fn compact(&self) -> Result<usize, CompactError> {
+        let mut slot = self.slot();
+        if let Slot::Live(log) = &*slot {
+            let compact = CompactLog::of(log)?;
+            *slot = Slot::Compact(compact);
+        }
+        match &*slot {
+            Slot::Compact(c) => Ok(c.len()),
+            Slot::Live(_) => unreachable!("compacted above"),
+        }
+    }
+
+    /// Whether the log is at rest.
+    pub fn is_compact(&self) -> bool {
+        matches!(&*self.slot(), Slot::Compact(_))
+    }
+
+    /// Brings a compact log back into memory.
+    pub fn thaw(&self) {
+        self.slot().live();
     }
 
     /// Appends one event; returns it once committed.
@@ -79,7 +147,7 @@ impl SessionHandle {
         data: EventData,
         intent: Option<SurfaceIntent>,
     ) -> Result<Arc<SessionEvent>, SessionError> {
-        let event = self.log().append(data, intent, now_ms())?;
+        let event = self.slot().live().append(data, intent, now_ms())?;
         self.publish(&event);
         Ok(event)
     }
@@ -121,38 +189,41 @@ impl SessionHandle {
 
     /// The derived model history (shared messages).
     pub fn derive_messages(&self) -> History {
-        self.log().derive_messages()
+        self.read(|log| log.derive_messages())
     }
 
     /// A copy of the event list (shared events).
     pub fn events(&self) -> Vec<Arc<SessionEvent>> {
-        self.log().events().to_vec()
+        self.read(|log| log.events().to_vec())
     }
 
     /// Events from `seq` on.
     pub fn events_from(&self, seq: u64) -> Vec<Arc<SessionEvent>> {
-        let log = self.log();
-        log.events().iter().skip(seq as usize).cloned().collect()
+        self.read(|log| log.events().iter().skip(seq as usize).cloned().collect())
     }
 
     /// The next seq.
     pub fn next_seq(&self) -> u64 {
-        self.log().next_seq()
+        match &*self.slot() {
+            Slot::Live(log) => log.next_seq(),
+            Slot::Compact(c) => c.next_seq(),
+        }
     }
 
     /// The header.
     pub fn header(&self) -> SessionHeader {
-        self.log().header().clone()
+        self.read(|log| log.header().clone())
     }
 
     /// The latest request header.
     pub fn request_header(&self) -> Option<Arc<serde_json::Value>> {
-        self.log().request_header().cloned()
+        self.read(|log| log.request_header().cloned())
     }
 
-    /// Runs `f` with the log locked (for folds that need several reads).
+    /// Runs `f` with the log locked (for folds that need several reads);
+    /// a compact log is restored in place first.
     pub fn with_log<T>(&self, f: impl FnOnce(&mut SessionLog) -> T) -> T {
-        f(&mut self.log())
+        f(self.slot().live())
     }
 
     /// Starts the session's actor under `ctx` (a child of the owner's
@@ -175,10 +246,14 @@ impl SessionHandle {
         store: Option<Arc<dyn SessionPersistence>>,
         stored: Option<u64>,
     ) -> dsh_supervisors::Result<()> {
-        let (header, backlog) = {
-            let log = self.log();
-            (log.header().clone(), log.events().to_vec())
-        };
+        let from = stored.unwrap_or(0) as usize;
+        let (header, backlog) = self.with_log(|log| {
+            let backlog = match store {
+                Some(_) => log.events().iter().skip(from).cloned().collect(),
+                None => Vec::new(),
+            };
+            (log.header().clone(), backlog)
+        });
         let durable = store.is_some();
         let spec = WorkerSpec::new(
             "session",
@@ -198,6 +273,15 @@ impl SessionHandle {
             *slot = Some(actor);
         }
         Ok(())
+    }
+
+    /// Forgets the session's actor (it stopped with its agent's scope, having
+    /// written everything); a later [`SessionHandle::attach_after`] starts a
+    /// new one.
+    pub fn detach(&self) {
+        if let Ok(mut slot) = self.core.actor.lock() {
+            *slot = None;
+        }
     }
 
     /// Writes everything committed so far to durable storage.

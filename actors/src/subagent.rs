@@ -288,7 +288,7 @@ impl SubagentRun {
         self.settled
             .get_or_init(|| async {
                 let r = settle(&self.agent, &self.cancel, self.capture.as_ref()).await;
-                self.agent.context().emit(&SubagentEnd {
+                self.agent.reach().emit(&SubagentEnd {
                     info: self.info.clone(),
                     stop_reason: r.stop_reason,
                 });
@@ -544,7 +544,7 @@ impl Subagents {
         }
         request
             .parent
-            .context()
+            .reach()
             .emit(&SubagentStart { info: info.clone() });
         Ok(SubagentRun {
             id: agent.id().to_owned(),
@@ -606,16 +606,16 @@ impl Subagents {
         let id = agent.id().to_owned();
         let me = self.clone();
         let gone = id.clone();
-        // The way out first: a child whose scope is already closing is
-        // never entered.
-        agent
-            .context()
-            .effect("leave the resident subagents", move || {
-                if let Ok(mut r) = me.resident.lock() {
-                    r.remove(&gone);
-                }
-            })
-            .map_err(|e| SubagentError::Start(e.to_string()))?;
+        if agent.status().is_terminal() {
+            return Err(SubagentError::Start(format!("{id} is already disposed")));
+        }
+        // Not a scope effect: a resident child stays resident while it
+        // hibernates, and leaves only when disposed (at once if it already is).
+        let leave = move || {
+            if let Ok(mut r) = me.resident.lock() {
+                r.remove(&gone);
+            }
+        };
         if let Ok(mut r) = self.resident.lock() {
             r.insert(
                 id,
@@ -626,6 +626,7 @@ impl Subagents {
                 },
             );
         }
+        agent.on_disposed(leave);
         Ok(())
     }
 
@@ -680,7 +681,7 @@ impl Subagents {
 
     async fn resume(self: &Arc<Self>, parent: &Agent, child: &str) -> Result<Agent, SubagentError> {
         let live = parent
-            .context()
+            .reach()
             .get::<crate::agent::Agents>(crate::agent::Agents::SERVICE)
             .is_some_and(|a| a.get(child).is_some());
         if live {
@@ -747,9 +748,12 @@ impl Subagents {
         spec.id = Some(child.to_owned());
         spec.durable = Some(loaded.durable);
         spec.store = Some(store);
-        spec.seed = Some((loaded.header, loaded.events));
+        spec.seed = Some(Box::new((loaded.header, loaded.events)));
         spec.on_turn_end = Some(settled_hook(parent));
-        let agent = Agent::create(parent.context(), spec)
+        let home = parent
+            .context()
+            .map_err(|e| SubagentError::Start(e.to_string()))?;
+        let agent = Agent::create(&home, spec)
             .await
             .map_err(|e| SubagentError::Start(e.to_string()))?;
         if let Err(e) = self.admit(&agent, parent.id(), &label) {
@@ -853,7 +857,7 @@ fn store_of(agent: &Agent) -> Option<Arc<dyn SessionPersistence>> {
     let own = agent.spec().store.clone();
     own.filter(|s| !s.holds_one_session()).or_else(|| {
         agent
-            .context()
+            .reach()
             .get::<dyn SessionPersistence>(PERSISTENCE_SERVICE)
     })
 }
@@ -904,7 +908,7 @@ pub const DEFAULT_MAX_DEPTH: u32 = 3;
 /// is refused — unless the parent's policy already allows everything.
 fn delegated_approval(parent: &Agent) -> Arc<Approval> {
     let parent_policy = parent
-        .context()
+        .reach()
         .get::<Approval>(Approval::SERVICE)
         .map(|a| a.policy());
     let policy = match parent_policy {
@@ -1018,26 +1022,33 @@ async fn compose(
         header.delegation_depth = depth;
         header.seed_length = Some(seed.len() as u64);
         spec.id = Some(id);
-        spec.seed = Some((header, seed));
+        spec.seed = Some(Box::new((header, seed)));
     }
     let id = spec.id.get_or_insert_with(Message::new_id).clone();
     spec.name = Some(format!("subagent/{}", crate::session::short(&id)));
-    let owner = request
-        .owner
-        .clone()
-        .unwrap_or_else(|| request.parent.context().clone());
+    let owner = match &request.owner {
+        Some(owner) => owner.clone(),
+        None => request
+            .parent
+            .context()
+            .map_err(|e| SubagentError::Start(e.to_string()))?,
+    };
     let agent = Agent::create(&owner, spec)
         .await
         .map_err(|e| SubagentError::Start(e.to_string()))?;
     if let (Some(schema), Some(slot)) = (schema, capture) {
-        let tools = agent
+        // An ad hoc registration: it keeps the child awake until disposed.
+        let registered = agent
             .context()
-            .get::<ToolRegistry>(ToolRegistry::SERVICE)
-            .ok_or_else(|| SubagentError::Start("no tool registry".into()));
-        let registered = tools.and_then(|t| {
-            t.register(agent.context(), Arc::new(Report { schema, slot }))
-                .map_err(SubagentError::Start)
-        });
+            .map_err(|e| SubagentError::Start(e.to_string()))
+            .and_then(|ctx| {
+                let tools = ctx
+                    .get::<ToolRegistry>(ToolRegistry::SERVICE)
+                    .ok_or_else(|| SubagentError::Start("no tool registry".into()))?;
+                tools
+                    .register(&ctx, Arc::new(Report { schema, slot }))
+                    .map_err(SubagentError::Start)
+            });
         if let Err(e) = registered {
             agent.dispose().await;
             return Err(e);

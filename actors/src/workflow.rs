@@ -260,7 +260,9 @@ impl WorkflowEngine {
         let id = dsh_services::llm::Message::new_id();
         let scope = request
             .parent
-            .context()
+            .awake_context()
+            .await
+            .map_err(|e| WorkflowError::Start(e.to_string()))?
             .scope(ScopeKey::new(format!("workflow/{}", meta.name)))
             .await
             .map_err(|e| WorkflowError::Start(e.to_string()))?;
@@ -432,7 +434,7 @@ impl Actor for HostActor {
 }
 
 fn update(host: &Host, kind: &'static str, data: Value) {
-    host.parent.context().emit(&WorkflowUpdate {
+    host.parent.reach().emit(&WorkflowUpdate {
         run: host.id.clone(),
         name: host.meta.name.clone(),
         kind,
@@ -557,7 +559,7 @@ fn child(
         let mut recorded = data.clone();
         recorded["runId"] = Value::String(run_id.clone());
         parent.record(record_kind, recorded);
-        parent.context().emit(&WorkflowUpdate {
+        parent.reach().emit(&WorkflowUpdate {
             run: run_id.clone(),
             name: name.clone(),
             kind,

@@ -85,7 +85,7 @@ impl Context {
     pub fn effect(&self, label: &str, dispose: impl FnOnce() + Send + 'static) -> Result<Disposer> {
         let seq = self
             .fiber
-            .add_effect(Arc::from(label), DisposeFn::Sync(Box::new(dispose)))?;
+            .add_effect(intern(label), DisposeFn::Sync(Box::new(dispose)))?;
         Ok(self.disposer(seq))
     }
 
@@ -96,7 +96,7 @@ impl Context {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let run = DisposeFn::Async(Box::new(move || dispose().boxed()));
-        let seq = self.fiber.add_effect(Arc::from(label), run)?;
+        let seq = self.fiber.add_effect(intern(label), run)?;
         Ok(self.disposer(seq))
     }
 
@@ -110,7 +110,7 @@ impl Context {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let run = DisposeFn::Async(Box::new(move || prelude().boxed()));
-        self.fiber.add_prelude(Arc::from(label), run)
+        self.fiber.add_prelude(intern(label), run)
     }
 
     /// Sets the owning fiber's supervisor strategy and restart intensity.
@@ -561,6 +561,34 @@ impl Disposer {
             fiber::dispose_effect(&self.rt, &f, self.seq).await;
         }
     }
+
+    /// Drops the effect without running it: what it would undo is already
+    /// undone another way.
+    pub fn cancel(&self) {
+        if let Some(f) = self.fiber.upgrade() {
+            f.forget_effect(self.seq);
+        }
+    }
+}
+
+/// Labels of effects and preludes, shared: most are the same few strings,
+/// registered again by every agent, scope and session.
+fn intern(label: &str) -> Arc<str> {
+    /// Distinct labels kept; past it, labels are no longer shared.
+    const KEPT: usize = 1024;
+    static LABELS: std::sync::Mutex<std::collections::BTreeSet<Arc<str>>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let Ok(mut labels) = LABELS.lock() else {
+        return Arc::from(label);
+    };
+    if let Some(known) = labels.get(label) {
+        return known.clone();
+    }
+    let made: Arc<str> = Arc::from(label);
+    if labels.len() < KEPT {
+        labels.insert(made.clone());
+    }
+    made
 }
 
 /// A handle to a fiber (a loaded plugin or a scope).
@@ -656,6 +684,16 @@ impl Fiber {
     /// Ids of the live children, in start order.
     pub fn children(&self) -> Vec<u64> {
         self.shared.children_ids()
+    }
+
+    /// How many effects are live.
+    pub fn effect_count(&self) -> usize {
+        self.shared.effect_count()
+    }
+
+    /// How many children run.
+    pub fn child_count(&self) -> usize {
+        self.shared.child_count()
     }
 
     /// Labels of the live effects, in registration order.

@@ -306,6 +306,19 @@ impl FiberShared {
         self.lock().effects.remove(&seq)
     }
 
+    pub fn effect_count(&self) -> usize {
+        self.lock().effects.len()
+    }
+
+    pub fn child_count(&self) -> usize {
+        self.lock().children.len()
+    }
+
+    /// Drops one effect without running it.
+    pub(crate) fn forget_effect(&self, seq: u64) {
+        drop(self.take_effect(seq));
+    }
+
     pub fn effect_labels(&self) -> Vec<String> {
         self.lock()
             .effects

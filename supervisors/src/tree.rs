@@ -31,6 +31,9 @@ pub enum Status {
     Disposed = 4,
     /// Stopped by an error, a panic, or a kill after its shutdown budget.
     Failed = 5,
+    /// A parked node: its actors stopped, and it comes back under the same
+    /// name when needed (a hibernated agent).
+    Hibernated = 6,
 }
 
 impl Status {
@@ -41,6 +44,7 @@ impl Status {
             2 => Status::Active,
             3 => Status::Unloading,
             4 => Status::Disposed,
+            6 => Status::Hibernated,
             _ => Status::Failed,
         }
     }
@@ -59,9 +63,14 @@ impl Status {
             Status::Unloading => "unloading",
             Status::Disposed => "disposed",
             Status::Failed => "failed",
+            Status::Hibernated => "hibernated",
         }
     }
 }
+
+/// The first id of a parked node (see [`Tree::park`]): 2^50, far above any
+/// actor id and below 2^53 so browsers read it exactly.
+pub const PARKED_IDS: u64 = 1 << 50;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -136,7 +145,26 @@ pub struct Node {
     pub info: NodeInfo,
     /// Live counters.
     pub stats: Arc<NodeStats>,
-    summary: Mutex<serde_json::Value>,
+    summary: Mutex<Summary>,
+}
+
+/// A node's kind-specific summary: a value, or a function that computes it
+/// when asked (a parked node's, so thousands of them cost no JSON each).
+enum Summary {
+    Value(serde_json::Value),
+    Computed(Arc<SummaryFn>),
+}
+
+/// Computes a parked node's summary on demand.
+pub type SummaryFn = dyn Fn() -> serde_json::Value + Send + Sync;
+
+impl std::fmt::Debug for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Summary::Value(v) => v.fmt(f),
+            Summary::Computed(_) => f.write_str("<computed>"),
+        }
+    }
 }
 
 /// A point-in-time copy of a node, as the API and the CLI show it.
@@ -243,7 +271,9 @@ impl Default for TreeLimits {
 /// The registry of every supervised node.
 pub struct Tree {
     live: DashMap<u64, Arc<Node>>,
-    stopped: Mutex<VecDeque<NodeSnapshot>>,
+    /// Stopped nodes; a computed summary stays a function (computed when
+    /// read), so a full ring does not hold a JSON object per node.
+    stopped: Mutex<VecDeque<(NodeSnapshot, Option<Arc<SummaryFn>>)>>,
     limits: TreeLimits,
     stop_seq: AtomicU64,
     feed: broadcast::Sender<TreeChange>,
@@ -281,6 +311,10 @@ impl Tree {
     }
 
     pub(crate) fn insert(&self, info: NodeInfo, status: Status) -> Arc<Node> {
+        self.insert_with(info, status, Summary::Value(serde_json::Value::Null))
+    }
+
+    fn insert_with(&self, info: NodeInfo, status: Status, summary: Summary) -> Arc<Node> {
         let stats = Arc::new(NodeStats::default());
         stats.set_status(status);
         stats
@@ -289,7 +323,7 @@ impl Tree {
         let node = Arc::new(Node {
             info,
             stats,
-            summary: Mutex::new(serde_json::Value::Null),
+            summary: Mutex::new(summary),
         });
         self.live.insert(node.info.id, node.clone());
         if self.feed.receiver_count() > 0 {
@@ -317,11 +351,11 @@ impl Tree {
         if let Some(node) = self.live.get(&id) {
             if self.watched() {
                 if let Ok(mut s) = node.summary.lock() {
-                    *s = summary.clone();
+                    *s = Summary::Value(summary.clone());
                 }
                 self.publish(TreeChange::Summary { id, summary });
             } else if let Ok(mut s) = node.summary.lock() {
-                *s = summary;
+                *s = Summary::Value(summary);
             }
         }
     }
@@ -332,12 +366,19 @@ impl Tree {
         let (_, node) = self.live.remove(&id)?;
         node.stats.set_status(status);
         let seq = self.stop_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let snap = snapshot_of(&node, Some(reason.to_owned()), Some(seq));
+        let computed = match node.summary.lock().as_deref() {
+            Ok(Summary::Computed(f)) => Some(f.clone()),
+            _ => None,
+        };
+        let snap = match &computed {
+            Some(_) => bare_snapshot_of(&node, Some(reason.to_owned()), Some(seq)),
+            None => snapshot_of(&node, Some(reason.to_owned()), Some(seq)),
+        };
         if let Ok(mut ring) = self.stopped.lock() {
             if ring.len() >= self.limits.stopped_capacity {
                 ring.pop_front();
             }
-            ring.push_back(snap);
+            ring.push_back((snap, computed));
         }
         self.publish(TreeChange::Stopped {
             id,
@@ -361,34 +402,99 @@ impl Tree {
         self.publish(TreeChange::Teardown { root, order });
     }
 
+    /// Adds a parked node (status `hibernated`): something that holds no
+    /// actor now but is still part of the tree under `parent`, such as a
+    /// hibernated agent. Returns its id, from a range actor ids never reach
+    /// (and small enough for a JavaScript number).
+    pub fn park(
+        &self,
+        kind: &str,
+        name: &str,
+        parent: Option<u64>,
+        summary: Arc<SummaryFn>,
+    ) -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(PARKED_IDS);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.insert_with(
+            NodeInfo {
+                id,
+                kind: Arc::from(kind),
+                name: Arc::from(name),
+                parent,
+                started_ms: now_ms(),
+            },
+            Status::Hibernated,
+            Summary::Computed(summary),
+        );
+        id
+    }
+
+    /// Removes a parked node: it woke (`status` is its last status, e.g.
+    /// `hibernated`) or it was disposed (`disposed`). Like any stop, it is
+    /// remembered with `reason` and published.
+    pub fn unpark(&self, id: u64, status: Status, reason: &str) -> Option<u64> {
+        if id < PARKED_IDS {
+            return None;
+        }
+        self.stopped(id, status, reason)
+    }
+
     /// The live node with this id.
     pub fn get(&self, id: u64) -> Option<NodeSnapshot> {
-        self.live.get(&id).map(|n| snapshot_of(&n, None, None))
+        let node = self.live.get(&id).map(|n| n.clone())?;
+        Some(snapshot_of(&node, None, None))
     }
 
     /// The stopped node with this id, if still remembered.
     pub fn get_stopped(&self, id: u64) -> Option<NodeSnapshot> {
-        let ring = self.stopped.lock().ok()?;
-        ring.iter().rev().find(|n| n.id == id).cloned()
+        let found = {
+            let ring = self.stopped.lock().ok()?;
+            ring.iter().rev().find(|(n, _)| n.id == id).cloned()
+        };
+        found.map(filled)
     }
 
     /// Every live node, parents before children (by id, which grows with spawn time).
     pub fn snapshot(&self) -> Vec<NodeSnapshot> {
-        let mut out: Vec<NodeSnapshot> = self
-            .live
-            .iter()
-            .map(|n| snapshot_of(&n, None, None))
-            .collect();
+        // Nodes first, snapshots after: a computed summary may take other
+        // locks, never while a shard of the map is held.
+        let nodes: Vec<Arc<Node>> = self.live.iter().map(|n| n.clone()).collect();
+        let mut out: Vec<NodeSnapshot> = nodes.iter().map(|n| snapshot_of(n, None, None)).collect();
         out.sort_by_key(|n| n.id);
         out
     }
 
     /// The remembered stopped nodes, oldest first.
     pub fn stopped_nodes(&self) -> Vec<NodeSnapshot> {
-        self.stopped
+        let ring: Vec<_> = self
+            .stopped
             .lock()
             .map(|r| r.iter().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        ring.into_iter().map(filled).collect()
+    }
+
+    /// Makes a node's summary a function, computed whenever the node is
+    /// read (snapshots, the stopped ring); nothing is published.
+    pub fn set_summary_fn(&self, id: u64, summary: Arc<SummaryFn>) {
+        if let Some(node) = self.live.get(&id)
+            && let Ok(mut s) = node.summary.lock()
+        {
+            *s = Summary::Computed(summary);
+        }
+    }
+
+    /// Publishes a node's current summary to the feed (computing it), when
+    /// anyone follows the feed.
+    pub fn summary_changed(&self, id: u64) {
+        if !self.watched() {
+            return;
+        }
+        let node = self.live.get(&id).map(|n| n.clone());
+        if let Some(node) = node {
+            let summary = summary_of(&node);
+            self.publish(TreeChange::Summary { id, summary });
+        }
     }
 
     /// Number of live nodes.
@@ -397,7 +503,30 @@ impl Tree {
     }
 }
 
-fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
+/// A node's summary (a computed one is computed outside the node's lock).
+fn summary_of(node: &Node) -> serde_json::Value {
+    let compute = match node.summary.lock().as_deref() {
+        Ok(Summary::Value(v)) => return v.clone(),
+        Ok(Summary::Computed(f)) => f.clone(),
+        Err(_) => return serde_json::Value::Null,
+    };
+    compute()
+}
+
+/// A stopped record with its computed summary filled in.
+fn filled((mut snap, computed): (NodeSnapshot, Option<Arc<SummaryFn>>)) -> NodeSnapshot {
+    if let Some(f) = computed {
+        snap.summary = f();
+    }
+    snap
+}
+
+/// A snapshot without the summary (kept as a function elsewhere).
+fn bare_snapshot_of(
+    node: &Node,
+    stop_reason: Option<String>,
+    stop_seq: Option<u64>,
+) -> NodeSnapshot {
     NodeSnapshot {
         id: node.info.id,
         kind: node.info.kind.to_string(),
@@ -407,14 +536,16 @@ fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) 
         started_ms: node.info.started_ms,
         mailbox_depth: node.stats.mailbox_depth(),
         last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
-        summary: node
-            .summary
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or(serde_json::Value::Null),
+        summary: serde_json::Value::Null,
         stop_reason,
         stop_seq,
     }
+}
+
+fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
+    let mut snap = bare_snapshot_of(node, stop_reason, stop_seq);
+    snap.summary = summary_of(node);
+    snap
 }
 
 /// Renders a snapshot as an indented tree, one node per line.

@@ -121,8 +121,8 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         Arc::new(Approval::new(ApprovalPolicy::Never)),
     )
     .unwrap();
-    root.provide(Agents::SERVICE, Arc::new(Agents::default()))
-        .unwrap();
+    let agents = Agents::start(&root, Default::default()).await.unwrap();
+    root.provide(Agents::SERVICE, agents).unwrap();
     register_builtin(&root, &registry).unwrap();
     for t in tools {
         registry.register(&root, t).unwrap();
@@ -301,7 +301,10 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
     spec.temperature = Some(0.0);
     spec.max_tokens = Some(64);
     spec.max_steps = 4;
-    spec.seed = Some((SessionHeader::new(Message::new_id(), None), few_shot()));
+    spec.seed = Some(Box::new((
+        SessionHeader::new(Message::new_id(), None),
+        few_shot(),
+    )));
     let agent = Agent::create(&rt.root(), spec).await.unwrap();
     let summary = agent
         .run("What is the weather in Paris?", Duration::from_secs(300))

@@ -336,7 +336,10 @@ async fn restricted_tools_are_absent_from_the_prompt_and_refuse_execution() {
     assert_eq!(r[1].1, None);
     // Another agent without the restriction still sees every tool.
     let other = h.agent("scripted").await;
-    assert_eq!(h.tools.schemas(other.context().scope_key()).len(), 5);
+    assert_eq!(
+        h.tools.schemas(other.context().unwrap().scope_key()).len(),
+        5
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -366,7 +369,9 @@ async fn a_tool_registered_in_the_agent_scope_shadows_the_global_one() {
             Box::pin(async { Ok(dsh_services::tools::ToolOutput::text("LOUD")) })
         }
     }
-    h.tools.register(agent.context(), Arc::new(Loud)).unwrap();
+    h.tools
+        .register(&agent.context().unwrap(), Arc::new(Loud))
+        .unwrap();
     agent.run("go", WAIT).await.unwrap();
     assert_eq!(results(&agent)[0].2, "LOUD");
     // Disposing the agent revokes its registration; the global one is back.
@@ -374,7 +379,7 @@ async fn a_tool_registered_in_the_agent_scope_shadows_the_global_one() {
     let other = h.agent("scripted").await;
     let echo = h
         .tools
-        .visible(other.context().scope_key())
+        .visible(other.context().unwrap().scope_key())
         .into_iter()
         .find(|t| t.schema.name == "echo")
         .unwrap();

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dsh_actors::agent::{Agent, AgentSpec, Agents};
+use dsh_actors::agent::{Agent, AgentSpec, Agents, Hibernation};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::scripted::{ScriptStep, ScriptedCall, ScriptedModel};
 use dsh_services::llm::{LlmAdapter, LlmRuntime, ToolSchema};
@@ -25,6 +25,11 @@ pub struct Harness {
 
 impl Harness {
     pub async fn new() -> Harness {
+        Harness::hibernating(Hibernation::default()).await
+    }
+
+    /// A harness whose agents hibernate as `policy` says.
+    pub async fn hibernating(policy: Hibernation) -> Harness {
         let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
         let root = rt.root();
         let llm = Arc::new(LlmRuntime::new());
@@ -33,8 +38,8 @@ impl Harness {
         root.provide(LlmRuntime::SERVICE, llm.clone()).unwrap();
         root.provide(ToolRegistry::SERVICE, tools.clone()).unwrap();
         root.provide(Approval::SERVICE, approval.clone()).unwrap();
-        root.provide(Agents::SERVICE, Arc::new(Agents::default()))
-            .unwrap();
+        let agents = Agents::start(&root, policy).await.unwrap();
+        root.provide(Agents::SERVICE, agents).unwrap();
         let log: Arc<Mutex<Vec<String>>> = Arc::default();
         let barrier = Arc::new(Barrier::new(2));
         tools.register(&root, Arc::new(Echo)).unwrap();

@@ -1,6 +1,7 @@
 mod agent;
 mod durability;
 mod harness;
+mod hibernate;
 mod prompt;
 mod ralph;
 mod subagent;

@@ -79,7 +79,7 @@ async fn sections_and_variables_assemble_with_scoped_shadowing() {
     // header is logged again with reason `change`.
     prompt
         .variable(
-            agent.context(),
+            &agent.context().unwrap(),
             "workspace",
             Text::Static("/tmp/agent".into()),
         )
@@ -98,7 +98,7 @@ async fn sections_and_variables_assemble_with_scoped_shadowing() {
         .await
         .unwrap();
     assert_eq!(
-        prompt.assemble(other.context()).await.unwrap(),
+        prompt.assemble(&other.context().unwrap()).await.unwrap(),
         "You are dsh.\n\nWork in /srv/app."
     );
 }

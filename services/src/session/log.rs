@@ -158,6 +158,29 @@ impl SessionLog {
         Ok(log)
     }
 
+    /// A log as it was: `events` re-admitted in order (no seed marker
+    /// added), with `first_live_seq` as the boundary of the current
+    /// lifecycle. Used to restore a compacted log.
+    pub fn restore(
+        header: SessionHeader,
+        events: Vec<SessionEvent>,
+        first_live_seq: u64,
+    ) -> Result<SessionLog, SessionError> {
+        let mut log = SessionLog::new(header);
+        log.events.reserve_exact(events.len());
+        for (position, event) in events.into_iter().enumerate() {
+            if event.seq != position as u64 {
+                return Err(SessionError::Discontiguous {
+                    position: position as u64,
+                    seq: event.seq,
+                });
+            }
+            log.admit(event)?;
+        }
+        log.first_live_seq = first_live_seq.min(log.next_seq());
+        Ok(log)
+    }
+
     /// The header.
     pub fn header(&self) -> &SessionHeader {
         &self.header

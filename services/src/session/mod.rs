@@ -6,6 +6,7 @@
 //! (`user/message`, `assistant/message`, `tool/result`) carry surface
 //! metadata, and the surface is the sole source of derived model history.
 
+pub mod compact;
 pub mod compare;
 mod event;
 pub mod jsonl;
