@@ -10,7 +10,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use dsh_actors::agent::{Agent, AgentSpec, Agents};
+use dsh_actors::agent::{Agent, AgentSpec, Agents, Cancelled};
 use dsh_services::llm::{LlmRuntime, Message};
 use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
 use dsh_services::session::SessionEvent;
@@ -46,6 +46,7 @@ pub(super) fn describe(agent: &Agent, recent: usize) -> Value {
     json!({
         "id": agent.id(),
         "node": agent.node_id(),
+        "status": agent.status(),
         "progress": agent.progress(),
         "last_turn": agent.last_turn().map(|t| json!({
             "turn": t.turn, "steps": t.steps, "reason": t.reason, "text": t.text,
@@ -360,8 +361,20 @@ pub(super) async fn act(
     };
     let done = match action.as_str() {
         "cancel" => {
-            agent.cancel();
-            Ok(())
+            let outcome = agent.cancel();
+            let note = match outcome {
+                Cancelled::Running => "the running turn was cancelled; it ends aborted",
+                Cancelled::Queued => "the queued prompt's turn starts cancelled",
+                Cancelled::Idle => "nothing was running; nothing was cancelled",
+                Cancelled::Hibernated => {
+                    "the agent is hibernated and runs nothing; nothing was cancelled and it stays asleep"
+                }
+            };
+            return Json(json!({
+                "id": id, "accepted": action, "cancelled": outcome, "note": note,
+                "progress": agent.progress(),
+            }))
+            .into_response();
         }
         "followup" | "steer" => {
             let text: Text = match body(request).await {

@@ -470,3 +470,65 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
     assert_eq!(r.status(), 403);
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() {
+    let (rt, base) = serve_agents(true).await;
+    let c = client();
+    let created: serde_json::Value = c
+        .post(format!("{base}/api/agents"))
+        .json(&serde_json::json!({"prompt": "Write one line about sleep."}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let a = agent(&rt, &id);
+    a.when_idle(WAIT).await.unwrap();
+    a.hibernate().await.unwrap();
+    let node = a.node_id();
+
+    let tree: serde_json::Value = get_json(&c, format!("{base}/api/tree")).await;
+    let parked = tree
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == node)
+        .unwrap_or_else(|| panic!("no node {node} in {tree}"));
+    assert_eq!(parked["status"], "hibernated");
+    assert_eq!(parked["kind"], "agent");
+    assert_eq!(parked["summary"]["agent"], id.as_str());
+    assert_eq!(parked["summary"]["turn"], 1);
+    let detail: serde_json::Value = get_json(&c, format!("{base}/api/actors/{node}")).await;
+    assert_eq!(detail["agent"]["status"], "hibernated");
+    assert_eq!(detail["agent"]["progress"]["hibernated"], true);
+
+    let cancel: serde_json::Value = c
+        .post(format!("{base}/api/agents/{id}/cancel"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cancel["cancelled"], "hibernated", "{cancel}");
+    assert!(a.is_hibernated());
+
+    let r = c
+        .post(format!("{base}/api/agents/{id}/followup"))
+        .json(&serde_json::json!({"text": "And one about waking."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    a.when_idle(WAIT).await.unwrap();
+    assert!(!a.is_hibernated());
+    assert_eq!(a.progress().turn, 2);
+    assert_eq!(
+        a.last_turn().unwrap().reason,
+        dsh::services::session::TurnEndReason::Completed
+    );
+    rt.shutdown().await;
+}
