@@ -317,7 +317,7 @@ enum Bench {
         processes: u32,
         /// Awake agents at most: above it the least recently used idle ones
         /// hibernate (0: no hibernation, every agent stays awake).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 16)]
         max_awake: usize,
     },
     /// The dashboard's delta stream: N active agents with and without one

@@ -282,7 +282,8 @@ struct Inbox {
 
 /// What an agent keeps for its whole life, awake or hibernated.
 struct Inner {
-    id: String,
+    /// The session id, shared with the session handle.
+    id: Arc<str>,
     /// The spec as kept: without seed, id and durable count (the session's),
     /// and shared with every agent made from the same template.
     spec: Arc<AgentSpec>,
@@ -494,13 +495,13 @@ impl Agent {
                 (h, None)
             }
         };
-        let id = header.id.clone();
         let resumed = seed.is_some();
         let log = match seed {
             Some(events) => SessionLog::from_seed(header, events, now_ms())?,
             None => SessionLog::new(header),
         };
         let session = SessionHandle::new(log);
+        let id = session.shared_id();
         let first_turn = turns_in(&session);
         let serial = agents.as_ref().map_or(0, |a| a.next_serial());
         let durable = spec.durable.take();
@@ -553,7 +554,7 @@ impl Agent {
         }
         agent.set_awake(awake);
         ctx.emit(&AgentCreated {
-            id: agent.inner.id.clone(),
+            id: agent.inner.id.to_string(),
         });
         Ok(agent)
     }
@@ -743,8 +744,8 @@ impl Agent {
     pub fn context(&self) -> Result<Context, AgentError> {
         match &*self.life() {
             Life::Awake(a) => Ok(a.ctx.clone()),
-            Life::Asleep { .. } => Err(AgentError::Hibernated(self.inner.id.clone())),
-            Life::Gone => Err(AgentError::Closed(self.inner.id.clone())),
+            Life::Asleep { .. } => Err(AgentError::Hibernated(self.inner.id.to_string())),
+            Life::Gone => Err(AgentError::Closed(self.inner.id.to_string())),
         }
     }
 
@@ -899,7 +900,7 @@ impl Agent {
         if self.inbox().accepting {
             Ok(())
         } else {
-            Err(AgentError::Closed(self.inner.id.clone()))
+            Err(AgentError::Closed(self.inner.id.to_string()))
         }
     }
 
@@ -909,7 +910,7 @@ impl Agent {
         {
             let mut inbox = self.inbox();
             if !inbox.accepting {
-                return Err(AgentError::Closed(self.inner.id.clone()));
+                return Err(AgentError::Closed(self.inner.id.to_string()));
             }
             inbox.fresh = false;
             let start = inbox.followups.len();
@@ -994,7 +995,7 @@ impl Agent {
         tokio::time::timeout(timeout, self.inner.idle.wait())
             .await
             .map_err(|_| AgentError::Timeout {
-                id: self.inner.id.clone(),
+                id: self.inner.id.to_string(),
                 after: timeout,
             })
     }
@@ -1007,7 +1008,7 @@ impl Agent {
         let inbox = self.inbox();
         match &inbox.last {
             Some(last) if inbox.turn > before => Ok(TurnSummary::clone(last)),
-            _ => Err(AgentError::Closed(self.inner.id.clone())),
+            _ => Err(AgentError::Closed(self.inner.id.to_string())),
         }
     }
 
@@ -1114,7 +1115,7 @@ impl Agent {
             }
         }
         self.inner.owner.emit(&AgentDisposed {
-            id: self.inner.id.clone(),
+            id: self.inner.id.to_string(),
         });
     }
 
@@ -1246,11 +1247,13 @@ impl Agent {
         }
         let summary = self.summary_fn();
         let owner = &self.inner.owner;
-        let node =
-            owner
-                .runtime()
-                .tree()
-                .park("agent", &self.label(), Some(owner.fiber().id()), summary);
+        // Named by the agent's own name, else its id (shared, not copied).
+        let name = match &self.inner.spec.name {
+            Some(n) => Arc::from(n.as_str()),
+            None => self.inner.session.shared_id(),
+        };
+        let parent = Some(owner.fiber().id());
+        let node = owner.runtime().tree().park("agent", name, parent, summary);
         self.inner.node.store(node, Ordering::Relaxed);
         *self.life() = Life::Asleep { node };
         if let Some(agents) = &self.inner.agents {
@@ -1272,7 +1275,7 @@ impl Agent {
                 return Ok(());
             }
             Life::Asleep { node } => *node,
-            Life::Gone => return Err(AgentError::Closed(self.inner.id.clone())),
+            Life::Gone => return Err(AgentError::Closed(self.inner.id.to_string())),
         };
         self.inner.session.thaw();
         let awake = Box::pin(self.build()).await?;
@@ -1486,7 +1489,7 @@ async fn run_turn(
         me.ctx.events().emit(
             &target,
             &AgentPreStep {
-                agent: agent.inner.id.clone(),
+                agent: agent.inner.id.to_string(),
                 turn,
                 step,
             },
@@ -1516,7 +1519,7 @@ async fn run_turn(
                     continue;
                 }
                 let stopping = AgentTurnStopping {
-                    agent: agent.inner.id.clone(),
+                    agent: agent.inner.id.to_string(),
                     turn,
                     text: text.clone(),
                 };
@@ -1806,7 +1809,7 @@ async fn run_step(
     };
     let target = dsh_supervisors::Target::Scope(scope.cloned());
     let wrapped = AgentRequest {
-        agent: inner.id.clone(),
+        agent: inner.id.to_string(),
         request,
     };
     let request = match me

@@ -97,6 +97,11 @@ impl SessionHandle {
         &self.id
     }
 
+    /// The session id, shared (no copy).
+    pub fn shared_id(&self) -> Arc<str> {
+        self.id.clone()
+    }
+
     fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         // Poisoning means a panic while appending; the log itself is only
         // changed after validation, so it stays consistent.

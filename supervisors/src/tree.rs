@@ -409,7 +409,7 @@ impl Tree {
     pub fn park(
         &self,
         kind: &str,
-        name: &str,
+        name: Arc<str>,
         parent: Option<u64>,
         summary: Arc<SummaryFn>,
     ) -> u64 {
@@ -419,7 +419,7 @@ impl Tree {
             NodeInfo {
                 id,
                 kind: Arc::from(kind),
-                name: Arc::from(name),
+                name,
                 parent,
                 started_ms: now_ms(),
             },

@@ -32,7 +32,7 @@ pub struct Hibernation {
 /// The `agents` service: every agent by id, awake or hibernated.
 #[derive(Default)]
 pub struct Agents {
-    live: Mutex<BTreeMap<String, Agent>>,
+    live: Mutex<BTreeMap<Arc<str>, Agent>>,
     /// Awake agents by serial.
     awake: Mutex<BTreeMap<u64, WeakAgent>>,
     serial: AtomicU64,
@@ -73,7 +73,7 @@ impl Agents {
 
     /// Ids of the agents, sorted.
     pub fn ids(&self) -> Vec<String> {
-        lock(&self.live).keys().cloned().collect()
+        lock(&self.live).keys().map(|k| k.to_string()).collect()
     }
 
     /// How many agents are awake.
@@ -136,7 +136,7 @@ impl Agents {
     }
 
     pub(super) fn leave(&self, agent: &Agent) {
-        lock(&self.live).remove(&agent.inner.id);
+        lock(&self.live).remove(&*agent.inner.id);
         lock(&self.awake).remove(&agent.inner.serial);
     }
 
