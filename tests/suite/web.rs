@@ -532,3 +532,59 @@ async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() 
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_snapshot() {
+    let settings = RuntimeSettings {
+        tree: dsh::kernel::tree::TreeLimits {
+            feed_capacity: 16,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let rt = Runtime::start(settings).await.unwrap();
+    let config = WebConfig {
+        bind: "127.0.0.1:0".into(),
+        token_env: None,
+        mutations: false,
+    };
+    rt.root().plugin(Web, config).await.unwrap();
+    let web = rt.root().get::<WebServer>(WebServer::SERVICE).unwrap();
+    let base = format!("http://{}", web.local_addr());
+    let c = client();
+    let r = c
+        .get(format!("{base}/api/tree/stream"))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut buf = String::new();
+    until(&mut body, &mut buf, |name, _| name == "snapshot").await;
+    // A burst the 16-change feed cannot hold: published without a yield,
+    // so the subscriber's reader cannot keep up.
+    let root = rt.root().fiber().id();
+    for i in 0..5000 {
+        rt.tree()
+            .set_summary(root, serde_json::json!({ "burst": i }));
+    }
+    let (_, dropped) = until(&mut body, &mut buf, |name, _| name == "dropped").await;
+    let missed: serde_json::Value = serde_json::from_str(&dropped).unwrap();
+    assert!(missed["dropped"].as_u64().unwrap() > 0, "{dropped}");
+    // Right after: a fresh snapshot to start over from.
+    let (next, data) = until(&mut body, &mut buf, |_, _| true).await;
+    assert_eq!(next, "snapshot", "{data}");
+    let nodes: serde_json::Value = serde_json::from_str(&data).unwrap();
+    let root_node = nodes["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == root)
+        .unwrap();
+    // The snapshot has the state of its moment (the burst may still run);
+    // what follows it brings the subscriber to the last change.
+    let seen = root_node["summary"]["burst"].as_u64().unwrap();
+    if seen != 4999 {
+        until(&mut body, &mut buf, |_, data| data.contains("\"burst\":4999")).await;
+    }
+    rt.shutdown().await;
+}
