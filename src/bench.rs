@@ -826,14 +826,18 @@ pub mod workloads {
     }
 
     /// The dashboard's delta stream under load: `agents` active agents with
-    /// and without one HTTP subscriber on `/api/tree/stream`; the stream's
-    /// throughput and the slowdown it causes.
-    pub async fn stream(agents: u32, turns: u32) -> Result<serde_json::Value, BoxError> {
+    /// and without one HTTP subscriber on `/api/tree/stream`, in alternating
+    /// rounds with the server up throughout (so both sides of the ratio run
+    /// in the same conditions); the stream's throughput and the slowdown it
+    /// causes (median watched round over median unwatched round).
+    pub async fn stream(
+        agents: u32,
+        turns: u32,
+        coalesced: bool,
+    ) -> Result<serde_json::Value, BoxError> {
+        const ROUNDS: usize = 3;
         let steps = 5;
         let w = world(steps, None).await?;
-        // Warm-up, then the run without a subscriber.
-        active(&w, 10, 1, steps).await?;
-        let alone = active(&w, agents, turns, steps).await?;
         let root = w.rt.root();
         let config = crate::web::WebConfig {
             bind: "127.0.0.1:0".into(),
@@ -847,62 +851,107 @@ pub mod workloads {
             .local_addr();
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().build()?;
-        let response = client
-            .get(format!("http://{addr}/api/tree/stream"))
-            .send()
-            .await?;
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        // The subscriber: reads and splits events, counts changes.
-        let reader = async move {
-            let mut body = response.bytes_stream();
-            let (mut bytes, mut events, mut changes, mut dropped) = (0u64, 0u64, 0u64, 0u64);
-            let mut pending = String::new();
-            loop {
-                let chunk = tokio::select! {
-                    c = body.next() => c,
-                    () = stopped.cancelled() => None,
-                };
-                let Some(Ok(chunk)) = chunk else { break };
-                bytes += chunk.len() as u64;
-                pending.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = pending.find("\n\n") {
-                    let block: String = pending.drain(..end + 2).collect();
-                    events += 1;
-                    changes += block.matches("\"type\":\"").count() as u64;
-                    if block.starts_with("event: dropped") {
-                        dropped += 1;
-                    }
-                }
-            }
-            (bytes, events, changes, dropped)
-        };
-        let (watched, counts) = tokio::join!(
-            async {
-                let r = active(&w, agents, turns, steps).await;
-                stop.cancel();
-                r
-            },
-            reader
+        let url = format!(
+            "http://{addr}/api/tree/stream?coalesce={}",
+            u8::from(coalesced)
         );
-        let watched = watched?;
-        let (bytes, events, changes, dropped) = counts;
+        // Warm-up, then alternating rounds.
+        active(&w, 10, 1, steps).await?;
+        let (mut alone, mut watched) = (Vec::new(), Vec::new());
+        let mut counts = StreamCounts::default();
+        for _ in 0..ROUNDS {
+            alone.push(active(&w, agents, turns, steps).await?);
+            let response = client.get(&url).send().await?;
+            let stop = CancellationToken::new();
+            let reader = read_stream(response, stop.clone());
+            let (wall, read) = tokio::join!(
+                async {
+                    let r = active(&w, agents, turns, steps).await;
+                    stop.cancel();
+                    r
+                },
+                reader
+            );
+            watched.push(wall?);
+            counts.add(&read);
+        }
         w.rt.shutdown().await;
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (alone, watched_median) = (median(&mut alone), median(&mut watched));
+        let watched_total: f64 = watched.iter().sum();
         Ok(serde_json::json!({
             "workload": "stream",
             "agents": agents,
             "turns": turns,
             "steps": steps,
+            "rounds": ROUNDS,
             "wall_alone_s": alone,
-            "wall_watched_s": watched,
-            "slowdown": watched / alone,
-            "changes": changes,
-            "sse_events": events,
-            "bytes": bytes,
-            "changes_per_s": changes as f64 / watched,
-            "dropped_events": dropped,
+            "wall_watched_s": watched_median,
+            "slowdown": watched_median / alone,
+            "stream": if coalesced { "coalesced (the dashboard's)" } else { "raw" },
+            "changes": counts.changes,
+            "sse_events": counts.events,
+            "bytes": counts.bytes,
+            "changes_per_s": counts.changes as f64 / watched_total,
+            "folded": counts.folded,
+            "dropped_events": counts.dropped,
             "threads": threads(),
         }))
+    }
+
+    /// What a stream subscriber read.
+    #[derive(Default)]
+    struct StreamCounts {
+        bytes: u64,
+        events: u64,
+        changes: u64,
+        dropped: u64,
+        folded: u64,
+    }
+
+    impl StreamCounts {
+        fn add(&mut self, other: &StreamCounts) {
+            self.bytes += other.bytes;
+            self.events += other.events;
+            self.changes += other.changes;
+            self.dropped += other.dropped;
+            self.folded += other.folded;
+        }
+    }
+
+    /// The subscriber: reads and splits events, counts changes, until `stop`.
+    async fn read_stream(response: reqwest::Response, stop: CancellationToken) -> StreamCounts {
+        let mut body = response.bytes_stream();
+        let mut counts = StreamCounts::default();
+        let mut pending = String::new();
+        loop {
+            let chunk = tokio::select! {
+                c = body.next() => c,
+                () = stop.cancelled() => None,
+            };
+            let Some(Ok(chunk)) = chunk else { break };
+            counts.bytes += chunk.len() as u64;
+            pending.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = pending.find("\n\n") {
+                let block: String = pending.drain(..end + 2).collect();
+                counts.events += 1;
+                counts.changes += block.matches("\"type\":\"").count() as u64;
+                if let Some(at) = block.find("\"folded\":") {
+                    let digits: String = block[at + 9..]
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect();
+                    counts.folded += digits.parse::<u64>().unwrap_or(0);
+                }
+                if block.starts_with("event: dropped") {
+                    counts.dropped += 1;
+                }
+            }
+        }
+        counts
     }
 
     /// Worker threads of the runtime running the workload.

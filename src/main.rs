@@ -333,6 +333,10 @@ enum Bench {
         /// report the median, min and max.
         #[arg(long, default_value_t = 1)]
         processes: u32,
+        /// Read the raw stream (every change) instead of the dashboard's
+        /// coalesced one (`?coalesce=1`).
+        #[arg(long)]
+        raw: bool,
     },
     /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
     /// worker turns) through the subagent seam; then its tree is torn down.
@@ -563,6 +567,7 @@ async fn run(command: Command) -> ExitCode {
                     agents,
                     turns,
                     processes,
+                    raw,
                 },
         } => {
             if agents == 0 || turns == 0 {
@@ -570,8 +575,11 @@ async fn run(command: Command) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
             let (a, t) = (agents.to_string(), turns.to_string());
-            let args = ["bench", "stream", "--agents", &a, "--turns", &t];
-            let run = dsh::bench::workloads::stream(agents, turns);
+            let mut args = vec!["bench", "stream", "--agents", &a, "--turns", &t];
+            if raw {
+                args.push("--raw");
+            }
+            let run = dsh::bench::workloads::stream(agents, turns, !raw);
             workload(&args, processes, "slowdown", run).await
         }
         Command::Bench {

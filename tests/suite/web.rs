@@ -584,7 +584,10 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     // what follows it brings the subscriber to the last change.
     let seen = root_node["summary"]["burst"].as_u64().unwrap();
     if seen != 4999 {
-        until(&mut body, &mut buf, |_, data| data.contains("\"burst\":4999")).await;
+        until(&mut body, &mut buf, |_, data| {
+            data.contains("\"burst\":4999")
+        })
+        .await;
     }
     rt.shutdown().await;
 }
