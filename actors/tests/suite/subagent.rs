@@ -383,17 +383,24 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
         Err(SubagentError::Unauthorized { .. })
     ));
     assert!(s.interrupt(&stranger, &id).is_err());
+    // A hibernated child stays resident, and a message wakes it.
+    child.hibernate().await.unwrap();
+    assert_eq!(s.children(&parent).await.len(), 1);
     s.send(&parent, &id, "second").await.unwrap();
     child.when_idle(Duration::from_secs(30)).await.unwrap();
     parent.when_idle(Duration::from_secs(30)).await.unwrap();
+    assert!(!child.is_hibernated());
     assert_eq!(child.last_turn().unwrap().text, "echo: second");
+    child.hibernate().await.unwrap();
     // Interrupting an idle or unknown child is a no-op.
     s.interrupt(&parent, &id).unwrap();
     s.interrupt(&parent, "no-such-child").unwrap();
-    // Disposing the parent disposes the resident child.
+    // Disposing the parent disposes the resident (hibernated) child, without
+    // waking it.
     parent.dispose().await;
     assert!(s.children(&parent).await.is_empty());
     assert!(child.status().is_terminal());
+    assert!(child.session().is_compact());
     h.rt.shutdown().await;
 }
 
