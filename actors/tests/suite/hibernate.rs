@@ -11,7 +11,7 @@ use dsh_supervisors::Status;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::harness::{Harness, Park, WAIT, answer, calls, text};
+use super::harness::{Harness, Park, WAIT, answer, calls, kinds, text};
 
 /// Answers `ok` to every request and keeps the requests.
 #[derive(Default)]
@@ -57,15 +57,6 @@ fn without_ids(mut v: Value) -> Value {
     }
     strip(&mut v);
     v
-}
-
-fn kinds(agent: &Agent) -> Vec<String> {
-    agent
-        .session()
-        .events()
-        .iter()
-        .map(|e| e.kind().to_owned())
-        .collect()
 }
 
 fn tool_names(request: &LlmRequest) -> Vec<String> {

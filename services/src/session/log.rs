@@ -137,16 +137,7 @@ impl SessionLog {
         seed: Vec<SessionEvent>,
         now_ms: u64,
     ) -> Result<SessionLog, SessionError> {
-        let mut log = SessionLog::new(header);
-        for (position, event) in seed.into_iter().enumerate() {
-            if event.seq != position as u64 {
-                return Err(SessionError::Discontiguous {
-                    position: position as u64,
-                    seq: event.seq,
-                });
-            }
-            log.admit(event)?;
-        }
+        let mut log = SessionLog::admitted(header, seed)?;
         log.first_live_seq = log.events.len() as u64;
         let ends_marked = log
             .events
@@ -166,6 +157,17 @@ impl SessionLog {
         events: Vec<SessionEvent>,
         first_live_seq: u64,
     ) -> Result<SessionLog, SessionError> {
+        let mut log = SessionLog::admitted(header, events)?;
+        log.first_live_seq = first_live_seq.min(log.next_seq());
+        Ok(log)
+    }
+
+    /// A log of `events`, each validated and admitted in order (their seqs
+    /// must be 0, 1, 2, …).
+    fn admitted(
+        header: SessionHeader,
+        events: Vec<SessionEvent>,
+    ) -> Result<SessionLog, SessionError> {
         let mut log = SessionLog::new(header);
         log.events.reserve_exact(events.len());
         for (position, event) in events.into_iter().enumerate() {
@@ -177,7 +179,6 @@ impl SessionLog {
             }
             log.admit(event)?;
         }
-        log.first_live_seq = first_live_seq.min(log.next_seq());
         Ok(log)
     }
 
