@@ -41,7 +41,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::sync::CancellationToken;
 
 mod agents;
@@ -248,21 +248,24 @@ async fn stream(
                         () = stop.cancelled() => return None,
                     }
                 }
+                // Fell behind (here or while draining): say how much was
+                // lost; the next item is a fresh snapshot.
+                let dropped = |n: u64| {
+                    let event = SseEvent::default()
+                        .event("dropped")
+                        .data(json!({"dropped": n}).to_string());
+                    Some((Ok(event), (tree.clone(), None)))
+                };
                 let first = match next {
                     Ok(change) => change,
-                    Err(RecvError::Lagged(n)) => {
-                        let event = SseEvent::default()
-                            .event("dropped")
-                            .data(json!({"dropped": n}).to_string());
-                        // The next item is a fresh snapshot.
-                        return Some((Ok(event), (tree, None)));
-                    }
+                    Err(RecvError::Lagged(n)) => return dropped(n),
                     Err(RecvError::Closed) => return None,
                 };
                 let mut batch = vec![first];
                 while batch.len() < BATCH {
                     match rx.try_recv() {
                         Ok(change) => batch.push(change),
+                        Err(TryRecvError::Lagged(n)) => return dropped(n),
                         Err(_) => break,
                     }
                 }

@@ -321,3 +321,41 @@ async fn inject_wakes_a_hibernated_agent_and_an_idle_timeout_puts_it_back_to_sle
     assert_eq!(texts[texts.len() - 2..], ["two", "context for later"]);
     h.rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats() {
+    use dsh_services::persistence::{JsonlStore, SessionPersistence};
+    let dir = std::env::temp_dir().join(format!("dsh-hibernate-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = JsonlStore::new(&dir);
+    let h = Harness::new().await;
+    recorder(&h, "rec");
+    let mut spec = AgentSpec::new("rec", "m", std::env::temp_dir());
+    spec.store = Some(Arc::new(store.clone()) as Arc<dyn SessionPersistence>);
+    let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    for round in 0..3 {
+        agent.run(&format!("round {round}"), WAIT).await.unwrap();
+        // Hibernating writes what is pending first.
+        agent.hibernate().await.unwrap();
+        let stored = store.load(agent.id()).unwrap();
+        assert_eq!(stored.events.len() as u64, agent.session().next_seq());
+    }
+    // Every event once, in order, as the agent has it.
+    let stored: Vec<Value> = store
+        .load(agent.id())
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e.to_json())
+        .collect();
+    let kept: Vec<Value> = agent
+        .session()
+        .events()
+        .iter()
+        .map(|e| e.to_json())
+        .collect();
+    assert_eq!(stored, kept);
+    assert_eq!(agent.progress().turn, 3);
+    h.rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
