@@ -221,7 +221,7 @@ async fn stream(
     let tree = api.rt.tree().clone();
     let stop = api.stop.clone();
     let events = futures::stream::unfold(
-        (tree, None::<tokio::sync::broadcast::Receiver<TreeChange>>),
+        (tree, None::<dsh_supervisors::tree::Subscription>),
         move |(tree, rx)| {
             let stop = stop.clone();
             async move {

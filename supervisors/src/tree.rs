@@ -277,6 +277,34 @@ pub struct Tree {
     limits: TreeLimits,
     stop_seq: AtomicU64,
     feed: broadcast::Sender<TreeChange>,
+    /// Live [`Subscription`]s.
+    subscribers: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A subscription to the tree's change feed: a broadcast receiver (it
+/// dereferences to one) that the tree counts while it lives.
+pub struct Subscription {
+    rx: broadcast::Receiver<TreeChange>,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl std::ops::Deref for Subscription {
+    type Target = broadcast::Receiver<TreeChange>;
+    fn deref(&self) -> &Self::Target {
+        &self.rx
+    }
+}
+
+impl std::ops::DerefMut for Subscription {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.rx
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Tree {
@@ -289,22 +317,28 @@ impl Tree {
             limits,
             stop_seq: AtomicU64::new(0),
             feed,
+            subscribers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         }
     }
 
     /// Subscribes to changes from now on. Take a [`Tree::snapshot`] after
     /// subscribing to have a base the changes apply to.
-    pub fn subscribe(&self) -> broadcast::Receiver<TreeChange> {
-        self.feed.subscribe()
+    pub fn subscribe(&self) -> Subscription {
+        self.subscribers.fetch_add(1, Ordering::AcqRel);
+        Subscription {
+            rx: self.feed.subscribe(),
+            count: self.subscribers.clone(),
+        }
     }
 
-    /// Whether anyone follows the change feed right now.
+    /// Whether anyone follows the change feed right now (an atomic read: the
+    /// broadcast's own count takes its lock, on every change of the tree).
     pub fn watched(&self) -> bool {
-        self.feed.receiver_count() > 0
+        self.subscribers.load(Ordering::Acquire) > 0
     }
 
     fn publish(&self, change: TreeChange) {
-        if self.feed.receiver_count() > 0 {
+        if self.watched() {
             // An error only means nobody listens right now.
             let _ = self.feed.send(change);
         }
@@ -326,7 +360,7 @@ impl Tree {
             summary: Mutex::new(summary),
         });
         self.live.insert(node.info.id, node.clone());
-        if self.feed.receiver_count() > 0 {
+        if self.watched() {
             self.publish(TreeChange::Spawned {
                 node: snapshot_of(&node, None, None),
             });
