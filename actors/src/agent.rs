@@ -389,6 +389,8 @@ struct Awake {
     step_children: Mutex<Vec<Agent>>,
     /// The step the running turn is in (0 between turns).
     step: AtomicU32,
+    /// When the summary last went to the tree feed (ms).
+    published_ms: AtomicU64,
     /// Effects and children the build left in the scope: anything beyond
     /// them is an ad hoc registration or running work, and keeps it awake.
     settled: std::sync::OnceLock<(usize, usize)>,
@@ -635,6 +637,7 @@ impl Agent {
             conclude: AtomicBool::new(false),
             step_children: Mutex::new(Vec::new()),
             step: AtomicU32::new(0),
+            published_ms: AtomicU64::new(0),
             settled: std::sync::OnceLock::new(),
             stored,
             sleeping: AtomicBool::new(false),
@@ -1483,7 +1486,7 @@ async fn run_turn(
         steps += 1;
         let step = steps;
         me.step.store(step, Ordering::Relaxed);
-        publish_progress(me);
+        publish_step(me);
         log_append(agent, EventData::StepStart { turn, step }, None);
         let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
         me.ctx.events().emit(
@@ -2140,8 +2143,25 @@ async fn release_step_children(me: &Awake) {
 /// Tells the tree the agent's summary changed (sent to the feed only while
 /// someone watches it; the summary itself is computed when read).
 fn publish_progress(me: &Awake) {
+    me.published_ms.store(now_ms(), Ordering::Relaxed);
     me.ctx
         .runtime()
         .tree()
         .summary_changed(me.scope.fiber().id());
+}
+
+/// The least time between two per-step summaries of one agent on the tree
+/// feed (turn ends always go out; snapshots are always current): a viewer
+/// cannot follow faster.
+const STEP_SUMMARY_EVERY_MS: u64 = 100;
+
+/// [`publish_progress`] at a step, at most every [`STEP_SUMMARY_EVERY_MS`].
+fn publish_step(me: &Awake) {
+    if !me.ctx.runtime().tree().watched() {
+        return;
+    }
+    let now = now_ms();
+    if now.saturating_sub(me.published_ms.load(Ordering::Relaxed)) >= STEP_SUMMARY_EVERY_MS {
+        publish_progress(me);
+    }
 }
