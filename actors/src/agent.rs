@@ -266,8 +266,8 @@ pub use keeper::{Agents, Hibernation};
 #[derive(Default)]
 struct Inbox {
     followups: VecDeque<Arc<Message>>,
-    steer: VecDeque<Arc<Message>>,
-    inject: VecDeque<Arc<Message>>,
+    steer: Vec<Arc<Message>>,
+    inject: Vec<Arc<Message>>,
     turn: u32,
     running: bool,
     cancel: Option<CancellationToken>,
@@ -309,12 +309,15 @@ struct Inner {
     /// The tree node standing for the agent: its scope, or its parked node.
     node: AtomicU64,
     /// Events of the session already in its store (`None`: not created there).
-    durable: Mutex<Option<u64>>,
+    durable: AtomicU64,
     /// The owner's effect that disposes the agent should the owner unload
     /// while the agent sleeps (an awake agent's scope stops with the owner).
     owner_hook: Mutex<Option<Disposer>>,
     /// Run once when the agent is disposed for good (not when it hibernates).
-    on_disposed: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    /// Boxed: most agents never register one, and the record stays in a
+    /// smaller allocation class (it is what every resident agent costs).
+    #[allow(clippy::box_collection)]
+    on_disposed: Mutex<Option<Box<Vec<DisposedFn>>>>,
 }
 
 /// Whether the agent is idle (no turn runs, nothing queued), and a way to
@@ -358,6 +361,12 @@ impl Idle {
         }
     }
 }
+
+/// A callback run when an agent is disposed for good.
+type DisposedFn = Box<dyn FnOnce() + Send>;
+
+/// `Inner::durable` when the session is not in a store yet.
+const NOT_STORED: u64 = u64::MAX;
 
 /// Whether the agent has actors now.
 enum Life {
@@ -530,9 +539,9 @@ impl Agent {
             used: AtomicU64::new(0),
             used_ms: AtomicU64::new(0),
             node: AtomicU64::new(0),
-            durable: Mutex::new(durable),
+            durable: AtomicU64::new(durable.unwrap_or(NOT_STORED)),
             owner_hook: Mutex::new(None),
-            on_disposed: Mutex::new(Vec::new()),
+            on_disposed: Mutex::new(None),
         });
         let agent = Agent { inner };
         // Boxed: the build's state lives on the heap only while it runs, not in
@@ -596,7 +605,7 @@ impl Agent {
             )
         });
         let stored = store.is_some();
-        let durable = *lock(&inner.durable);
+        let durable = Some(inner.durable.load(Ordering::Acquire)).filter(|n| *n != NOT_STORED);
         let setup = async {
             if let Some(r) = spec.restriction.clone() {
                 tools.restrict(&sctx, r).map_err(AgentError::Kernel)?;
@@ -819,7 +828,9 @@ impl Agent {
             f();
             return;
         }
-        lock(&self.inner.on_disposed).push(Box::new(f));
+        lock(&self.inner.on_disposed)
+            .get_or_insert_with(Box::default)
+            .push(Box::new(f));
     }
 
     /// Hands `child` (started by a tool call of the running step) to this
@@ -946,7 +957,7 @@ impl Agent {
         {
             let mut inbox = self.inbox();
             if inbox.running {
-                inbox.steer.push_back(Arc::new(message));
+                inbox.steer.push(Arc::new(message));
                 return Ok(());
             }
             inbox.fresh = false;
@@ -964,7 +975,7 @@ impl Agent {
     /// hibernated agent (which then waits, awake, for that step).
     pub fn inject(&self, message: Message) -> Result<(), AgentError> {
         self.accepting()?;
-        self.inbox().inject.push_back(Arc::new(message));
+        self.inbox().inject.push(Arc::new(message));
         if !matches!(&*self.life(), Life::Awake(_)) {
             self.kick();
         }
@@ -1107,7 +1118,9 @@ impl Agent {
         if let Some(agents) = &self.inner.agents {
             agents.leave(self);
         }
-        let callbacks = std::mem::take(&mut *lock(&self.inner.on_disposed));
+        let callbacks = lock(&self.inner.on_disposed)
+            .take()
+            .map_or_else(Vec::new, |b| *b);
         for f in callbacks {
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 tracing::error!(
@@ -1243,7 +1256,9 @@ impl Agent {
         let session = &self.inner.session;
         session.detach();
         if me.stored {
-            *lock(&self.inner.durable) = Some(session.next_seq());
+            self.inner
+                .durable
+                .store(session.next_seq(), Ordering::Release);
         }
         if let Err(e) = session.compact() {
             tracing::warn!(agent = %self.inner.id, "the session stays uncompressed: {e}");
@@ -1499,8 +1514,8 @@ async fn run_turn(
         );
         {
             let mut inbox = agent.inbox();
-            entering.extend(inbox.steer.drain(..));
-            entering.extend(inbox.inject.drain(..));
+            entering.append(&mut inbox.steer);
+            entering.append(&mut inbox.inject);
         }
         for m in entering.drain(..) {
             log_append(
