@@ -25,6 +25,11 @@ async fn get_json(c: &reqwest::Client, url: String) -> serde_json::Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
 }
 
+/// POSTs `body` as JSON to `url`.
+async fn post(c: &reqwest::Client, url: String, body: serde_json::Value) -> reqwest::Response {
+    c.post(url).json(&body).send().await.unwrap()
+}
+
 fn client() -> reqwest::Client {
     // reqwest is built without a default TLS provider (plain HTTP here).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -265,12 +270,12 @@ fn agent(rt: &Runtime, id: &str) -> dsh::actors::agent::Agent {
 async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     let (rt, base) = serve_agents(true).await;
     let c = client();
-    let r = c
-        .post(format!("{base}/api/agents"))
-        .json(&serde_json::json!({"prompt": "Write one line about actors."}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &c,
+        format!("{base}/api/agents"),
+        serde_json::json!({"prompt": "Write one line about actors."}),
+    )
+    .await;
     assert_eq!(r.status(), 201);
     let created: serde_json::Value = r.json().await.unwrap();
     let id = created["id"].as_str().unwrap().to_owned();
@@ -475,15 +480,15 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
 async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() {
     let (rt, base) = serve_agents(true).await;
     let c = client();
-    let created: serde_json::Value = c
-        .post(format!("{base}/api/agents"))
-        .json(&serde_json::json!({"prompt": "Write one line about sleep."}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: serde_json::Value = post(
+        &c,
+        format!("{base}/api/agents"),
+        serde_json::json!({"prompt": "Write one line about sleep."}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     let id = created["id"].as_str().unwrap().to_owned();
     let a = agent(&rt, &id);
     a.when_idle(WAIT).await.unwrap();
@@ -516,12 +521,12 @@ async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() 
     assert_eq!(cancel["cancelled"], "hibernated", "{cancel}");
     assert!(a.is_hibernated());
 
-    let r = c
-        .post(format!("{base}/api/agents/{id}/followup"))
-        .json(&serde_json::json!({"text": "And one about waking."}))
-        .send()
-        .await
-        .unwrap();
+    let r = post(
+        &c,
+        format!("{base}/api/agents/{id}/followup"),
+        serde_json::json!({"text": "And one about waking."}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     a.when_idle(WAIT).await.unwrap();
     assert!(!a.is_hibernated());
