@@ -976,7 +976,9 @@ impl Agent {
     pub fn inject(&self, message: Message) -> Result<(), AgentError> {
         self.accepting()?;
         self.inbox().inject.push(Arc::new(message));
-        if !matches!(&*self.life(), Life::Awake(_)) {
+        let awake =
+            matches!(&*self.life(), Life::Awake(me) if !me.sleeping.load(Ordering::Acquire));
+        if !awake {
             self.kick();
         }
         Ok(())
@@ -1256,9 +1258,12 @@ impl Agent {
         let session = &self.inner.session;
         session.detach();
         if me.stored {
+            // What the actor wrote, not what the log holds: an event
+            // appended while it drained (a splice of input arriving now) is
+            // written on wake.
             self.inner
                 .durable
-                .store(session.next_seq(), Ordering::Release);
+                .store(session.written(), Ordering::Release);
         }
         if let Err(e) = session.compact() {
             tracing::warn!(agent = %self.inner.id, "the session stays uncompressed: {e}");
@@ -1295,7 +1300,10 @@ impl Agent {
             Life::Asleep { node } => *node,
             Life::Gone => return Err(AgentError::Closed(self.inner.id.to_string())),
         };
-        self.inner.session.thaw();
+        self.inner
+            .session
+            .thaw()
+            .map_err(|e| AgentError::Kernel(format!("the session does not restore: {e}")))?;
         let awake = Box::pin(self.build()).await?;
         self.inner
             .owner

@@ -68,6 +68,8 @@ struct Core {
     observers: RwLock<Vec<(u64, Observer)>>,
     next_observer: AtomicU64,
     actor: Mutex<Option<WorkerRef<SessionMsg>>>,
+    /// Events its actor has made durable (0 without a store).
+    written: Arc<AtomicU64>,
 }
 
 /// The handle every writer and reader of a session uses.
@@ -87,6 +89,7 @@ impl SessionHandle {
                 observers: RwLock::new(Vec::new()),
                 next_observer: AtomicU64::new(0),
                 actor: Mutex::new(None),
+                written: Arc::new(AtomicU64::new(0)),
             }),
             id,
         }
@@ -142,8 +145,18 @@ impl SessionHandle {
     }
 
     /// Brings a compact log back into memory.
-    pub fn thaw(&self) {
-        self.slot().live();
+    pub fn thaw(&self) -> Result<(), CompactError> {
+        let mut slot = self.slot();
+        if let Slot::Compact(c) = &*slot {
+            *slot = Slot::Live(Box::new(c.restore()?));
+        }
+        Ok(())
+    }
+
+    /// How many events are durable in the store (by the session's actor):
+    /// what a later [`SessionHandle::attach_after`] must not write again.
+    pub fn written(&self) -> u64 {
+        self.core.written.load(Ordering::Acquire)
     }
 
     /// Appends one event; returns it once committed.
@@ -269,6 +282,7 @@ impl SessionHandle {
                 backlog,
                 store,
                 stored,
+                written: self.core.written.clone(),
             },
         );
         let actor = ctx.spawn(spec).await?;
@@ -314,6 +328,8 @@ pub struct SessionArgs {
     store: Option<Arc<dyn SessionPersistence>>,
     /// Events already stored (`None`: the session is not created yet).
     stored: Option<u64>,
+    /// Where the actor counts the events it has written.
+    written: Arc<AtomicU64>,
 }
 
 /// Owns durability of one session.
@@ -323,6 +339,8 @@ pub struct SessionActor;
 pub struct SessionState {
     store: Option<Arc<dyn SessionPersistence>>,
     pending: Vec<Arc<SessionEvent>>,
+    /// Events durable in the store (shared with the handle).
+    written: Arc<AtomicU64>,
     created: bool,
     header: Arc<SessionHeader>,
     /// A write is scheduled at the end of the batching window.
@@ -353,8 +371,11 @@ impl SessionState {
         })
         .await;
         match written {
-            Ok((_, Ok(()))) => {
+            Ok((batch, Ok(()))) => {
                 self.created = true;
+                if let Some(last) = batch.last() {
+                    self.written.store(last.seq + 1, Ordering::Release);
+                }
                 Ok(())
             }
             Ok((batch, Err(e))) => {
@@ -392,7 +413,9 @@ impl Actor for SessionActor {
                 .collect(),
             None => Vec::new(),
         };
+        args.written.store(on_disk, Ordering::Release);
         Ok(SessionState {
+            written: args.written,
             created: args.stored.is_some(),
             store: args.store,
             pending,
