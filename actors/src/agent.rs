@@ -310,6 +310,8 @@ struct Inner {
     node: AtomicU64,
     /// Events of the session already in its store (`None`: not created there).
     durable: AtomicU64,
+    /// The store the session went to when last awake.
+    store: std::sync::OnceLock<Arc<dyn dsh_services::persistence::SessionPersistence>>,
     /// The owner's effect that disposes the agent should the owner unload
     /// while the agent sleeps (an awake agent's scope stops with the owner).
     owner_hook: Mutex<Option<Disposer>>,
@@ -540,6 +542,7 @@ impl Agent {
             used_ms: AtomicU64::new(0),
             node: AtomicU64::new(0),
             durable: AtomicU64::new(durable.unwrap_or(NOT_STORED)),
+            store: std::sync::OnceLock::new(),
             owner_hook: Mutex::new(None),
             on_disposed: Mutex::new(None),
         });
@@ -605,6 +608,9 @@ impl Agent {
             )
         });
         let stored = store.is_some();
+        if let Some(s) = &store {
+            let _ = inner.store.set(s.clone());
+        }
         let durable = Some(inner.durable.load(Ordering::Acquire)).filter(|n| *n != NOT_STORED);
         let setup = async {
             if let Some(r) = spec.restriction.clone() {
@@ -1092,8 +1098,36 @@ impl Agent {
             Some(me) => me.scope.dispose().await,
             None => {
                 self.inbox().accepting = false;
+                self.write_tail().await;
                 self.finish();
             }
+        }
+    }
+
+    /// Writes what was appended while the agent slept (a record, the splice
+    /// of input whose wake failed) to its store, which its next wake would
+    /// have done: an agent disposed asleep loses nothing committed.
+    async fn write_tail(&self) {
+        let Some(store) = self.inner.store.get().cloned() else {
+            return;
+        };
+        let from = self.inner.durable.load(Ordering::Acquire);
+        let session = &self.inner.session;
+        if from == NOT_STORED || session.next_seq() <= from {
+            return;
+        }
+        let events = session.events_from(from);
+        let id = self.inner.id.to_string();
+        let written = tokio::task::spawn_blocking(move || store.append(&id, &events)).await;
+        match written {
+            Ok(Ok(())) => self
+                .inner
+                .durable
+                .store(session.next_seq(), Ordering::Release),
+            Ok(Err(e)) => {
+                tracing::error!(agent = %self.inner.id, "the session's last events were not written: {e}")
+            }
+            Err(e) => tracing::error!(agent = %self.inner.id, "the session writer failed: {e}"),
         }
     }
 

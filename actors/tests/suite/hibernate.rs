@@ -356,6 +356,22 @@ async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats
         .collect();
     assert_eq!(stored, kept);
     assert_eq!(agent.progress().turn, 3);
+    // Appended while asleep, then disposed asleep: still written.
+    agent.record("ralph/round", json!({"asleep": true}));
+    assert!(agent.is_hibernated());
+    agent.dispose().await;
+    let last = store
+        .load(agent.id())
+        .unwrap()
+        .events
+        .last()
+        .unwrap()
+        .to_json();
+    assert_eq!(last["type"], "ralph/round");
+    assert_eq!(
+        store.load(agent.id()).unwrap().events.len() as u64,
+        agent.session().next_seq()
+    );
     h.rt.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
