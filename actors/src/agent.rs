@@ -728,6 +728,12 @@ impl Agent {
     }
 
     fn set_awake(&self, awake: Arc<Awake>) {
+        // The owner may have torn the new scope down already (its registry
+        // effect then ended the agent): do not bring it back.
+        let status = awake.scope.fiber().status();
+        if status.is_terminal() || status == Status::Unloading {
+            return;
+        }
         self.inner
             .node
             .store(awake.scope.fiber().id(), Ordering::Relaxed);

@@ -298,7 +298,10 @@ impl Actor for Keeper {
         match msg {
             KeeperMsg::Wake(agent) => {
                 if let Err(e) = agent.wake().await {
+                    // It cannot run any more: its input is refused and it
+                    // is disposed (writing what it holds), not left parked.
                     agent.abandon(&e.to_string());
+                    agent.dispose().await;
                 }
             }
             KeeperMsg::Evict => agents.evict().await,
