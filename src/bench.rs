@@ -1013,7 +1013,7 @@ pub async fn persist(events: u64, backend: &str) -> Result<serde_json::Value, Bo
     use dsh_services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
     use dsh_services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent};
 
-    let root = std::env::temp_dir().join(format!("dsh-bench-persist-{}", std::process::id()));
+    let root = dsh_supervisors::scratch::fresh_dir("dsh-bench-persist")?;
     let store: Arc<dyn SessionPersistence> = match backend {
         "jsonl" => Arc::new(JsonlStore::new(&root)),
         "jsonl-zstd" => Arc::new(JsonlStore::new(&root).with_compression(Compression::Zstd)),

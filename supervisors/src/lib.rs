@@ -17,6 +17,7 @@
 //! - [`plugin`]: the [`Plugin`] trait and the compiled-in [`Catalogue`].
 //! - [`config`]: `cordis.yml` — parsing with line numbers, `${ENV}`
 //!   interpolation, patch layers, validation against plugin schemas.
+//! - [`scratch`]: fresh, never-used temporary directories.
 //! - [`loader`]: boots a validated plan into fibers; reloads changed entries
 //!   with rollback; watches the files.
 //!
@@ -39,6 +40,7 @@ pub mod loader;
 pub mod plugin;
 pub mod runtime;
 pub mod scope;
+pub mod scratch;
 pub mod services;
 pub mod tree;
 

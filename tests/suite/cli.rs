@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 fn dsh(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dsh"))
@@ -13,15 +12,10 @@ fn dsh(args: &[&str], dir: &Path) -> Output {
         .expect("the dsh binary runs")
 }
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
+use dsh::kernel::scratch::fresh_dir;
 
 fn workdir(files: &[(&str, &str)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-cli-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("dsh-cli").unwrap();
     for (name, text) in files {
         std::fs::write(dir.join(name), text).unwrap();
     }

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU64, Ordering};
+
+use dsh::kernel::scratch::fresh_dir;
 
 fn recordings() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/dsh-sessions");
@@ -15,16 +16,9 @@ fn recordings() -> PathBuf {
     dir
 }
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
 /// A fresh workspace with the files the scenarios read.
 fn workspace() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-conf-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("dsh-conf").unwrap();
     std::fs::write(dir.join("greeting.txt"), "hello\n").unwrap();
     std::fs::write(dir.join("a.txt"), "alpha\n").unwrap();
     std::fs::write(dir.join("b.txt"), "beta\n").unwrap();

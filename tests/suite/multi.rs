@@ -2,16 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
+use dsh::kernel::scratch::fresh_dir;
 
 fn workdir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-multi-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
+    let dir = fresh_dir("dsh-multi").unwrap();
     std::fs::create_dir_all(dir.join("sessions")).unwrap();
     dir
 }

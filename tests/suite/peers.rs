@@ -352,8 +352,7 @@ async fn aimock() -> (Peer, String) {
 async fn aimock_tool_turns_and_faults_end_or_retry_the_turn_as_the_contract_says() {
     let (_mock, url) = aimock().await;
     let rt = runtime(&url, vec![], true).await;
-    let workspace = std::env::temp_dir().join(format!("dsh-aimock-{}", std::process::id()));
-    std::fs::create_dir_all(&workspace).unwrap();
+    let workspace = dsh::kernel::scratch::fresh_dir("dsh-aimock").unwrap();
     std::fs::write(workspace.join("note.txt"), "the note says hi\n").unwrap();
     let agent = |rt: Runtime, ws: PathBuf| async move {
         Agent::create(&rt.root(), AgentSpec::new("peer", "mock", ws))

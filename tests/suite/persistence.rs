@@ -4,24 +4,15 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dsh::services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
 use dsh::services::session::{EventData, TurnEndReason};
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
+use dsh::kernel::scratch::fresh_dir;
 
 fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-persist-{}-{}-{name}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    // A process id comes round again over many runs: start from nothing.
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    fresh_dir(&format!("dsh-persist-{name}")).unwrap()
 }
 
 fn dsh() -> Command {

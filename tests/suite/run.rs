@@ -89,8 +89,7 @@ fn without_an_endpoint_it_says_how_to_configure_one() {
 
 #[test]
 fn a_provider_failure_exits_non_zero_with_the_cause() {
-    let dir = std::env::temp_dir().join(format!("dsh-run-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run").unwrap();
     let script = dir.join("fail.json");
     std::fs::write(&script, r#"{"steps": [{"error": {"code": "INSUFFICIENT_QUOTA", "message": "quota exhausted", "status": 402}}]}"#).unwrap();
     let out = dsh(&["run", "--script", script.to_str().unwrap(), "x"]);
@@ -105,8 +104,7 @@ fn a_provider_failure_exits_non_zero_with_the_cause() {
 
 #[test]
 fn the_session_log_is_written_and_loads_back() {
-    let dir = std::env::temp_dir().join(format!("dsh-run-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-log").unwrap();
     let log = dir.join("session.jsonl");
     let out = dsh(&[
         "run",
@@ -149,8 +147,7 @@ fn a_config_supplies_the_services_the_provider_and_prompt_sections() {
     );
     assert_eq!(header["data"]["header"]["config"]["provider"], "scripted");
 
-    let dir = std::env::temp_dir().join(format!("dsh-run-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-cfg").unwrap();
     let two = dir.join("two.yml");
     std::fs::write(
         &two,

@@ -81,8 +81,7 @@ fn texts(store: &JsonlStore, id: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_keeps_its_events_and_disposal_drains_the_rest() {
-    let dir = std::env::temp_dir().join(format!("dsh-durability-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = dsh_supervisors::scratch::fresh_dir("dsh-durability").unwrap();
     let inner = JsonlStore::new(&dir);
     let store = Arc::new(Flaky {
         inner: inner.clone(),

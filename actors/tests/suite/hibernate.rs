@@ -325,8 +325,7 @@ async fn inject_wakes_a_hibernated_agent_and_an_idle_timeout_puts_it_back_to_sle
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats() {
     use dsh_services::persistence::{JsonlStore, SessionPersistence};
-    let dir = std::env::temp_dir().join(format!("dsh-hibernate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = dsh_supervisors::scratch::fresh_dir("dsh-hibernate").unwrap();
     let store = JsonlStore::new(&dir);
     let h = Harness::new().await;
     recorder(&h, "rec");

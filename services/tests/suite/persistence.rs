@@ -2,7 +2,6 @@
 //! each backend on a real file or database.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use dsh_services::llm::Message;
 use dsh_services::persistence::{
@@ -12,17 +11,10 @@ use dsh_services::session::{
     EventData, SessionEvent, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason,
 };
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
+use dsh_supervisors::scratch::fresh_dir;
 
 fn temp(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-contract-{}-{}-{name}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    fresh_dir(&format!("dsh-contract-{name}")).unwrap()
 }
 
 /// A session of `turns` complete turns; with `open`, one more turn left

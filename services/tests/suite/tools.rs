@@ -3,25 +3,18 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dsh_services::llm::ContentBlock;
 use dsh_services::tools::builtin::{Bash, Glob, Grep, file_tools};
 use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use dsh_supervisors::scratch::fresh_dir;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
 fn workspace() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-tools-{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("dsh-tools").unwrap();
     dir.canonicalize().unwrap()
 }
 

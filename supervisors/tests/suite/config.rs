@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use dsh_supervisors::config::{interpolate, plan_texts};
+use dsh_supervisors::scratch::fresh_dir;
 use dsh_supervisors::{BoxError, Catalogue, Context, Loader, Plugin, Source, Status, TreeChange};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -308,15 +308,8 @@ fn patches_apply_by_id_and_report_their_own_file() {
     );
 }
 
-static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
-
 fn temp_file(contents: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dsh-config-test-{}-{}",
-        std::process::id(),
-        NEXT_DIR.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir("dsh-config-test").unwrap();
     let path = dir.join("cordis.yml");
     std::fs::write(&path, contents).unwrap();
     path
