@@ -259,7 +259,7 @@ fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
 fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
     agent.session().observe(Arc::new(move |e| {
         if json {
-            println!("{}", e.to_json());
+            println!("{}", e.to_line());
             return;
         }
         match &e.data {

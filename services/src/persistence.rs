@@ -434,7 +434,7 @@ impl SessionPersistence for JsonlStore {
         let path = self.path(id)?;
         let mut text = String::new();
         for e in events {
-            text.push_str(&e.to_json().to_string());
+            text.push_str(&e.to_line());
             text.push('\n');
         }
         match self.compression {

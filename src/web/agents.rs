@@ -213,11 +213,11 @@ fn tail(
         id: observer,
     };
     let stop = api.stop.clone();
-    let past = futures::stream::iter(history.into_iter().map(|e| {
-        Ok(SseEvent::default()
-            .event("event")
-            .data(e.to_json().to_string()))
-    }));
+    let past = futures::stream::iter(
+        history
+            .into_iter()
+            .map(|e| Ok(SseEvent::default().event("event").data(e.to_line()))),
+    );
     let live = futures::stream::unfold(
         (rx, guard, next, stop),
         |(mut rx, guard, next, stop)| async move {
@@ -229,9 +229,7 @@ fn tail(
                 let skip = SseEvent::default().comment("already sent");
                 return Some((Ok(skip), (rx, guard, next, stop)));
             }
-            let event = SseEvent::default()
-                .event("event")
-                .data(e.to_json().to_string());
+            let event = SseEvent::default().event("event").data(e.to_line());
             Some((Ok(event), (rx, guard, e.seq + 1, stop)))
         },
     );

@@ -213,10 +213,7 @@ impl Drop for SqliteStore {
 }
 
 fn lines(events: &[Arc<SessionEvent>]) -> Vec<(i64, String)> {
-    events
-        .iter()
-        .map(|e| (e.seq as i64, e.to_json().to_string()))
-        .collect()
+    events.iter().map(|e| (e.seq as i64, e.to_line())).collect()
 }
 
 fn insert(

@@ -52,7 +52,12 @@ pub enum CompactError {
     Session(#[from] SessionError),
 }
 
+/// A rendering buffer bigger than this is not kept for the next log.
+const TEXT_KEPT: usize = 64 * 1024;
+
 thread_local! {
+    /// The lines of the log being compacted (reused: most logs are alike in size).
+    static TEXT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
@@ -71,9 +76,9 @@ static DICTIONARY: std::sync::OnceLock<Dictionary> = std::sync::OnceLock::new();
 /// The longest prefix of the first log taken as the dictionary.
 const DICTIONARY_BYTES: usize = 32 * 1024;
 
-fn dictionary(first: &str) -> &'static Dictionary {
+fn dictionary(first: &[u8]) -> &'static Dictionary {
     DICTIONARY.get_or_init(|| {
-        let sample = &first.as_bytes()[..first.len().min(DICTIONARY_BYTES)];
+        let sample = &first[..first.len().min(DICTIONARY_BYTES)];
         Dictionary {
             encoder: zstd::dict::EncoderDictionary::copy(sample, LEVEL),
             decoder: zstd::dict::DecoderDictionary::copy(sample),
@@ -91,11 +96,24 @@ fn placeholder() -> Arc<Value> {
 impl CompactLog {
     /// Compacts `log`.
     pub fn of(log: &SessionLog) -> Result<CompactLog, CompactError> {
+        TEXT.with(|text| {
+            let mut text = text.borrow_mut();
+            text.clear();
+            let made = Self::compress(log, &mut text);
+            if text.capacity() > TEXT_KEPT {
+                *text = Vec::new();
+            }
+            made
+        })
+    }
+
+    /// Renders `log` into `text` (the lines) and compresses it.
+    fn compress(log: &SessionLog, text: &mut Vec<u8>) -> Result<CompactLog, CompactError> {
         let mut headers = Vec::new();
-        let mut text = jsonl::render_header(log.header());
-        text.push('\n');
+        text.extend_from_slice(jsonl::render_header(log.header()).as_bytes());
+        text.push(b'\n');
         for e in log.events() {
-            let line = match &e.data {
+            match &e.data {
                 EventData::RequestHeader { header, reason } => {
                     headers.push(header.clone());
                     let mut stand_in = SessionEvent::clone(e);
@@ -103,14 +121,13 @@ impl CompactLog {
                         header: placeholder(),
                         reason: reason.clone(),
                     };
-                    stand_in.to_json()
+                    stand_in.write_line(text);
                 }
-                _ => e.to_json(),
-            };
-            text.push_str(&line.to_string());
-            text.push('\n');
+                _ => e.write_line(text),
+            }
+            text.push(b'\n');
         }
-        let dict = dictionary(&text);
+        let dict = dictionary(text);
         let bytes = COMPRESSOR.with(|slot| {
             let mut slot = slot.borrow_mut();
             let c = match slot.take() {
@@ -120,7 +137,7 @@ impl CompactLog {
                         .map_err(|e| CompactError::Zstd(e.to_string()))?,
                 ),
             };
-            c.compress(text.as_bytes())
+            c.compress(text)
                 .map_err(|e| CompactError::Zstd(e.to_string()))
         })?;
         Ok(CompactLog {

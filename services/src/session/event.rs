@@ -5,8 +5,10 @@
 //! the runtime only carries (`agent/inbox/spliced`, `session/title`, …), are
 //! kept as [`EventData::Other`] with their JSON payload verbatim.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
+use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -318,11 +320,13 @@ struct Turn {
     turn: u32,
 }
 
+// The payload types below borrow what they write and own what they read.
+
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TurnEnd {
+struct TurnEnd<'a> {
     turn: u32,
-    reason: TurnEndReason,
+    reason: Cow<'a, TurnEndReason>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -334,18 +338,18 @@ struct Step {
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Chunk {
+struct Chunk<'a> {
     turn: u32,
     step: u32,
-    chunk: StreamChunk,
+    chunk: Cow<'a, StreamChunk>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Assistant {
+struct Assistant<'a> {
     turn: u32,
     step: u32,
-    message: Message,
+    message: Cow<'a, Message>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     usage: Option<TokenUsage>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -354,37 +358,37 @@ struct Assistant {
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Call {
+struct Call<'a> {
     turn: u32,
     step: u32,
-    call_id: String,
-    name: String,
-    arguments: String,
+    call_id: Cow<'a, str>,
+    name: Cow<'a, str>,
+    arguments: Cow<'a, str>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ResultData {
+struct ResultData<'a> {
     turn: u32,
     step: u32,
-    message: Message,
+    message: Cow<'a, Message>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    error: Option<ToolErrorId>,
+    error: Option<Cow<'a, ToolErrorId>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    meta: Option<Value>,
+    meta: Option<Cow<'a, Value>>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Todos {
-    todos: Vec<TodoItem>,
+struct Todos<'a> {
+    todos: Cow<'a, [TodoItem]>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Header {
-    header: Value,
-    reason: String,
+struct Header<'a> {
+    header: Cow<'a, Value>,
+    reason: Cow<'a, str>,
 }
 
 /// An event payload as parsed JSON or as raw text still to parse.
@@ -484,7 +488,7 @@ impl EventData {
                 let t: TurnEnd = parse(data)?;
                 EventData::TurnEnd {
                     turn: t.turn,
-                    reason: t.reason,
+                    reason: t.reason.into_owned(),
                 }
             }
             "step/start" | "step/end" => {
@@ -511,7 +515,7 @@ impl EventData {
                 EventData::AssistantChunk {
                     turn: c.turn,
                     step: c.step,
-                    chunk: c.chunk,
+                    chunk: c.chunk.into_owned(),
                 }
             }
             "assistant/message" => {
@@ -528,7 +532,7 @@ impl EventData {
                 EventData::AssistantMessage {
                     turn: a.turn,
                     step: a.step,
-                    message: Arc::new(a.message),
+                    message: Arc::new(a.message.into_owned()),
                     usage: a.usage,
                     interrupted: a.interrupted.unwrap_or(false),
                 }
@@ -538,9 +542,9 @@ impl EventData {
                 EventData::ToolCall {
                     turn: c.turn,
                     step: c.step,
-                    call_id: c.call_id,
-                    name: c.name,
-                    arguments: c.arguments,
+                    call_id: c.call_id.into_owned(),
+                    name: c.name.into_owned(),
+                    arguments: c.arguments.into_owned(),
                 }
             }
             "tool/result" => {
@@ -549,13 +553,13 @@ impl EventData {
                 EventData::ToolResult {
                     turn: r.turn,
                     step: r.step,
-                    message: Arc::new(r.message),
-                    error: r.error,
-                    meta: r.meta,
+                    message: Arc::new(r.message.into_owned()),
+                    error: r.error.map(Cow::into_owned),
+                    meta: r.meta.map(Cow::into_owned),
                 }
             }
             "todo/write" => EventData::TodoWrite {
-                todos: parse::<Todos>(data)?.todos,
+                todos: parse::<Todos>(data)?.todos.into_owned(),
             },
             "request/header" => {
                 let h: Header = parse(data)?;
@@ -563,8 +567,8 @@ impl EventData {
                     return Err("`request/header` needs a `header` object with `config`".into());
                 }
                 EventData::RequestHeader {
-                    header: Arc::new(h.header),
-                    reason: h.reason,
+                    header: Arc::new(h.header.into_owned()),
+                    reason: h.reason.into_owned(),
                 }
             }
             "request/context" => EventData::RequestContext(parse(data)?),
@@ -579,77 +583,89 @@ impl EventData {
 
     /// The JSON payload (`data`) of this event.
     pub fn to_value(&self) -> Value {
-        let v = match self {
-            EventData::TurnStart { turn } => serde_json::to_value(Turn { turn: *turn }),
-            EventData::TurnEnd { turn, reason } => serde_json::to_value(TurnEnd {
+        // Every payload type serializes infallibly (plain data).
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+/// The payload (`data`), written straight from the event without copies.
+impl Serialize for EventData {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EventData::TurnStart { turn } => Turn { turn: *turn }.serialize(s),
+            EventData::TurnEnd { turn, reason } => TurnEnd {
                 turn: *turn,
-                reason: reason.clone(),
-            }),
-            EventData::StepStart { turn, step } | EventData::StepEnd { turn, step } => {
-                serde_json::to_value(Step {
-                    turn: *turn,
-                    step: *step,
-                })
+                reason: Cow::Borrowed(reason),
             }
-            EventData::UserMessage(m) => serde_json::to_value(m.as_ref()),
-            EventData::AssistantChunk { turn, step, chunk } => serde_json::to_value(Chunk {
+            .serialize(s),
+            EventData::StepStart { turn, step } | EventData::StepEnd { turn, step } => Step {
                 turn: *turn,
                 step: *step,
-                chunk: chunk.clone(),
-            }),
+            }
+            .serialize(s),
+            EventData::UserMessage(m) => m.serialize(s),
+            EventData::AssistantChunk { turn, step, chunk } => Chunk {
+                turn: *turn,
+                step: *step,
+                chunk: Cow::Borrowed(chunk),
+            }
+            .serialize(s),
             EventData::AssistantMessage {
                 turn,
                 step,
                 message,
                 usage,
                 interrupted,
-            } => serde_json::to_value(Assistant {
+            } => Assistant {
                 turn: *turn,
                 step: *step,
-                message: message.as_ref().clone(),
+                message: Cow::Borrowed(message),
                 usage: *usage,
                 interrupted: interrupted.then_some(true),
-            }),
+            }
+            .serialize(s),
             EventData::ToolCall {
                 turn,
                 step,
                 call_id,
                 name,
                 arguments,
-            } => serde_json::to_value(Call {
+            } => Call {
                 turn: *turn,
                 step: *step,
-                call_id: call_id.clone(),
-                name: name.clone(),
-                arguments: arguments.clone(),
-            }),
+                call_id: Cow::Borrowed(call_id),
+                name: Cow::Borrowed(name),
+                arguments: Cow::Borrowed(arguments),
+            }
+            .serialize(s),
             EventData::ToolResult {
                 turn,
                 step,
                 message,
                 error,
                 meta,
-            } => serde_json::to_value(ResultData {
+            } => ResultData {
                 turn: *turn,
                 step: *step,
-                message: message.as_ref().clone(),
-                error: error.clone(),
-                meta: meta.clone(),
-            }),
-            EventData::TodoWrite { todos } => serde_json::to_value(Todos {
-                todos: todos.clone(),
-            }),
-            EventData::RequestHeader { header, reason } => serde_json::to_value(Header {
-                header: header.as_ref().clone(),
-                reason: reason.clone(),
-            }),
-            EventData::RequestContext(c) => serde_json::to_value(c),
-            EventData::EndSeed => Ok(serde_json::json!({})),
-            EventData::InboxSpliced(splice) => serde_json::to_value(splice),
-            EventData::Other { data, .. } => Ok(data.clone()),
-        };
-        // Every payload type above serializes infallibly (plain data).
-        v.unwrap_or(Value::Null)
+                message: Cow::Borrowed(message),
+                error: error.as_ref().map(Cow::Borrowed),
+                meta: meta.as_ref().map(Cow::Borrowed),
+            }
+            .serialize(s),
+            EventData::TodoWrite { todos } => Todos {
+                todos: Cow::Borrowed(todos),
+            }
+            .serialize(s),
+            EventData::RequestHeader { header, reason } => Header {
+                header: Cow::Borrowed(header),
+                reason: Cow::Borrowed(reason),
+            }
+            .serialize(s),
+            EventData::RequestContext(c) => c.serialize(s),
+            EventData::EndSeed => s.serialize_map(Some(0))?.end(),
+            EventData::InboxSpliced(splice) => splice.serialize(s),
+            EventData::Other { data, .. } => data.serialize(s),
+        }
     }
 }
 
@@ -678,24 +694,44 @@ impl SessionEvent {
 
     /// The event as one JSON object, as stored in a `session.jsonl` line.
     pub fn to_json(&self) -> Value {
-        let mut obj = serde_json::Map::new();
-        obj.insert("type".into(), Value::String(self.kind().to_owned()));
-        obj.insert("seq".into(), self.seq.into());
-        obj.insert("time".into(), self.time.into());
-        obj.insert("data".into(), self.data.to_value());
+        // Plain data: serializing cannot fail.
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// The event as its `session.jsonl` line (without the newline).
+    pub fn to_line(&self) -> String {
+        let mut out = Vec::with_capacity(256);
+        self.write_line(&mut out);
+        // serde_json writes UTF-8 only.
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Appends the event's `session.jsonl` line (without the newline) to `out`.
+    pub fn write_line(&self, out: &mut Vec<u8>) {
+        // Plain data into memory: serializing cannot fail.
+        let _ = serde_json::to_writer(out, self);
+    }
+}
+
+/// The stored envelope: `type`, `seq`, `time`, `data`, then the optional
+/// fields when set.
+impl Serialize for SessionEvent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("type", self.kind())?;
+        map.serialize_entry("seq", &self.seq)?;
+        map.serialize_entry("time", &self.time)?;
+        map.serialize_entry("data", &self.data)?;
         if self.ignorable {
-            obj.insert("ignorable".into(), Value::Bool(true));
+            map.serialize_entry("ignorable", &true)?;
         }
         if let Some(op) = &self.surface_op {
-            obj.insert(
-                "surfaceOp".into(),
-                serde_json::to_value(op).unwrap_or(Value::Null),
-            );
+            map.serialize_entry("surfaceOp", op)?;
         }
         if let Some(seqs) = &self.source_event_seqs {
-            obj.insert("sourceEventSeqs".into(), seqs.clone().into());
+            map.serialize_entry("sourceEventSeqs", seqs)?;
         }
-        Value::Object(obj)
+        map.end()
     }
 }
 

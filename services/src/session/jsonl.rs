@@ -201,11 +201,12 @@ fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEve
 
 /// The header as its JSON line (without the newline).
 pub fn render_header(header: &SessionHeader) -> String {
-    let mut h = serde_json::to_value(header).unwrap_or(Value::Null);
-    if let Some(map) = h.as_object_mut() {
-        map.insert("type".into(), Value::String("session".into()));
+    // The header's own object, with `type` put first.
+    let body = serde_json::to_string(header).unwrap_or_default();
+    match body.strip_prefix('{') {
+        Some("}") | None => r#"{"type":"session"}"#.to_owned(),
+        Some(fields) => format!(r#"{{"type":"session",{fields}"#),
     }
-    h.to_string()
 }
 
 fn parse_header(line: &str) -> Result<SessionHeader, LoadError> {
@@ -315,7 +316,7 @@ pub fn render(header: &SessionHeader, events: &[impl AsRef<SessionEvent>]) -> St
     let mut out = render_header(header);
     out.push('\n');
     for e in events {
-        out.push_str(&e.as_ref().to_json().to_string());
+        out.push_str(&e.as_ref().to_line());
         out.push('\n');
     }
     out
