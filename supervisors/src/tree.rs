@@ -271,9 +271,10 @@ impl Default for TreeLimits {
 /// The registry of every supervised node.
 pub struct Tree {
     live: DashMap<u64, Arc<Node>>,
-    /// Stopped nodes; a computed summary stays a function (computed when
-    /// read), so a full ring does not hold a JSON object per node.
-    stopped: Mutex<VecDeque<(NodeSnapshot, Option<Arc<SummaryFn>>)>>,
+    /// Stopped nodes as they were left (a node no longer changes once it
+    /// stopped): snapshots are made when the ring is read, not at every
+    /// stop, and a computed summary stays a function.
+    stopped: Mutex<VecDeque<StoppedNode>>,
     limits: TreeLimits,
     stop_seq: AtomicU64,
     feed: broadcast::Sender<TreeChange>,
@@ -400,26 +401,30 @@ impl Tree {
         let (_, node) = self.live.remove(&id)?;
         node.stats.set_status(status);
         let seq = self.stop_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let computed = match node.summary.lock().as_deref() {
-            Ok(Summary::Computed(f)) => Some(f.clone()),
-            _ => None,
+        let entry = StoppedNode {
+            node,
+            reason: reason.into(),
+            seq,
         };
-        let snap = match &computed {
-            Some(_) => bare_snapshot_of(&node, Some(reason.to_owned()), Some(seq)),
-            None => snapshot_of(&node, Some(reason.to_owned()), Some(seq)),
-        };
-        if let Ok(mut ring) = self.stopped.lock() {
-            if ring.len() >= self.limits.stopped_capacity {
-                ring.pop_front();
+        // The entry pushed out is dropped outside the lock.
+        let _oldest = match self.stopped.lock() {
+            Ok(mut ring) => {
+                let oldest = (ring.len() >= self.limits.stopped_capacity)
+                    .then(|| ring.pop_front())
+                    .flatten();
+                ring.push_back(entry);
+                oldest
             }
-            ring.push_back((snap, computed));
+            Err(_) => None,
+        };
+        if self.watched() {
+            self.publish(TreeChange::Stopped {
+                id,
+                status,
+                reason: reason.to_owned(),
+                stop_seq: seq,
+            });
         }
-        self.publish(TreeChange::Stopped {
-            id,
-            status,
-            reason: reason.to_owned(),
-            stop_seq: seq,
-        });
         Some(seq)
     }
 
@@ -483,9 +488,9 @@ impl Tree {
     pub fn get_stopped(&self, id: u64) -> Option<NodeSnapshot> {
         let found = {
             let ring = self.stopped.lock().ok()?;
-            ring.iter().rev().find(|(n, _)| n.id == id).cloned()
+            ring.iter().rev().find(|s| s.node.info.id == id).cloned()
         };
-        found.map(filled)
+        found.map(|s| s.snapshot())
     }
 
     /// Every live node, parents before children (by id, which grows with spawn time).
@@ -505,7 +510,7 @@ impl Tree {
             .lock()
             .map(|r| r.iter().cloned().collect())
             .unwrap_or_default();
-        ring.into_iter().map(filled).collect()
+        ring.into_iter().map(|s| s.snapshot()).collect()
     }
 
     /// Makes a node's summary a function, computed whenever the node is
@@ -547,21 +552,22 @@ fn summary_of(node: &Node) -> serde_json::Value {
     compute()
 }
 
-/// A stopped record with its computed summary filled in.
-fn filled((mut snap, computed): (NodeSnapshot, Option<Arc<SummaryFn>>)) -> NodeSnapshot {
-    if let Some(f) = computed {
-        snap.summary = f();
-    }
-    snap
+/// A node in the stopped ring.
+#[derive(Clone)]
+struct StoppedNode {
+    node: Arc<Node>,
+    reason: Arc<str>,
+    seq: u64,
 }
 
-/// A snapshot without the summary (kept as a function elsewhere).
-fn bare_snapshot_of(
-    node: &Node,
-    stop_reason: Option<String>,
-    stop_seq: Option<u64>,
-) -> NodeSnapshot {
-    NodeSnapshot {
+impl StoppedNode {
+    fn snapshot(&self) -> NodeSnapshot {
+        snapshot_of(&self.node, Some(self.reason.to_string()), Some(self.seq))
+    }
+}
+
+fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
+    let mut snap = NodeSnapshot {
         id: node.info.id,
         kind: node.info.kind.to_string(),
         name: node.info.name.to_string(),
@@ -573,11 +579,7 @@ fn bare_snapshot_of(
         summary: serde_json::Value::Null,
         stop_reason,
         stop_seq,
-    }
-}
-
-fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
-    let mut snap = bare_snapshot_of(node, stop_reason, stop_seq);
+    };
     snap.summary = summary_of(node);
     snap
 }
