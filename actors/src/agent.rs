@@ -35,7 +35,9 @@ use dsh_services::session::{
     EventData, RequestContext, SessionError, SessionEvent, SessionHeader, SessionLog,
     SurfaceIntent, TurnEndReason,
 };
-use dsh_services::tools::{PipelineOutcome, Restriction, ToolCall, ToolRegistry, run_pipeline};
+use dsh_services::tools::{
+    PipelineOutcome, RegisteredTool, Restriction, ToolCall, ToolRegistry, run_pipeline,
+};
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{
     Context, Disposer, Emit, Event, Scope, ScopeKey, Status, WorkerRef, WorkerSpec,
@@ -1675,9 +1677,8 @@ fn envelope(inner: &Inner, me: &Awake, system: Option<&str>) -> Envelope {
     {
         return e.clone();
     }
-    let schemas = me.tools.schemas(me.ctx.scope_key());
-    let header = header_value(&inner.spec, system, &schemas);
-    let (schemas, header) = shared_envelope(schemas, header);
+    let tools = me.tools.visible(me.ctx.scope_key());
+    let (schemas, header) = shared_envelope(&inner.spec, system, &tools);
     let fresh = Envelope {
         generation,
         system: system.map(str::to_owned),
@@ -1757,23 +1758,72 @@ fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
 /// of a copy each (a thousand subagents would otherwise carry a thousand).
 static SHARED_ENVELOPES: Mutex<VecDeque<SharedEnvelope>> = Mutex::new(VecDeque::new());
 
-/// One shared envelope: the tool schemas and the header that lists them.
-type SharedEnvelope = (Arc<[ToolSchema]>, Arc<serde_json::Value>);
+/// One shared envelope: what it was built from (weak references: they keep
+/// no spec or tool alive, and their addresses cannot be reused while held)
+/// and the schema list and header built.
+struct SharedEnvelope {
+    spec: std::sync::Weak<AgentSpec>,
+    system: Option<String>,
+    tools: Box<[std::sync::Weak<RegisteredTool>]>,
+    schemas: Arc<[ToolSchema]>,
+    header: Arc<serde_json::Value>,
+}
+
+impl SharedEnvelope {
+    /// Built from this very spec, system text and tool list.
+    fn built_from(
+        &self,
+        spec: &Arc<AgentSpec>,
+        system: Option<&str>,
+        tools: &[Arc<RegisteredTool>],
+    ) -> bool {
+        std::ptr::eq(self.spec.as_ptr(), Arc::as_ptr(spec))
+            && self.system.as_deref() == system
+            && self.tools.len() == tools.len()
+            && self
+                .tools
+                .iter()
+                .zip(tools)
+                .all(|(w, t)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(t)))
+    }
+}
 
 /// Envelopes remembered for sharing (most recently built first).
 const SHARED_ENVELOPE_SLOTS: usize = 32;
 
-fn shared_envelope(schemas: Vec<ToolSchema>, header: serde_json::Value) -> SharedEnvelope {
+/// The schema list and header for `spec`, `system` and `tools`: one built
+/// from the same inputs before, else one equal to what they build, else a
+/// new one.
+fn shared_envelope(
+    spec: &Arc<AgentSpec>,
+    system: Option<&str>,
+    tools: &[Arc<RegisteredTool>],
+) -> (Arc<[ToolSchema]>, Arc<serde_json::Value>) {
     let mut shared = SHARED_ENVELOPES.lock().unwrap_or_else(|p| p.into_inner());
-    let known = shared.iter().position(|(_, h)| **h == header);
-    if let Some(found) = known.and_then(|at| shared.remove(at)) {
-        shared.push_front(found.clone());
+    if let Some(at) = shared
+        .iter()
+        .position(|e| e.built_from(spec, system, tools))
+        && let Some(hit) = shared.remove(at)
+    {
+        let found = (hit.schemas.clone(), hit.header.clone());
+        shared.push_front(hit);
         return found;
     }
-    let made: SharedEnvelope = (schemas.into(), Arc::new(header));
-    shared.push_front(made.clone());
+    let schemas: Vec<ToolSchema> = tools.iter().map(|t| t.schema.clone()).collect();
+    let header = header_value(spec, system, &schemas);
+    let (schemas, header) = match shared.iter().find(|e| *e.header == header) {
+        Some(equal) => (equal.schemas.clone(), equal.header.clone()),
+        None => (schemas.into(), Arc::new(header)),
+    };
+    shared.push_front(SharedEnvelope {
+        spec: Arc::downgrade(spec),
+        system: system.map(str::to_owned),
+        tools: tools.iter().map(Arc::downgrade).collect(),
+        schemas: schemas.clone(),
+        header: header.clone(),
+    });
     shared.truncate(SHARED_ENVELOPE_SLOTS);
-    made
+    (schemas, header)
 }
 
 /// The request envelope as logged in `request/header`.

@@ -374,3 +374,27 @@ async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats
     h.rt.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_of_one_template_share_one_envelope_and_a_scoped_tool_stays_its_agents() {
+    let h = Harness::new().await;
+    let rec = recorder(&h, "rec");
+    let with_tool = h.agent("rec").await;
+    let (parked, _count) = tokio::sync::watch::channel(0usize);
+    h.tools
+        .register(&with_tool.context().unwrap(), Arc::new(Park { parked }))
+        .unwrap();
+    with_tool.run("one", WAIT).await.unwrap();
+    let (b, c) = (h.agent("rec").await, h.agent("rec").await);
+    b.run("one", WAIT).await.unwrap();
+    c.run("one", WAIT).await.unwrap();
+    let sent = rec.requests();
+    let park = String::from("park");
+    assert!(tool_names(&sent[0]).contains(&park));
+    assert!(!tool_names(&sent[1]).contains(&park));
+    assert_eq!(tool_names(&sent[1]), tool_names(&sent[2]));
+    // One schema list for the two agents built alike, not a copy each.
+    assert!(Arc::ptr_eq(&sent[1].tools, &sent[2].tools));
+    assert!(!Arc::ptr_eq(&sent[0].tools, &sent[1].tools));
+    h.rt.shutdown().await;
+}
