@@ -747,9 +747,14 @@ pub mod workloads {
         let start = Instant::now();
         let mut resident = Vec::with_capacity(n as usize);
         let mut most_awake = 0;
+        let (mut creating, mut turning) = (Duration::ZERO, Duration::ZERO);
         for i in 0..n {
+            let t = Instant::now();
             let agent = Agent::create(&root, spec("bench-worker")).await?;
+            let created = Instant::now();
             turn(&agent, &format!("task-{i}"), 1).await?;
+            creating += created - t;
+            turning += created.elapsed();
             resident.push(agent);
             most_awake = most_awake.max(agents.awake_count());
         }
@@ -759,6 +764,11 @@ pub mod workloads {
         let after = rss_kb("VmRSS:");
         let awake = agents.awake_count();
         let hibernated = resident.iter().filter(|a| a.is_hibernated()).count();
+        let compact: Vec<usize> = resident
+            .iter()
+            .filter_map(|a| a.session().compact_len())
+            .collect();
+        let compact_mean = compact.iter().sum::<usize>() as f64 / compact.len().max(1) as f64;
         let model_calls = w.worker.calls() - calls0;
         if model_calls != u64::from(n) {
             return Err(format!("semantic mismatch: {model_calls} model calls, want {n}").into());
@@ -788,11 +798,16 @@ pub mod workloads {
             "awake_after": awake,
             "most_awake": most_awake,
             "hibernated_after": hibernated,
+            "compact_log_bytes": compact_mean,
             "create_wall_s": wall,
             "baseline_rss_kb": before,
             "rss_after_kb": after,
             "bytes_per_agent": (after.saturating_sub(before) as f64 * 1024.0) / f64::from(n),
             "us_per_agent": wall * 1e6 / f64::from(n),
+            // Where the per-agent time goes: creation and the turn as the
+            // loop waits for them (hibernation runs beside them).
+            "us_create": creating.as_secs_f64() * 1e6 / f64::from(n),
+            "us_turn": turning.as_secs_f64() * 1e6 / f64::from(n),
             "threads": threads(),
             "model_calls": model_calls,
             "live_actors": live,

@@ -144,6 +144,14 @@ impl SessionHandle {
         matches!(&*self.slot(), Slot::Compact(_))
     }
 
+    /// The compressed size of a compact log (`None` while it is live).
+    pub fn compact_len(&self) -> Option<usize> {
+        match &*self.slot() {
+            Slot::Compact(c) => Some(c.len()),
+            Slot::Live(_) => None,
+        }
+    }
+
     /// Brings a compact log back into memory.
     pub fn thaw(&self) -> Result<(), CompactError> {
         let mut slot = self.slot();
