@@ -220,9 +220,16 @@ async fn stream(
     let folding = query.coalesce.unwrap_or(0) != 0;
     let tree = api.rt.tree().clone();
     let stop = api.stop.clone();
+    // The batch buffer lives as long as the stream: a fresh one per batch
+    // grew to a large allocation that went back to the system each time,
+    // and faulting its pages in again was most of the stream's own cost.
     let events = futures::stream::unfold(
-        (tree, None::<dsh_supervisors::tree::Subscription>),
-        move |(tree, rx)| {
+        (
+            tree,
+            None::<dsh_supervisors::tree::Subscription>,
+            Vec::<TreeChange>::new(),
+        ),
+        move |(tree, rx, mut batch)| {
             let stop = stop.clone();
             async move {
                 let Some(mut rx) = rx else {
@@ -232,7 +239,7 @@ async fn stream(
                     let event = SseEvent::default()
                         .event("snapshot")
                         .data(snapshot.to_string());
-                    return Some((Ok::<_, Infallible>(event), (tree, Some(rx))));
+                    return Some((Ok::<_, Infallible>(event), (tree, Some(rx), batch)));
                 };
                 let next = tokio::select! {
                     r = rx.recv() => r,
@@ -250,34 +257,42 @@ async fn stream(
                 }
                 // Fell behind (here or while draining): say how much was
                 // lost; the next item is a fresh snapshot.
-                let dropped = |n: u64| {
+                let dropped = |n: u64, mut batch: Vec<TreeChange>| {
+                    batch.clear();
                     let event = SseEvent::default()
                         .event("dropped")
                         .data(json!({"dropped": n}).to_string());
-                    Some((Ok(event), (tree.clone(), None)))
+                    Some((Ok(event), (tree.clone(), None, batch)))
                 };
                 let first = match next {
                     Ok(change) => change,
-                    Err(RecvError::Lagged(n)) => return dropped(n),
+                    Err(RecvError::Lagged(n)) => return dropped(n, batch),
                     Err(RecvError::Closed) => return None,
                 };
-                let mut batch = vec![first];
+                batch.reserve(BATCH);
+                batch.push(first);
                 while batch.len() < BATCH {
                     match rx.try_recv() {
                         Ok(change) => batch.push(change),
-                        Err(TryRecvError::Lagged(n)) => return dropped(n),
+                        Err(TryRecvError::Lagged(n)) => return dropped(n, batch),
                         Err(_) => break,
                     }
                 }
                 let folded = if folding { coalesce(&mut batch) } else { 0 };
-                // Straight to text (no intermediate JSON value per change).
-                let data = serde_json::to_string(&Delta {
+                // Straight into the event's text (no intermediate JSON value
+                // per change, no intermediate string).
+                let delta = Delta {
                     changes: &batch,
                     folded,
-                })
-                .unwrap_or_else(|e| json!({"error": e.to_string()}).to_string());
-                let event = SseEvent::default().event("delta").data(data);
-                Some((Ok(event), (tree, Some(rx))))
+                };
+                let event = match SseEvent::default().event("delta").json_data(&delta) {
+                    Ok(event) => event,
+                    Err(e) => SseEvent::default()
+                        .event("delta")
+                        .data(json!({"error": e.to_string()}).to_string()),
+                };
+                batch.clear();
+                Some((Ok(event), (tree, Some(rx), batch)))
             }
         },
     );
