@@ -850,7 +850,7 @@ pub mod workloads {
         turns: u32,
         coalesced: bool,
     ) -> Result<serde_json::Value, BoxError> {
-        const ROUNDS: usize = 3;
+        const ROUNDS: usize = 9;
         let steps = 5;
         let w = world(steps, None).await?;
         let root = w.rt.root();
