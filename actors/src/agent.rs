@@ -295,33 +295,48 @@ struct Inner {
     inbox: Mutex<Inbox>,
     idle: Idle,
     resumed: bool,
+    /// Set while the agent goes to sleep, wakes or is disposed (one at a
+    /// time; see [`Agent::transition`]).
+    transitioning: AtomicBool,
     /// Tokens spent (input + output), over the agent's life.
     tokens: AtomicU64,
     life: Mutex<Life>,
-    /// Held while the agent goes to sleep, wakes or is disposed.
-    transition: tokio::sync::Mutex<()>,
     /// The registry (and its keeper, which wakes and hibernates agents).
     agents: Option<Arc<Agents>>,
-    /// The agent's key among the keeper's awake agents.
-    serial: u64,
     /// Logical time of the last use (least recently used goes first).
     used: AtomicU64,
     /// Wall time of the last use, ms (for the idle timeout).
     used_ms: AtomicU64,
-    /// The tree node standing for the agent: its scope, or its parked node.
-    node: AtomicU64,
     /// Events of the session already in its store (`None`: not created there).
     durable: AtomicU64,
     /// The store the session went to when last awake.
     store: std::sync::OnceLock<Arc<dyn dsh_services::persistence::SessionPersistence>>,
+    /// What runs when the agent goes for good.
+    ending: Mutex<Ending>,
+}
+
+/// What an agent's end undoes or runs (one lock for both: this record is
+/// what every resident agent costs, and each lock adds to it).
+#[derive(Default)]
+struct Ending {
     /// The owner's effect that disposes the agent should the owner unload
     /// while the agent sleeps (an awake agent's scope stops with the owner).
-    owner_hook: Mutex<Option<Disposer>>,
+    owner_hook: Option<Disposer>,
     /// Run once when the agent is disposed for good (not when it hibernates).
-    /// Boxed: most agents never register one, and the record stays in a
-    /// smaller allocation class (it is what every resident agent costs).
+    /// Boxed: most agents never register one.
     #[allow(clippy::box_collection)]
-    on_disposed: Mutex<Option<Box<Vec<DisposedFn>>>>,
+    on_disposed: Option<Box<Vec<DisposedFn>>>,
+}
+
+/// Held while an agent goes to sleep, wakes or is disposed.
+struct Transition<'a>(&'a Inner);
+
+impl Drop for Transition<'_> {
+    fn drop(&mut self) {
+        self.0.transitioning.store(false, Ordering::Release);
+        // Transition waiters wait on the idle notifier (and check again).
+        self.0.idle.changed.notify_waiters();
+    }
 }
 
 /// Whether the agent is idle (no turn runs, nothing queued), and a way to
@@ -379,8 +394,19 @@ enum Life {
     /// Hibernated: the actors stopped, the session is at rest, `node` is
     /// its parked tree node.
     Asleep { node: u64 },
-    /// Disposed (or not built yet).
-    Gone,
+    /// Disposed (or not built yet); `node` is the last tree node it had.
+    Gone { node: u64 },
+}
+
+impl Life {
+    /// The tree node standing for the agent: its scope, its parked node, or
+    /// the last it had.
+    fn node(&self) -> u64 {
+        match self {
+            Life::Awake(me) => me.scope.fiber().id(),
+            Life::Asleep { node } | Life::Gone { node } => *node,
+        }
+    }
 }
 
 /// The part of an agent that exists only while it is awake.
@@ -518,7 +544,6 @@ impl Agent {
         let session = SessionHandle::new(log);
         let id = session.shared_id();
         let first_turn = turns_in(&session);
-        let serial = agents.as_ref().map_or(0, |a| a.next_serial());
         let durable = spec.durable.take();
         spec.id = None;
         let inner = Arc::new(Inner {
@@ -536,17 +561,14 @@ impl Agent {
             idle: Idle::default(),
             resumed,
             tokens: AtomicU64::new(0),
-            life: Mutex::new(Life::Gone),
-            transition: tokio::sync::Mutex::new(()),
+            life: Mutex::new(Life::Gone { node: 0 }),
+            transitioning: AtomicBool::new(false),
             agents,
-            serial,
             used: AtomicU64::new(0),
             used_ms: AtomicU64::new(0),
-            node: AtomicU64::new(0),
             durable: AtomicU64::new(durable.unwrap_or(NOT_STORED)),
             store: std::sync::OnceLock::new(),
-            owner_hook: Mutex::new(None),
-            on_disposed: Mutex::new(None),
+            ending: Mutex::new(Ending::default()),
         });
         let agent = Agent { inner };
         // Boxed: the build's state lives on the heap only while it runs, not in
@@ -559,7 +581,7 @@ impl Agent {
             }
         });
         match hook {
-            Ok(hook) => *lock(&agent.inner.owner_hook) = Some(hook),
+            Ok(hook) => lock(&agent.inner.ending).owner_hook = Some(hook),
             Err(e) => {
                 awake.scope.dispose().await;
                 return Err(AgentError::Kernel(e.to_string()));
@@ -736,9 +758,6 @@ impl Agent {
         if status.is_terminal() || status == Status::Unloading {
             return;
         }
-        self.inner
-            .node
-            .store(awake.scope.fiber().id(), Ordering::Relaxed);
         *self.life() = Life::Awake(awake);
         self.touch();
         if let Some(agents) = &self.inner.agents {
@@ -771,7 +790,7 @@ impl Agent {
         match &*self.life() {
             Life::Awake(a) => Ok(a.ctx.clone()),
             Life::Asleep { .. } => Err(AgentError::Hibernated(self.inner.id.to_string())),
-            Life::Gone => Err(AgentError::Closed(self.inner.id.to_string())),
+            Life::Gone { .. } => Err(AgentError::Closed(self.inner.id.to_string())),
         }
     }
 
@@ -837,12 +856,13 @@ impl Agent {
     /// Runs `f` once when the agent is disposed for good (not when it
     /// hibernates); at once if it is already gone.
     pub fn on_disposed(&self, f: impl FnOnce() + Send + 'static) {
-        let gone = matches!(&*self.life(), Life::Gone);
+        let gone = matches!(&*self.life(), Life::Gone { .. });
         if gone && !self.inbox().accepting {
             f();
             return;
         }
-        lock(&self.inner.on_disposed)
+        lock(&self.inner.ending)
+            .on_disposed
             .get_or_insert_with(Box::default)
             .push(Box::new(f));
     }
@@ -871,7 +891,34 @@ impl Agent {
     /// The kernel id of the agent's tree node: its scope fiber while awake,
     /// its parked node while hibernated.
     pub fn node_id(&self) -> u64 {
-        self.inner.node.load(Ordering::Relaxed)
+        self.life().node()
+    }
+
+    /// Waits until no other transition (sleep, wake, disposal) runs and
+    /// starts one; it ends when the guard drops.
+    async fn transition(&self) -> Transition<'_> {
+        loop {
+            // Registered before the check, so the end of the running
+            // transition cannot be missed.
+            let notified = self.inner.idle.changed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self
+                .inner
+                .transitioning
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Transition(&self.inner);
+            }
+            notified.await;
+        }
+    }
+
+    /// The agent's key among the keeper's awake agents (its record's
+    /// address: unique while the keeper holds a weak handle to it).
+    fn key(&self) -> u64 {
+        Arc::as_ptr(&self.inner) as usize as u64
     }
 
     /// Kernel ids of the actors the agent's scope owns, in start order
@@ -898,7 +945,7 @@ impl Agent {
                 }
                 return;
             }
-            Life::Gone => return,
+            Life::Gone { .. } => return,
             _ => {}
         }
         // Asleep, or going to sleep: the keeper wakes it (after the
@@ -1059,7 +1106,7 @@ impl Agent {
         let (step, hibernated) = match &*self.life() {
             Life::Awake(me) => (me.step.load(Ordering::Relaxed), false),
             Life::Asleep { .. } => (0, true),
-            Life::Gone => (0, false),
+            Life::Gone { .. } => (0, false),
         };
         let inbox = self.inbox();
         Progress {
@@ -1095,11 +1142,11 @@ impl Agent {
     /// agent is disposed without waking: its parked node and compact session
     /// go, and it leaves the registry.
     pub async fn dispose(&self) {
-        let _transition = self.inner.transition.lock().await;
+        let _transition = self.transition().await;
         let awake = match &*self.life() {
             Life::Awake(me) => Some(me.clone()),
             Life::Asleep { .. } => None,
-            Life::Gone => return,
+            Life::Gone { .. } => return,
         };
         match awake {
             // Its teardown ends with `finish` (the registry effect).
@@ -1142,7 +1189,11 @@ impl Agent {
     /// The end of the agent: it leaves the registry and the tree, its
     /// disposal callbacks run, `agent/disposed` is emitted.
     fn finish(&self) {
-        let was = std::mem::replace(&mut *self.life(), Life::Gone);
+        let was = {
+            let mut life = self.life();
+            let node = life.node();
+            std::mem::replace(&mut *life, Life::Gone { node })
+        };
         {
             let mut inbox = self.inbox();
             inbox.accepting = false;
@@ -1156,15 +1207,14 @@ impl Agent {
                 "disposed while hibernated",
             );
         }
-        if let Some(hook) = lock(&self.inner.owner_hook).take() {
+        let ending = std::mem::take(&mut *lock(&self.inner.ending));
+        if let Some(hook) = ending.owner_hook {
             hook.cancel();
         }
         if let Some(agents) = &self.inner.agents {
             agents.leave(self);
         }
-        let callbacks = lock(&self.inner.on_disposed)
-            .take()
-            .map_or_else(Vec::new, |b| *b);
+        let callbacks = ending.on_disposed.map_or_else(Vec::new, |b| *b);
         for f in callbacks {
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 tracing::error!(
@@ -1185,7 +1235,7 @@ impl Agent {
         match &*self.life() {
             Life::Awake(me) => me.scope.fiber().status(),
             Life::Asleep { .. } => Status::Hibernated,
-            Life::Gone => Status::Disposed,
+            Life::Gone { .. } => Status::Disposed,
         }
     }
 
@@ -1273,11 +1323,11 @@ impl Agent {
         if !self.inner.agents.as_ref().is_some_and(|a| a.has_keeper()) {
             return Err("no agents keeper runs to wake it again".into());
         }
-        let _transition = self.inner.transition.lock().await;
+        let _transition = self.transition().await;
         let me = match &*self.life() {
             Life::Awake(me) => me.clone(),
             Life::Asleep { .. } => return Ok(()),
-            Life::Gone => return Err("it is disposed".into()),
+            Life::Gone { .. } => return Err("it is disposed".into()),
         };
         {
             // Under the inbox lock: input arriving from now on sees
@@ -1319,7 +1369,6 @@ impl Agent {
         };
         let parent = Some(owner.fiber().id());
         let node = owner.runtime().tree().park("agent", name, parent, summary);
-        self.inner.node.store(node, Ordering::Relaxed);
         *self.life() = Life::Asleep { node };
         if let Some(agents) = &self.inner.agents {
             agents.slept(self);
@@ -1331,7 +1380,7 @@ impl Agent {
     /// spec registers, the session restored, a new driver; then any queued
     /// input runs. Awake already: only the driver is told.
     pub async fn wake(&self) -> Result<(), AgentError> {
-        let _transition = self.inner.transition.lock().await;
+        let _transition = self.transition().await;
         let node = match &*self.life() {
             Life::Awake(me) => {
                 if let Some(d) = me.driver.get() {
@@ -1340,7 +1389,7 @@ impl Agent {
                 return Ok(());
             }
             Life::Asleep { node } => *node,
-            Life::Gone => return Err(AgentError::Closed(self.inner.id.to_string())),
+            Life::Gone { .. } => return Err(AgentError::Closed(self.inner.id.to_string())),
         };
         self.inner
             .session
@@ -2276,5 +2325,18 @@ fn publish_step(me: &Awake) {
     let now = now_ms();
     if now.saturating_sub(me.published_ms.load(Ordering::Relaxed)) >= STEP_SUMMARY_EVERY_MS {
         publish_progress(me);
+    }
+}
+#[cfg(test)]
+mod tests {
+    /// The resident record is what every hibernated agent costs: with its
+    /// `Arc` counts it must stay within mimalloc's 384-byte size class.
+    #[test]
+    fn the_resident_record_fits_its_size_class() {
+        let with_counts = std::mem::size_of::<super::Inner>() + 16;
+        assert!(
+            with_counts <= 384,
+            "Inner is {with_counts} bytes with its counts"
+        );
     }
 }

@@ -33,9 +33,8 @@ pub struct Hibernation {
 #[derive(Default)]
 pub struct Agents {
     live: Mutex<BTreeMap<Arc<str>, Agent>>,
-    /// Awake agents by serial.
+    /// Awake agents by key (see `Agent::key`).
     awake: Mutex<BTreeMap<u64, WeakAgent>>,
-    serial: AtomicU64,
     clock: AtomicU64,
     policy: Hibernation,
     keeper: std::sync::OnceLock<WorkerRef<KeeperMsg>>,
@@ -122,10 +121,6 @@ impl Agents {
         self.keeper.get().is_some()
     }
 
-    pub(super) fn next_serial(&self) -> u64 {
-        self.serial.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
     /// The next value of the use clock.
     pub(super) fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::Relaxed) + 1
@@ -137,20 +132,20 @@ impl Agents {
 
     pub(super) fn leave(&self, agent: &Agent) {
         lock(&self.live).remove(&*agent.inner.id);
-        lock(&self.awake).remove(&agent.inner.serial);
+        lock(&self.awake).remove(&agent.key());
     }
 
     pub(super) fn woke(&self, agent: &Agent) {
         let awake = {
             let mut set = lock(&self.awake);
-            set.insert(agent.inner.serial, agent.downgrade());
+            set.insert(agent.key(), agent.downgrade());
             set.len()
         };
         self.over_cap(awake);
     }
 
     pub(super) fn slept(&self, agent: &Agent) {
-        lock(&self.awake).remove(&agent.inner.serial);
+        lock(&self.awake).remove(&agent.key());
     }
 
     /// An agent finished its work.

@@ -398,3 +398,42 @@ async fn agents_of_one_template_share_one_envelope_and_a_scoped_tool_stays_its_a
     assert!(!Arc::ptr_eq(&sent[0].tools, &sent[1].tools));
     h.rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeps_wakes_and_disposal_of_one_agent_take_turns() {
+    let h = Harness::hibernating(Hibernation {
+        idle_ms: None,
+        max_awake: None,
+    })
+    .await;
+    let rec = recorder(&h, "rec");
+    let agent = h.agent("rec").await;
+    agent.run("one", WAIT).await.unwrap();
+    for _ in 0..20 {
+        let (slept, woke, slept_again, woke_again) = tokio::join!(
+            agent.hibernate(),
+            agent.wake(),
+            agent.hibernate(),
+            agent.wake()
+        );
+        assert!(
+            slept.is_ok() && slept_again.is_ok(),
+            "{slept:?} {slept_again:?}"
+        );
+        assert!(woke.is_ok() && woke_again.is_ok());
+        assert_eq!(agent.is_hibernated(), agent.status() == Status::Hibernated);
+    }
+    agent.run("two", WAIT).await.unwrap();
+    // The second request carries the whole history: no cycle lost any of it.
+    let sent = rec.requests();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[1].messages.len(), 3);
+    let (_, ()) = tokio::join!(agent.hibernate(), agent.dispose());
+    assert_eq!(agent.status(), Status::Disposed);
+    let left = h.rt.tree().snapshot();
+    assert!(
+        left.iter().all(|n| n.status != Status::Hibernated),
+        "a parked node outlived its agent"
+    );
+    h.rt.shutdown().await;
+}
