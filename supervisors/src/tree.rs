@@ -202,8 +202,8 @@ pub struct NodeSnapshot {
 pub enum TreeChange {
     /// A node was added.
     Spawned {
-        /// The new node.
-        node: NodeSnapshot,
+        /// The new node (shared: every subscriber receives a copy of the change).
+        node: Arc<NodeSnapshot>,
     },
     /// A node changed status.
     Status {
@@ -225,8 +225,8 @@ pub enum TreeChange {
         id: u64,
         /// Final status (`disposed` or `failed`).
         status: Status,
-        /// Why.
-        reason: String,
+        /// Why (shared with the stopped ring).
+        reason: Arc<str>,
         /// Position in the global stop order.
         stop_seq: u64,
     },
@@ -363,7 +363,7 @@ impl Tree {
         self.live.insert(node.info.id, node.clone());
         if self.watched() {
             self.publish(TreeChange::Spawned {
-                node: snapshot_of(&node, None, None),
+                node: Arc::new(snapshot_of(&node, None, None)),
             });
         }
         node
@@ -401,9 +401,10 @@ impl Tree {
         let (_, node) = self.live.remove(&id)?;
         node.stats.set_status(status);
         let seq = self.stop_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let reason: Arc<str> = reason.into();
         let entry = StoppedNode {
             node,
-            reason: reason.into(),
+            reason: reason.clone(),
             seq,
         };
         // The entry pushed out is dropped outside the lock.
@@ -421,7 +422,7 @@ impl Tree {
             self.publish(TreeChange::Stopped {
                 id,
                 status,
-                reason: reason.to_owned(),
+                reason,
                 stop_seq: seq,
             });
         }
