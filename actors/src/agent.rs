@@ -856,12 +856,16 @@ impl Agent {
     /// Runs `f` once when the agent is disposed for good (not when it
     /// hibernates); at once if it is already gone.
     pub fn on_disposed(&self, f: impl FnOnce() + Send + 'static) {
+        // Decided under the lock `finish` takes last: either it finds the
+        // callback, or the agent is seen gone here and the callback runs now.
+        let mut ending = lock(&self.inner.ending);
         let gone = matches!(&*self.life(), Life::Gone { .. });
         if gone && !self.inbox().accepting {
+            drop(ending);
             f();
             return;
         }
-        lock(&self.inner.ending)
+        ending
             .on_disposed
             .get_or_insert_with(Box::default)
             .push(Box::new(f));

@@ -403,6 +403,9 @@ impl Tree {
         let seq = self.stop_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let reason: Arc<str> = reason.into();
         let entry = StoppedNode {
+            status,
+            mailbox_depth: node.stats.mailbox_depth(),
+            last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
             node,
             reason: reason.clone(),
             seq,
@@ -559,11 +562,20 @@ struct StoppedNode {
     node: Arc<Node>,
     reason: Arc<str>,
     seq: u64,
+    /// Status and counters as they were at the stop (a late send to a
+    /// stopped actor still touches the live ones).
+    status: Status,
+    mailbox_depth: u64,
+    last_activity_ms: u64,
 }
 
 impl StoppedNode {
     fn snapshot(&self) -> NodeSnapshot {
-        snapshot_of(&self.node, Some(self.reason.to_string()), Some(self.seq))
+        let mut snap = snapshot_of(&self.node, Some(self.reason.to_string()), Some(self.seq));
+        snap.status = self.status;
+        snap.mailbox_depth = self.mailbox_depth;
+        snap.last_activity_ms = self.last_activity_ms;
+        snap
     }
 }
 

@@ -708,8 +708,13 @@ impl SessionEvent {
 
     /// Appends the event's `session.jsonl` line (without the newline) to `out`.
     pub fn write_line(&self, out: &mut Vec<u8>) {
-        // Plain data into memory: serializing cannot fail.
-        let _ = serde_json::to_writer(out, self);
+        let start = out.len();
+        // Plain data into memory: this does not fail; were it to, no
+        // partial line is left behind.
+        if serde_json::to_writer(&mut *out, self).is_err() {
+            out.truncate(start);
+            out.extend_from_slice(b"null");
+        }
     }
 }
 

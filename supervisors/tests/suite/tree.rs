@@ -146,3 +146,50 @@ async fn stopped_entries_are_bounded_and_status_changes_are_published() {
     assert!(rt.tree().get_stopped(fiber.id()).is_some());
     assert_eq!(rt.tree().live_len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_node_is_remembered_as_it_was_when_it_stopped() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let l = log.clone();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("host", &[], move |ctx: Context| {
+                let (l, tx) = (l.clone(), tx.clone());
+                async move {
+                    let w = ctx
+                        .spawn(WorkerSpec::new("tool", "late", Recorder::new("w", &l), ()))
+                        .await?;
+                    tx.send(w).map_err(|_| "send")?;
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    let worker = rx.recv().await.unwrap();
+    bounded("dispose", fiber.dispose()).await;
+    let at_stop = rt.tree().get_stopped(worker.id()).unwrap();
+    // Once the millisecond clock has moved on, a late send to the stopped
+    // worker touches its live counters; the remembered node keeps its own.
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    while now() <= at_stop.last_activity_ms {
+        tokio::task::yield_now().await;
+    }
+    let (reply, _) = ractor::concurrency::oneshot();
+    assert!(
+        worker
+            .send(Msg::Ping((reply, Duration::from_secs(1)).into()))
+            .is_err()
+    );
+    assert_eq!(rt.tree().get_stopped(worker.id()).unwrap(), at_stop);
+    bounded("shutdown", rt.shutdown()).await;
+}
