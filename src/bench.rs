@@ -865,7 +865,6 @@ pub mod workloads {
             .ok_or("no web server")?
             .local_addr();
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder().build()?;
         let url = format!(
             "http://{addr}/api/tree/stream?coalesce={}",
             u8::from(coalesced)
@@ -876,17 +875,11 @@ pub mod workloads {
         let mut counts = StreamCounts::default();
         for _ in 0..ROUNDS {
             alone.push(active(&w, agents, turns, steps).await?);
-            let response = client.get(&url).send().await?;
             let stop = CancellationToken::new();
-            let reader = read_stream(response, stop.clone());
-            let (wall, read) = tokio::join!(
-                async {
-                    let r = active(&w, agents, turns, steps).await;
-                    stop.cancel();
-                    r
-                },
-                reader
-            );
+            let reader = Outside::subscribe(url.clone(), stop.clone()).await?;
+            let wall = active(&w, agents, turns, steps).await;
+            stop.cancel();
+            let read = reader.finish().await?;
             watched.push(wall?);
             counts.add(&read);
         }
@@ -938,6 +931,76 @@ pub mod workloads {
     }
 
     /// The subscriber: reads and splits events, counts changes, until `stop`.
+    /// The subscriber as the dashboard is one: outside the agents' runtime
+    /// (a browser is its own process), here an HTTP client on its own thread
+    /// and runtime, so its work competes with the agents for the cores as an
+    /// outside reader would, not inside their worker threads.
+    struct Outside {
+        counts: tokio::sync::oneshot::Receiver<StreamCounts>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    /// How long connecting or finishing the outside reader may take.
+    const OUTSIDE_BUDGET: Duration = Duration::from_secs(30);
+
+    impl Outside {
+        /// Connects (the server has subscribed when this returns) and reads
+        /// until `stop`.
+        async fn subscribe(url: String, stop: CancellationToken) -> Result<Outside, BoxError> {
+            let (connected_tx, connected) = tokio::sync::oneshot::channel::<Result<(), String>>();
+            let (counts_tx, counts) = tokio::sync::oneshot::channel();
+            let thread = std::thread::Builder::new()
+                .name("bench-subscriber".into())
+                .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = connected_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    rt.block_on(async move {
+                        // A client of its own: connections belong to the
+                        // runtime that made them.
+                        let sent = match reqwest::Client::builder().build() {
+                            Ok(client) => client.get(&url).send().await,
+                            Err(e) => Err(e),
+                        };
+                        let response = match sent {
+                            Ok(r) => r,
+                            Err(e) => {
+                                let _ = connected_tx.send(Err(e.to_string()));
+                                return;
+                            }
+                        };
+                        let _ = connected_tx.send(Ok(()));
+                        let _ = counts_tx.send(read_stream(response, stop).await);
+                    });
+                })?;
+            tokio::time::timeout(OUTSIDE_BUDGET, connected)
+                .await
+                .map_err(|_| "the subscriber did not connect in time")?
+                .map_err(|_| "the subscriber thread ended")??;
+            Ok(Outside { counts, thread })
+        }
+
+        /// What it read (its `stop` was cancelled); the thread is joined.
+        async fn finish(self) -> Result<StreamCounts, BoxError> {
+            let counts = tokio::time::timeout(OUTSIDE_BUDGET, self.counts)
+                .await
+                .map_err(|_| "the subscriber did not stop in time")?
+                .map_err(|_| "the subscriber thread ended without its counts")?;
+            let thread = self.thread;
+            tokio::task::spawn_blocking(move || thread.join())
+                .await?
+                .map_err(|_| "the subscriber thread panicked")?;
+            Ok(counts)
+        }
+    }
+
     async fn read_stream(response: reqwest::Response, stop: CancellationToken) -> StreamCounts {
         let mut body = response.bytes_stream();
         let mut counts = StreamCounts::default();
