@@ -6,28 +6,26 @@ use dsh_supervisors::tree::{TreeLimits, render};
 use std::time::Duration;
 
 use dsh_supervisors::{
-    Context, Runtime, RuntimeSettings, Shutdown, Status, TreeChange, WorkerSpec, plugin_fn,
+    Context, Fiber, Runtime, RuntimeSettings, Shutdown, Status, TreeChange, WorkerRef, WorkerSpec,
+    plugin_fn,
 };
 use tokio::sync::Notify;
 
 use super::common::{Log, Msg, Recorder, bounded, runtime, wait_change};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
-    let rt = runtime().await;
-    let mut feed = rt.tree().subscribe();
+/// A plugin `host` whose fiber starts one `tool` worker named `name`.
+async fn host_with_worker(rt: &Runtime, name: &'static str) -> (Fiber, WorkerRef<Msg>) {
     let log = Log::default();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let l = log.clone();
     let fiber = rt
         .root()
         .plugin(
             plugin_fn("host", &[], move |ctx: Context| {
-                let (l, tx) = (l.clone(), tx.clone());
+                let (l, tx) = (log.clone(), tx.clone());
                 async move {
                     let w = ctx
                         .spawn(
-                            WorkerSpec::new("tool", "tool/bash#call_7", Recorder::new("w", &l), ())
+                            WorkerSpec::new("tool", name, Recorder::new("w", &l), ())
                                 .shutdown(Shutdown::Timeout(Duration::from_millis(50))),
                         )
                         .await?;
@@ -39,7 +37,14 @@ async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
         )
         .await
         .unwrap();
-    let worker = rx.recv().await.unwrap();
+    (fiber, rx.recv().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
+    let rt = runtime().await;
+    let mut feed = rt.tree().subscribe();
+    let (fiber, worker) = host_with_worker(&rt, "tool/bash#call_7").await;
     let node = rt.tree().get(worker.id()).unwrap();
     assert_eq!(node.kind, "tool");
     assert_eq!(node.name, "tool/bash#call_7");
@@ -150,27 +155,7 @@ async fn stopped_entries_are_bounded_and_status_changes_are_published() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_node_is_remembered_as_it_was_when_it_stopped() {
     let rt = runtime().await;
-    let log = Log::default();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let l = log.clone();
-    let fiber = rt
-        .root()
-        .plugin(
-            plugin_fn("host", &[], move |ctx: Context| {
-                let (l, tx) = (l.clone(), tx.clone());
-                async move {
-                    let w = ctx
-                        .spawn(WorkerSpec::new("tool", "late", Recorder::new("w", &l), ()))
-                        .await?;
-                    tx.send(w).map_err(|_| "send")?;
-                    Ok(())
-                }
-            }),
-            (),
-        )
-        .await
-        .unwrap();
-    let worker = rx.recv().await.unwrap();
+    let (fiber, worker) = host_with_worker(&rt, "late").await;
     bounded("dispose", fiber.dispose()).await;
     let at_stop = rt.tree().get_stopped(worker.id()).unwrap();
     // Once the millisecond clock has moved on, a late send to the stopped
