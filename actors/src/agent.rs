@@ -1769,18 +1769,17 @@ fn shared_spec(spec: AgentSpec) -> Arc<AgentSpec> {
 
 /// Whether two kept specs (no seed, id or durable count) build the same agent.
 fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
-    fn same_arc<T: ?Sized>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+    fn same_arc<T: ?Sized>(a: Option<&Arc<T>>, b: Option<&Arc<T>>) -> bool {
         match (a, b) {
             (None, None) => true,
             (Some(x), Some(y)) => Arc::ptr_eq(x, y),
             _ => false,
         }
     }
-    let hooks = match (&a.on_turn_end, &b.on_turn_end) {
-        (None, None) => true,
-        (Some(x), Some(y)) => Arc::ptr_eq(&x.0, &y.0),
-        _ => false,
-    };
+    let hooks = same_arc(
+        a.on_turn_end.as_ref().map(|h| &h.0),
+        b.on_turn_end.as_ref().map(|h| &h.0),
+    );
     a.seed.is_none()
         && b.seed.is_none()
         && a.opening.is_empty()
@@ -1795,7 +1794,7 @@ fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.max_parallel_tools == b.max_parallel_tools
         && a.temperature == b.temperature
         && a.max_tokens == b.max_tokens
-        && same_arc(&a.store, &b.store)
+        && same_arc(a.store.as_ref(), b.store.as_ref())
         && a.name == b.name
         && a.depth == b.depth
         && a.id == b.id
@@ -1803,7 +1802,7 @@ fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.parent_session == b.parent_session
         && a.origin == b.origin
         && a.flat_scope == b.flat_scope
-        && same_arc(&a.approval, &b.approval)
+        && same_arc(a.approval.as_ref(), b.approval.as_ref())
 }
 
 /// Envelopes in use, shared between agents: agents with the same tools,

@@ -86,6 +86,23 @@ fn dictionary(first: &[u8]) -> &'static Dictionary {
     })
 }
 
+/// Runs `use_it` on this thread's (de)compressor, made by `make` on first use.
+fn with_cached<T: 'static, R>(
+    slot: &'static std::thread::LocalKey<RefCell<Option<T>>>,
+    make: impl FnOnce() -> std::io::Result<T>,
+    use_it: impl FnOnce(&mut T) -> std::io::Result<R>,
+) -> Result<R, CompactError> {
+    let zstd = |e: std::io::Error| CompactError::Zstd(e.to_string());
+    slot.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let made = match slot.as_mut() {
+            Some(made) => made,
+            None => slot.insert(make().map_err(zstd)?),
+        };
+        use_it(made).map_err(zstd)
+    })
+}
+
 /// Stands in for a request header inside the bytes (the real one is kept aside).
 fn placeholder() -> Arc<Value> {
     static NULL: std::sync::OnceLock<Arc<Value>> = std::sync::OnceLock::new();
@@ -128,18 +145,11 @@ impl CompactLog {
             text.push(b'\n');
         }
         let dict = dictionary(text);
-        let bytes = COMPRESSOR.with(|slot| {
-            let mut slot = slot.borrow_mut();
-            let c = match slot.take() {
-                Some(c) => slot.insert(c),
-                None => slot.insert(
-                    zstd::bulk::Compressor::with_prepared_dictionary(&dict.encoder)
-                        .map_err(|e| CompactError::Zstd(e.to_string()))?,
-                ),
-            };
-            c.compress(text)
-                .map_err(|e| CompactError::Zstd(e.to_string()))
-        })?;
+        let bytes = with_cached(
+            &COMPRESSOR,
+            || zstd::bulk::Compressor::with_prepared_dictionary(&dict.encoder),
+            |c| c.compress(text),
+        )?;
         Ok(CompactLog {
             bytes: bytes.into_boxed_slice(),
             text_len: text.len(),
@@ -155,18 +165,11 @@ impl CompactLog {
         let dict = DICTIONARY.get().ok_or_else(|| {
             CompactError::Zstd("no dictionary before the first compaction".into())
         })?;
-        let text = DECOMPRESSOR.with(|slot| {
-            let mut slot = slot.borrow_mut();
-            let d = match slot.take() {
-                Some(d) => slot.insert(d),
-                None => slot.insert(
-                    zstd::bulk::Decompressor::with_prepared_dictionary(&dict.decoder)
-                        .map_err(|e| CompactError::Zstd(e.to_string()))?,
-                ),
-            };
-            d.decompress(&self.bytes, self.text_len)
-                .map_err(|e| CompactError::Zstd(e.to_string()))
-        })?;
+        let text = with_cached(
+            &DECOMPRESSOR,
+            || zstd::bulk::Decompressor::with_prepared_dictionary(&dict.decoder),
+            |d| d.decompress(&self.bytes, self.text_len),
+        )?;
         let text = String::from_utf8(text).map_err(|e| CompactError::Parse(e.to_string()))?;
         let (header, mut events) =
             jsonl::parse(&text).map_err(|e| CompactError::Parse(e.to_string()))?;
