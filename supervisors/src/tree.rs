@@ -148,6 +148,19 @@ pub struct Node {
     summary: Mutex<Summary>,
 }
 
+impl Node {
+    /// The node as it is now.
+    pub fn snapshot(&self) -> NodeSnapshot {
+        snapshot_of(self, None, None)
+    }
+}
+
+impl Serialize for Node {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.snapshot().serialize(serializer)
+    }
+}
+
 /// A node's kind-specific summary: a value, or a function that computes it
 /// when asked (a parked node's, so thousands of them cost no JSON each).
 enum Summary {
@@ -202,8 +215,10 @@ pub struct NodeSnapshot {
 pub enum TreeChange {
     /// A node was added.
     Spawned {
-        /// The new node (shared: every subscriber receives a copy of the change).
-        node: Arc<NodeSnapshot>,
+        /// The new node itself, not a copy: the change costs the spawner no
+        /// snapshot, and a viewer that serializes it reads the node as it is
+        /// by then (later changes about it follow in the feed).
+        node: Arc<Node>,
     },
     /// A node changed status.
     Status {
@@ -216,8 +231,11 @@ pub enum TreeChange {
     Summary {
         /// Node id.
         id: u64,
-        /// New summary.
-        summary: serde_json::Value,
+        /// The node, serialized as its `summary` when the change is (so the
+        /// changing side computes no summary, and a viewer folding several
+        /// changes of one node computes one).
+        #[serde(rename = "summary", serialize_with = "summary_now")]
+        node: Arc<Node>,
     },
     /// A node stopped for good.
     Stopped {
@@ -263,7 +281,7 @@ impl Default for TreeLimits {
     fn default() -> Self {
         TreeLimits {
             stopped_capacity: 4096,
-            feed_capacity: 8192,
+            feed_capacity: 16384,
         }
     }
 }
@@ -362,9 +380,7 @@ impl Tree {
         });
         self.live.insert(node.info.id, node.clone());
         if self.watched() {
-            self.publish(TreeChange::Spawned {
-                node: Arc::new(snapshot_of(&node, None, None)),
-            });
+            self.publish(TreeChange::Spawned { node: node.clone() });
         }
         node
     }
@@ -383,15 +399,14 @@ impl Tree {
 
     /// Replaces a node's kind-specific summary.
     pub fn set_summary(&self, id: u64, summary: serde_json::Value) {
-        if let Some(node) = self.live.get(&id) {
-            if self.watched() {
-                if let Ok(mut s) = node.summary.lock() {
-                    *s = Summary::Value(summary.clone());
-                }
-                self.publish(TreeChange::Summary { id, summary });
-            } else if let Ok(mut s) = node.summary.lock() {
-                *s = Summary::Value(summary);
-            }
+        let Some(node) = self.live.get(&id).map(|n| n.clone()) else {
+            return;
+        };
+        if let Ok(mut s) = node.summary.lock() {
+            *s = Summary::Value(summary);
+        }
+        if self.watched() {
+            self.publish(TreeChange::Summary { id, node });
         }
     }
 
@@ -527,16 +542,15 @@ impl Tree {
         }
     }
 
-    /// Publishes a node's current summary to the feed (computing it), when
-    /// anyone follows the feed.
+    /// Tells the feed a node's summary changed, when anyone follows it (the
+    /// summary is computed when the change is serialized).
     pub fn summary_changed(&self, id: u64) {
         if !self.watched() {
             return;
         }
         let node = self.live.get(&id).map(|n| n.clone());
         if let Some(node) = node {
-            let summary = summary_of(&node);
-            self.publish(TreeChange::Summary { id, summary });
+            self.publish(TreeChange::Summary { id, node });
         }
     }
 
@@ -544,6 +558,11 @@ impl Tree {
     pub fn live_len(&self) -> usize {
         self.live.len()
     }
+}
+
+/// Serializes a node's summary as it is now.
+fn summary_now<S: serde::Serializer>(node: &Arc<Node>, serializer: S) -> Result<S::Ok, S::Error> {
+    summary_of(node).serialize(serializer)
 }
 
 /// A node's summary (a computed one is computed outside the node's lock).

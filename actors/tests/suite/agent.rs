@@ -116,14 +116,14 @@ async fn tool_calls_run_and_their_results_enter_the_history() {
     let tool_node = std::iter::from_fn(|| feed.try_recv().ok())
         .find_map(|c| match c {
             dsh_supervisors::TreeChange::Spawned { node }
-                if node.name == "tool/echo#call_echo_0" =>
+                if &*node.info.name == "tool/echo#call_echo_0" =>
             {
                 Some(node)
             }
             _ => None,
         })
         .unwrap();
-    assert_eq!(tool_node.parent, Some(agent.node_id()));
+    assert_eq!(tool_node.info.parent, Some(agent.node_id()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +203,7 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
     // Wait for the tool actor to exist, then cancel.
     loop {
         if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
-            && node.name == "tool/hang#call_hang_0"
+            && &*node.info.name == "tool/hang#call_hang_0"
         {
             break;
         }
@@ -528,7 +528,7 @@ async fn disposing_mid_turn_drains_the_subtree_and_writes_the_turn_end() {
         .unwrap();
     loop {
         if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
-            && node.name.starts_with("tool/hang")
+            && node.info.name.starts_with("tool/hang")
         {
             break;
         }
@@ -625,7 +625,7 @@ async fn steer_and_inject_enter_the_running_turn_at_its_next_step() {
         .unwrap();
     loop {
         if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
-            && node.name.starts_with("tool/gate")
+            && node.info.name.starts_with("tool/gate")
         {
             break;
         }

@@ -404,7 +404,7 @@ async fn the_watcher_reloads_when_the_file_changes() {
     std::fs::write(&path, TWO_STORES.replace("path: two", "path: four")).unwrap();
     wait_change(
         &mut feed,
-        |c| matches!(c, TreeChange::Spawned { node } if node.name == "plugin/store#b"),
+        |c| matches!(c, TreeChange::Spawned { node } if &*node.info.name == "plugin/store#b"),
     )
     .await;
     bounded("reload applied", async {

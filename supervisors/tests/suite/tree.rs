@@ -58,20 +58,34 @@ async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
     );
     assert_eq!(host.parent, Some(rt.root_fiber_handle().id()));
 
-    wait_change(
+    let spawned = wait_change(
         &mut feed,
-        |c| matches!(c, TreeChange::Spawned { node } if node.id == worker.id()),
+        |c| matches!(c, TreeChange::Spawned { node } if node.info.id == worker.id()),
     )
     .await;
 
     rt.tree()
         .set_summary(worker.id(), serde_json::json!({"turn": 2, "step": 5}));
     assert_eq!(rt.tree().get(worker.id()).unwrap().summary["step"], 5);
-    wait_change(
+    let summary = wait_change(
         &mut feed,
         |c| matches!(c, TreeChange::Summary { id, .. } if *id == worker.id()),
     )
     .await;
+    // Changes carry the node, read when serialized: a viewer gets the node
+    // and its summary as they are by then, in the wire shape.
+    rt.tree()
+        .set_summary(worker.id(), serde_json::json!({"turn": 3, "step": 1}));
+    let wire = serde_json::to_value(&summary).unwrap();
+    assert_eq!(
+        wire,
+        serde_json::json!({"type": "summary", "id": worker.id(), "summary": {"turn": 3, "step": 1}})
+    );
+    let wire = serde_json::to_value(&spawned).unwrap();
+    assert_eq!(wire["type"], "spawned");
+    assert_eq!(wire["node"]["name"], "tool/bash#call_7");
+    assert_eq!(wire["node"]["parent"], fiber.id());
+    assert_eq!(wire["node"]["summary"]["turn"], 3);
 
     // Block the worker in a handler, then queue three messages behind it.
     let started = Arc::new(Notify::new());
