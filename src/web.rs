@@ -35,13 +35,12 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use dsh_supervisors::tree::TreeChange;
+use dsh_supervisors::tree::{RecvError, TreeChange, TryRecvError};
 use dsh_supervisors::{BoxError, Context, Plugin, Runtime, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::sync::CancellationToken;
 
 mod agents;

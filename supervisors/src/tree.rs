@@ -2,8 +2,11 @@
 //!
 //! Live nodes sit in a concurrent map; stopped nodes move to a bounded ring
 //! so memory stays flat however many short-lived actors come and go. The
-//! feed is a bounded broadcast: a subscriber that falls behind is told how
-//! many changes it missed (and must take a fresh snapshot).
+//! feed ([`feed`]) gives each subscriber a bounded queue: one that falls
+//! behind is told how many changes it missed (and must take a fresh
+//! snapshot).
+
+mod feed;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -12,7 +15,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
 use serde::Serialize;
-use tokio::sync::broadcast;
+
+pub use feed::{RecvError, Subscription, TryRecvError};
 
 /// Lifecycle status of a node, shared by fibers and workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -295,71 +299,41 @@ pub struct Tree {
     stopped: Mutex<VecDeque<StoppedNode>>,
     limits: TreeLimits,
     stop_seq: AtomicU64,
-    feed: broadcast::Sender<TreeChange>,
-    /// Live [`Subscription`]s.
-    subscribers: Arc<std::sync::atomic::AtomicUsize>,
+    feed: Arc<feed::Feed>,
 }
 
-/// A subscription to the tree's change feed: a broadcast receiver (it
-/// dereferences to one) that the tree counts while it lives.
-pub struct Subscription {
-    rx: broadcast::Receiver<TreeChange>,
-    count: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl std::ops::Deref for Subscription {
-    type Target = broadcast::Receiver<TreeChange>;
-    fn deref(&self) -> &Self::Target {
-        &self.rx
-    }
-}
-
-impl std::ops::DerefMut for Subscription {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.rx
-    }
-}
-
-impl Drop for Subscription {
+impl Drop for Tree {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.feed.close();
     }
 }
 
 impl Tree {
     /// An empty registry.
     pub fn new(limits: TreeLimits) -> Tree {
-        let (feed, _) = broadcast::channel(limits.feed_capacity.max(16));
         Tree {
             live: DashMap::new(),
             stopped: Mutex::new(VecDeque::new()),
             limits,
             stop_seq: AtomicU64::new(0),
-            feed,
-            subscribers: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            feed: Arc::new(feed::Feed::new(limits.feed_capacity)),
         }
     }
 
     /// Subscribes to changes from now on. Take a [`Tree::snapshot`] after
     /// subscribing to have a base the changes apply to.
     pub fn subscribe(&self) -> Subscription {
-        self.subscribers.fetch_add(1, Ordering::AcqRel);
-        Subscription {
-            rx: self.feed.subscribe(),
-            count: self.subscribers.clone(),
-        }
+        self.feed.subscribe()
     }
 
-    /// Whether anyone follows the change feed right now (an atomic read: the
-    /// broadcast's own count takes its lock, on every change of the tree).
+    /// Whether anyone follows the change feed right now.
     pub fn watched(&self) -> bool {
-        self.subscribers.load(Ordering::Acquire) > 0
+        self.feed.watched()
     }
 
     fn publish(&self, change: TreeChange) {
         if self.watched() {
-            // An error only means nobody listens right now.
-            let _ = self.feed.send(change);
+            self.feed.send(change);
         }
     }
 

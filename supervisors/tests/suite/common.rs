@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_supervisors::tree::{RecvError, Subscription};
 use dsh_supervisors::{Runtime, RuntimeSettings, TreeChange};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 
 /// An append-only log the test actors and effects write into.
 /// Also remembers the latest actor started under each recorder name.
@@ -107,16 +108,13 @@ pub async fn runtime() -> Runtime {
 }
 
 /// Waits (bounded) for the first feed change matching `pred`.
-pub async fn wait_change(
-    rx: &mut broadcast::Receiver<TreeChange>,
-    pred: impl Fn(&TreeChange) -> bool,
-) -> TreeChange {
+pub async fn wait_change(rx: &mut Subscription, pred: impl Fn(&TreeChange) -> bool) -> TreeChange {
     let found = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
             match rx.recv().await {
                 Ok(c) if pred(&c) => return c,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("tree feed closed"),
+                Ok(_) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => panic!("tree feed closed"),
             }
         }
     })

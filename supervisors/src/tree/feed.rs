@@ -1,0 +1,275 @@
+//! The tree's change feed: one bounded queue per subscriber.
+//!
+//! The changing side pushes each change onto every subscriber's own queue
+//! (a short lock that only that subscriber's reader also takes); the reader
+//! takes the whole queue in one swap and reads it without locking; a change
+//! is dropped once read. A broadcast ring instead made every change of every
+//! core take one shared lock, and kept its last changes (and the nodes they
+//! hold) alive whether anyone had read them or not.
+//!
+//! A subscriber whose queue is full misses every change until it has read
+//! what is queued; it then gets [`RecvError::Lagged`] with the number it
+//! missed, and must take a fresh snapshot.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+pub use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+
+use super::TreeChange;
+
+/// The subscribers' queues.
+pub(super) struct Feed {
+    queues: ArcSwap<Vec<Arc<Queue>>>,
+    /// Number of queues, read on every change of the tree (cheaper than
+    /// loading the list when nobody watches).
+    count: AtomicUsize,
+    capacity: usize,
+}
+
+/// One subscriber's queue.
+#[derive(Default)]
+struct Queue {
+    pending: Mutex<Pending>,
+    /// Woken when the queue stops being empty (or closes).
+    ready: Notify,
+}
+
+#[derive(Default)]
+struct Pending {
+    changes: VecDeque<TreeChange>,
+    /// Changes left out since the queue filled up.
+    missed: u64,
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        // A panic while holding this lock leaves a queue of whole changes.
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, change: TreeChange, capacity: usize) {
+        let (woke, refused) = {
+            let mut pending = self.lock();
+            if pending.missed > 0 || pending.changes.len() >= capacity {
+                pending.missed += 1;
+                (false, Some(change))
+            } else {
+                pending.changes.push_back(change);
+                (pending.changes.len() == 1, None)
+            }
+        };
+        // A refused change (and the node it may be the last to hold) is
+        // dropped outside the lock.
+        drop(refused);
+        if woke {
+            self.ready.notify_one();
+        }
+    }
+}
+
+impl Feed {
+    pub(super) fn new(capacity: usize) -> Feed {
+        Feed {
+            queues: ArcSwap::from_pointee(Vec::new()),
+            count: AtomicUsize::new(0),
+            capacity: capacity.max(16),
+        }
+    }
+
+    /// Whether anyone subscribes.
+    pub(super) fn watched(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+
+    pub(super) fn subscribe(self: &Arc<Self>) -> Subscription {
+        let queue = Arc::new(Queue::default());
+        self.queues.rcu(|queues| {
+            let mut queues = Vec::clone(queues);
+            queues.push(queue.clone());
+            queues
+        });
+        self.count.fetch_add(1, Ordering::AcqRel);
+        Subscription {
+            queue,
+            feed: self.clone(),
+            taken: VecDeque::new(),
+        }
+    }
+
+    /// Queues a change for every subscriber.
+    pub(super) fn send(&self, change: TreeChange) {
+        let queues = self.queues.load();
+        if let Some((last, others)) = queues.split_last() {
+            for queue in others {
+                queue.push(change.clone(), self.capacity);
+            }
+            last.push(change, self.capacity);
+        }
+    }
+
+    /// Closes every queue: readers get what is queued, then
+    /// [`RecvError::Closed`].
+    pub(super) fn close(&self) {
+        for queue in self.queues.load().iter() {
+            queue.lock().closed = true;
+            queue.ready.notify_one();
+        }
+    }
+}
+
+/// A subscription to the tree's change feed (see the module docs). Dropping
+/// it unsubscribes.
+pub struct Subscription {
+    queue: Arc<Queue>,
+    feed: Arc<Feed>,
+    /// Changes taken from the queue in one swap, read without a lock.
+    taken: VecDeque<TreeChange>,
+}
+
+impl Subscription {
+    /// The next change, waiting for one. Cancel-safe: a change is only taken
+    /// by the call that returns it.
+    pub async fn recv(&mut self) -> Result<TreeChange, RecvError> {
+        loop {
+            match self.try_recv() {
+                Ok(change) => return Ok(change),
+                Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
+                Err(TryRecvError::Closed) => return Err(RecvError::Closed),
+                Err(TryRecvError::Empty) => self.queue.ready.notified().await,
+            }
+        }
+    }
+
+    /// The next change if one is queued. After a full queue: the changes
+    /// queued before it, then `Lagged` with the number missed, then the
+    /// changes since.
+    pub fn try_recv(&mut self) -> Result<TreeChange, TryRecvError> {
+        if let Some(change) = self.taken.pop_front() {
+            return Ok(change);
+        }
+        let mut pending = self.queue.lock();
+        if !pending.changes.is_empty() {
+            // The two buffers change places, so both keep their capacity.
+            std::mem::swap(&mut pending.changes, &mut self.taken);
+            drop(pending);
+            return self.taken.pop_front().ok_or(TryRecvError::Empty);
+        }
+        if pending.missed > 0 {
+            return Err(TryRecvError::Lagged(std::mem::take(&mut pending.missed)));
+        }
+        if pending.closed {
+            return Err(TryRecvError::Closed);
+        }
+        Err(TryRecvError::Empty)
+    }
+
+    /// Whether nothing is there to read right now.
+    pub fn is_empty(&self) -> bool {
+        if !self.taken.is_empty() {
+            return false;
+        }
+        let pending = self.queue.lock();
+        pending.changes.is_empty() && pending.missed == 0 && !pending.closed
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let gone = &self.queue;
+        self.feed.queues.rcu(|queues| {
+            queues
+                .iter()
+                .filter(|q| !Arc::ptr_eq(q, gone))
+                .cloned()
+                .collect::<Vec<_>>()
+        });
+        self.feed.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Status;
+
+    fn change(id: u64) -> TreeChange {
+        TreeChange::Status {
+            id,
+            status: Status::Active,
+        }
+    }
+
+    fn id_of(change: TreeChange) -> u64 {
+        match change {
+            TreeChange::Status { id, .. } => id,
+            other => panic!("unexpected change {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_subscriber_reads_every_change_in_order_until_it_unsubscribes() {
+        let feed = Arc::new(Feed::new(64));
+        assert!(!feed.watched());
+        let mut a = feed.subscribe();
+        let mut b = feed.subscribe();
+        assert!(feed.watched() && a.is_empty());
+        for id in 0..5 {
+            feed.send(change(id));
+        }
+        assert!(!a.is_empty());
+        fn read(s: &mut Subscription) -> Vec<u64> {
+            std::iter::from_fn(|| s.try_recv().ok().map(id_of)).collect()
+        }
+        assert_eq!(read(&mut a), [0, 1, 2, 3, 4]);
+        assert!(matches!(a.try_recv(), Err(TryRecvError::Empty)));
+        drop(a);
+        feed.send(change(5));
+        assert_eq!(read(&mut b), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(feed.queues.load().len(), 1);
+        drop(b);
+        assert!(!feed.watched() && feed.queues.load().is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_misses_changes_and_says_how_many_after_what_it_kept() {
+        let feed = Arc::new(Feed::new(16));
+        let mut s = feed.subscribe();
+        for id in 0..20 {
+            feed.send(change(id));
+        }
+        for id in 0..16 {
+            assert_eq!(id_of(s.try_recv().unwrap()), id);
+        }
+        // Missing started at the first refused change and goes on until the
+        // reader has seen the lag.
+        feed.send(change(20));
+        assert!(matches!(s.try_recv(), Err(TryRecvError::Lagged(5))));
+        feed.send(change(21));
+        assert_eq!(id_of(s.try_recv().unwrap()), 21);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_wakes_for_a_change_and_learns_the_feed_closed() {
+        let feed = Arc::new(Feed::new(16));
+        let mut s = feed.subscribe();
+        let reader = tokio::spawn(async move {
+            let first = s.recv().await.map(id_of);
+            let second = s.recv().await.map(id_of);
+            (first, second, s)
+        });
+        tokio::task::yield_now().await;
+        feed.send(change(7));
+        feed.close();
+        let (first, second, _s) = tokio::time::timeout(std::time::Duration::from_secs(20), reader)
+            .await
+            .expect("the reader never woke")
+            .unwrap();
+        assert_eq!(first, Ok(7));
+        assert_eq!(second, Err(RecvError::Closed));
+    }
+}
