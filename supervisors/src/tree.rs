@@ -277,7 +277,8 @@ pub enum TreeChange {
 pub struct TreeLimits {
     /// Stopped nodes remembered (oldest dropped first).
     pub stopped_capacity: usize,
-    /// Changes buffered per feed subscriber before it lags.
+    /// Changes queued per feed subscriber before it lags (it may hold twice
+    /// as many: the batch it is reading and a full queue behind it).
     pub feed_capacity: usize,
 }
 
@@ -507,7 +508,8 @@ impl Tree {
     }
 
     /// Makes a node's summary a function, computed whenever the node is
-    /// read (snapshots, the stopped ring); nothing is published.
+    /// read (snapshots, the stopped ring, feed changes as they are
+    /// serialized); nothing is published.
     pub fn set_summary_fn(&self, id: u64, summary: Arc<SummaryFn>) {
         if let Some(node) = self.live.get(&id)
             && let Ok(mut s) = node.summary.lock()

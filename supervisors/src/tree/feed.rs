@@ -1,15 +1,21 @@
 //! The tree's change feed: one bounded queue per subscriber.
 //!
 //! The changing side pushes each change onto every subscriber's own queue
-//! (a short lock that only that subscriber's reader also takes); the reader
-//! takes the whole queue in one swap and reads it without locking; a change
-//! is dropped once read. A broadcast ring instead made every change of every
-//! core take one shared lock, and kept its last changes (and the nodes they
-//! hold) alive whether anyone had read them or not.
+//! (a short lock per queue); the reader takes the whole queue in one swap and
+//! reads it without locking; a change is dropped once read. A broadcast ring
+//! instead kept its last changes (and the nodes they hold) alive whether
+//! anyone had read them or not, and allocated all its slots up front.
 //!
 //! A subscriber whose queue is full misses every change until it has read
 //! what is queued; it then gets [`RecvError::Lagged`] with the number it
-//! missed, and must take a fresh snapshot.
+//! missed, and must take a fresh snapshot. A subscriber holds at most twice
+//! the capacity: the batch it is reading and a full queue behind it.
+//!
+//! Subscribing and changing race like Dekker's flags: a change is made, then
+//! [`Feed::watched`] is read; a subscriber is counted, then the tree is
+//! read. A sequentially consistent fence on both sides between the write and
+//! the read makes sure one of them sees the other, so a first subscriber's
+//! snapshot and its feed together miss nothing.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -81,9 +87,11 @@ impl Feed {
         }
     }
 
-    /// Whether anyone subscribes.
+    /// Whether anyone subscribes. Called after the change it is asked for
+    /// was made (see the module docs for the fence).
     pub(super) fn watched(&self) -> bool {
-        self.count.load(Ordering::Acquire) > 0
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.count.load(Ordering::Relaxed) > 0
     }
 
     pub(super) fn subscribe(self: &Arc<Self>) -> Subscription {
@@ -93,7 +101,9 @@ impl Feed {
             queues.push(queue.clone());
             queues
         });
-        self.count.fetch_add(1, Ordering::AcqRel);
+        self.count.fetch_add(1, Ordering::SeqCst);
+        // Before the subscriber reads the tree (see the module docs).
+        std::sync::atomic::fence(Ordering::SeqCst);
         Subscription {
             queue,
             feed: self.clone(),
