@@ -869,20 +869,30 @@ pub mod workloads {
             "http://{addr}/api/tree/stream?coalesce={}",
             u8::from(coalesced)
         );
-        // Warm-up, then alternating rounds.
+        // Warm-up, then alternating rounds. The reader's thread and HTTP
+        // client are made once, so both kinds of round start right after
+        // the previous one: a watched round used to start after a thread
+        // start and a client build, a pause in which the previous round's
+        // leftovers settled that the unwatched rounds did not get (it
+        // flattered the watched rounds by ~5 points).
         active(&w, 10, 1, steps).await?;
+        let reader = Outside::start()?;
         let (mut alone, mut watched) = (Vec::new(), Vec::new());
         let mut counts = StreamCounts::default();
         for _ in 0..ROUNDS {
             alone.push(active(&w, agents, turns, steps).await?);
             let stop = CancellationToken::new();
-            let reader = Outside::subscribe(url.clone(), stop.clone()).await?;
+            let read = reader.watch(url.clone(), stop.clone()).await?;
             let wall = active(&w, agents, turns, steps).await;
             stop.cancel();
-            let read = reader.finish().await?;
+            let read = tokio::time::timeout(OUTSIDE_BUDGET, read)
+                .await
+                .map_err(|_| "the subscriber did not stop in time")?
+                .map_err(|_| "the subscriber thread ended without its counts")?;
             watched.push(wall?);
             counts.add(&read);
         }
+        reader.finish().await?;
         w.rt.shutdown().await;
         let median = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
@@ -930,77 +940,106 @@ pub mod workloads {
         }
     }
 
-    /// The subscriber: reads and splits events, counts changes, until `stop`.
     /// The subscriber as the dashboard is one: outside the agents' runtime
     /// (a browser is its own process), here an HTTP client on its own thread
     /// and runtime, so its work competes with the agents for the cores as an
-    /// outside reader would, not inside their worker threads.
+    /// outside reader would, not inside their worker threads. It lives
+    /// across rounds and connects for each watched one.
     struct Outside {
-        counts: tokio::sync::oneshot::Receiver<StreamCounts>,
+        watches: tokio::sync::mpsc::UnboundedSender<Watch>,
         thread: std::thread::JoinHandle<()>,
+    }
+
+    /// One watched round: the stream to read until `stop`; `connected` is
+    /// answered once the server has subscribed, `counts` when done.
+    struct Watch {
+        url: String,
+        stop: CancellationToken,
+        connected: tokio::sync::oneshot::Sender<Result<(), String>>,
+        counts: tokio::sync::oneshot::Sender<StreamCounts>,
     }
 
     /// How long connecting or finishing the outside reader may take.
     const OUTSIDE_BUDGET: Duration = Duration::from_secs(30);
 
     impl Outside {
-        /// Connects (the server has subscribed when this returns) and reads
-        /// until `stop`.
-        async fn subscribe(url: String, stop: CancellationToken) -> Result<Outside, BoxError> {
-            let (connected_tx, connected) = tokio::sync::oneshot::channel::<Result<(), String>>();
-            let (counts_tx, counts) = tokio::sync::oneshot::channel();
+        /// Starts the reader's thread, runtime and HTTP client.
+        fn start() -> Result<Outside, BoxError> {
+            let (watches, mut queue) = tokio::sync::mpsc::unbounded_channel::<Watch>();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             let thread = std::thread::Builder::new()
                 .name("bench-subscriber".into())
                 .spawn(move || {
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            let _ = connected_tx.send(Err(e.to_string()));
-                            return;
-                        }
-                    };
                     rt.block_on(async move {
-                        // A client of its own: connections belong to the
-                        // runtime that made them.
-                        let sent = match reqwest::Client::builder().build() {
-                            Ok(client) => client.get(&url).send().await,
-                            Err(e) => Err(e),
-                        };
-                        let response = match sent {
-                            Ok(r) => r,
-                            Err(e) => {
-                                let _ = connected_tx.send(Err(e.to_string()));
-                                return;
-                            }
-                        };
-                        let _ = connected_tx.send(Ok(()));
-                        let _ = counts_tx.send(read_stream(response, stop).await);
+                        // Made in this runtime, whose tasks serve its
+                        // connections.
+                        let client = reqwest::Client::builder().build();
+                        // Until the bench drops its sender.
+                        while let Some(watch) = queue.recv().await {
+                            let sent = match &client {
+                                Ok(client) => client.get(&watch.url).send().await,
+                                Err(e) => {
+                                    let _ = watch.connected.send(Err(e.to_string()));
+                                    continue;
+                                }
+                            };
+                            let response = match sent {
+                                Ok(r) => r,
+                                Err(e) => {
+                                    let _ = watch.connected.send(Err(e.to_string()));
+                                    continue;
+                                }
+                            };
+                            let _ = watch.connected.send(Ok(()));
+                            let _ = watch.counts.send(read_stream(response, watch.stop).await);
+                        }
                     });
                 })?;
+            Ok(Outside { watches, thread })
+        }
+
+        /// Connects to `url` (the server has subscribed when this returns);
+        /// the counts come once `stop` is cancelled.
+        async fn watch(
+            &self,
+            url: String,
+            stop: CancellationToken,
+        ) -> Result<tokio::sync::oneshot::Receiver<StreamCounts>, BoxError> {
+            let (connected_tx, connected) = tokio::sync::oneshot::channel();
+            let (counts_tx, counts) = tokio::sync::oneshot::channel();
+            self.watches
+                .send(Watch {
+                    url,
+                    stop,
+                    connected: connected_tx,
+                    counts: counts_tx,
+                })
+                .map_err(|_| "the subscriber thread ended")?;
             tokio::time::timeout(OUTSIDE_BUDGET, connected)
                 .await
                 .map_err(|_| "the subscriber did not connect in time")?
                 .map_err(|_| "the subscriber thread ended")??;
-            Ok(Outside { counts, thread })
+            Ok(counts)
         }
 
-        /// What it read (its `stop` was cancelled); the thread is joined.
-        async fn finish(self) -> Result<StreamCounts, BoxError> {
-            let counts = tokio::time::timeout(OUTSIDE_BUDGET, self.counts)
-                .await
-                .map_err(|_| "the subscriber did not stop in time")?
-                .map_err(|_| "the subscriber thread ended without its counts")?;
-            let thread = self.thread;
-            tokio::task::spawn_blocking(move || thread.join())
-                .await?
-                .map_err(|_| "the subscriber thread panicked")?;
-            Ok(counts)
+        /// Ends the reader's thread and joins it.
+        async fn finish(self) -> Result<(), BoxError> {
+            let Outside { watches, thread } = self;
+            drop(watches);
+            tokio::time::timeout(
+                OUTSIDE_BUDGET,
+                tokio::task::spawn_blocking(move || thread.join()),
+            )
+            .await
+            .map_err(|_| "the subscriber thread did not end in time")??
+            .map_err(|_| "the subscriber thread panicked")?;
+            Ok(())
         }
     }
 
+    /// Reads and splits events, counting changes, until `stop`.
     async fn read_stream(response: reqwest::Response, stop: CancellationToken) -> StreamCounts {
         let mut body = response.bytes_stream();
         let mut counts = StreamCounts::default();
