@@ -871,10 +871,8 @@ pub mod workloads {
         );
         // Warm-up, then alternating rounds. The reader's thread and HTTP
         // client are made once, so both kinds of round start right after
-        // the previous one: a watched round used to start after a thread
-        // start and a client build, a pause in which the previous round's
-        // leftovers settled that the unwatched rounds did not get (it
-        // flattered the watched rounds by ~5 points).
+        // the previous one (a pause before the watched rounds alone, to
+        // make them, let the last round's leftovers settle for them only).
         active(&w, 10, 1, steps).await?;
         let reader = Outside::start()?;
         let (mut alone, mut watched) = (Vec::new(), Vec::new());
@@ -979,16 +977,17 @@ pub mod workloads {
                         // Until the bench drops its sender.
                         while let Some(watch) = queue.recv().await {
                             let sent = match &client {
-                                Ok(client) => client.get(&watch.url).send().await,
-                                Err(e) => {
-                                    let _ = watch.connected.send(Err(e.to_string()));
-                                    continue;
-                                }
+                                Ok(client) => client
+                                    .get(&watch.url)
+                                    .send()
+                                    .await
+                                    .map_err(|e| e.to_string()),
+                                Err(e) => Err(e.to_string()),
                             };
                             let response = match sent {
                                 Ok(r) => r,
                                 Err(e) => {
-                                    let _ = watch.connected.send(Err(e.to_string()));
+                                    let _ = watch.connected.send(Err(e));
                                     continue;
                                 }
                             };

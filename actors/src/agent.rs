@@ -2330,6 +2330,7 @@ fn publish_step(me: &Awake) {
         publish_progress(me);
     }
 }
+
 #[cfg(test)]
 mod tests {
     /// The resident record is what every hibernated agent costs: with its

@@ -215,11 +215,11 @@ struct Transcript {
 }
 
 /// One Zstandard frame holding `text`, with a content checksum.
-fn zstd_frame(text: &str) -> std::io::Result<Vec<u8>> {
+fn zstd_frame(text: &[u8]) -> std::io::Result<Vec<u8>> {
     use std::io::Write;
     let mut encoder = zstd::stream::Encoder::new(Vec::new(), zstd::DEFAULT_COMPRESSION_LEVEL)?;
     encoder.include_checksum(true)?;
-    encoder.write_all(text.as_bytes())?;
+    encoder.write_all(text)?;
     encoder.finish()
 }
 
@@ -432,13 +432,10 @@ impl SessionPersistence for JsonlStore {
 
     fn append(&self, id: &str, events: &[Arc<SessionEvent>]) -> Result<(), StoreError> {
         let path = self.path(id)?;
-        let mut text = String::new();
-        for e in events {
-            text.push_str(&e.to_line());
-            text.push('\n');
-        }
+        let mut text = Vec::new();
+        jsonl::write_lines(events, &mut text);
         match self.compression {
-            Compression::None => Self::append_bytes(&path, text.as_bytes()),
+            Compression::None => Self::append_bytes(&path, &text),
             Compression::Zstd => {
                 let frame = zstd_frame(&text).map_err(|e| io(&path, e))?;
                 Self::append_bytes(&path, &frame)
@@ -497,10 +494,10 @@ impl SessionPersistence for JsonlStore {
             Compression::Zstd => {
                 let head = jsonl::render(header, &[] as &[Arc<SessionEvent>]);
                 let body = jsonl::render(header, events);
-                let mut bytes = zstd_frame(&head).map_err(|e| io(&path, e))?;
+                let mut bytes = zstd_frame(head.as_bytes()).map_err(|e| io(&path, e))?;
                 if !events.is_empty() {
                     let rest = &body[head.len()..];
-                    bytes.extend(zstd_frame(rest).map_err(|e| io(&path, e))?);
+                    bytes.extend(zstd_frame(rest.as_bytes()).map_err(|e| io(&path, e))?);
                 }
                 bytes
             }

@@ -332,9 +332,11 @@ impl Tree {
         self.feed.watched()
     }
 
-    fn publish(&self, change: TreeChange) {
+    /// Sends the change `make` builds, when anyone follows the feed (it is
+    /// not built otherwise).
+    fn publish(&self, make: impl FnOnce() -> TreeChange) {
         if self.watched() {
-            self.feed.send(change);
+            self.feed.send(make());
         }
     }
 
@@ -354,9 +356,7 @@ impl Tree {
             summary: Mutex::new(summary),
         });
         self.live.insert(node.info.id, node.clone());
-        if self.watched() {
-            self.publish(TreeChange::Spawned { node: node.clone() });
-        }
+        self.publish(|| TreeChange::Spawned { node: node.clone() });
         node
     }
 
@@ -366,7 +366,7 @@ impl Tree {
         }
         node.stats.set_status(status);
         node.stats.touch();
-        self.publish(TreeChange::Status {
+        self.publish(|| TreeChange::Status {
             id: node.info.id,
             status,
         });
@@ -380,9 +380,7 @@ impl Tree {
         if let Ok(mut s) = node.summary.lock() {
             *s = Summary::Value(summary);
         }
-        if self.watched() {
-            self.publish(TreeChange::Summary { id, node });
-        }
+        self.publish(|| TreeChange::Summary { id, node });
     }
 
     /// Moves a node to the stopped ring; returns its stop sequence number, or
@@ -411,19 +409,17 @@ impl Tree {
             }
             Err(_) => None,
         };
-        if self.watched() {
-            self.publish(TreeChange::Stopped {
-                id,
-                status,
-                reason,
-                stop_seq: seq,
-            });
-        }
+        self.publish(|| TreeChange::Stopped {
+            id,
+            status,
+            reason,
+            stop_seq: seq,
+        });
         Some(seq)
     }
 
     pub(crate) fn supervision(&self, supervisor: u64, child: u64, message: &str, action: &str) {
-        self.publish(TreeChange::Supervision {
+        self.publish(|| TreeChange::Supervision {
             supervisor,
             child,
             message: message.to_owned(),
@@ -432,7 +428,7 @@ impl Tree {
     }
 
     pub(crate) fn teardown(&self, root: u64, order: Vec<u64>) {
-        self.publish(TreeChange::Teardown { root, order });
+        self.publish(|| TreeChange::Teardown { root, order });
     }
 
     /// Adds a parked node (status `hibernated`): something that holds no
@@ -524,9 +520,8 @@ impl Tree {
         if !self.watched() {
             return;
         }
-        let node = self.live.get(&id).map(|n| n.clone());
-        if let Some(node) = node {
-            self.publish(TreeChange::Summary { id, node });
+        if let Some(node) = self.live.get(&id).map(|n| n.clone()) {
+            self.feed.send(TreeChange::Summary { id, node });
         }
     }
 
@@ -575,7 +570,7 @@ impl StoppedNode {
 }
 
 fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
-    let mut snap = NodeSnapshot {
+    NodeSnapshot {
         id: node.info.id,
         kind: node.info.kind.to_string(),
         name: node.info.name.to_string(),
@@ -584,12 +579,10 @@ fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) 
         started_ms: node.info.started_ms,
         mailbox_depth: node.stats.mailbox_depth(),
         last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
-        summary: serde_json::Value::Null,
+        summary: summary_of(node),
         stop_reason,
         stop_seq,
-    };
-    snap.summary = summary_of(node);
-    snap
+    }
 }
 
 /// Renders a snapshot as an indented tree, one node per line.

@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use dsh::kernel::scratch::fresh_dir;
+
 fn dsh(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dsh"))
         .args(args)
@@ -11,8 +13,6 @@ fn dsh(args: &[&str], dir: &Path) -> Output {
         .output()
         .expect("the dsh binary runs")
 }
-
-use dsh::kernel::scratch::fresh_dir;
 
 fn workdir(files: &[(&str, &str)]) -> PathBuf {
     let dir = fresh_dir("dsh-cli").unwrap();

@@ -313,11 +313,17 @@ fn expand(
 
 /// Renders a header and events as `session.jsonl` text (one event per line).
 pub fn render(header: &SessionHeader, events: &[impl AsRef<SessionEvent>]) -> String {
-    let mut out = render_header(header);
-    out.push('\n');
+    let mut out = render_header(header).into_bytes();
+    out.push(b'\n');
+    write_lines(events, &mut out);
+    // Every piece is serde_json's output: UTF-8.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends each event's `session.jsonl` line, newline-terminated, to `out`.
+pub fn write_lines(events: &[impl AsRef<SessionEvent>], out: &mut Vec<u8>) {
     for e in events {
-        out.push_str(&e.as_ref().to_line());
-        out.push('\n');
+        e.as_ref().write_line(out);
+        out.push(b'\n');
     }
-    out
 }

@@ -174,15 +174,12 @@ async fn a_stopped_node_is_remembered_as_it_was_when_it_stopped() {
     let at_stop = rt.tree().get_stopped(worker.id()).unwrap();
     // Once the millisecond clock has moved on, a late send to the stopped
     // worker touches its live counters; the remembered node keeps its own.
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64
-    };
-    while now() <= at_stop.last_activity_ms {
-        tokio::task::yield_now().await;
-    }
+    bounded("the clock moving on", async {
+        while dsh_supervisors::tree::now_ms() <= at_stop.last_activity_ms {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     let (reply, _) = ractor::concurrency::oneshot();
     assert!(
         worker
