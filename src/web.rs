@@ -5,9 +5,12 @@
 //!   then `delta` events, each a batch of the changes available at once
 //!   (spawned / status / summary / stopped); when the subscriber fell behind,
 //!   a `dropped` event with the number of lost changes tells it to take a
-//!   new snapshot (the stream then restarts with one). `?coalesce=1` folds
-//!   each batch for a viewer: an actor that started and stopped within it is
-//!   left out (counted in `folded`), and only a node's last summary is kept.
+//!   new snapshot (the stream then restarts with one). `?coalesce=1` is a
+//!   viewer's stream (the dashboard's): each delta is the difference between
+//!   two looks at the tree, at most one per window — new nodes (parents
+//!   first), a node's latest status and summary, stops in stop order; a node
+//!   that started and stopped between two looks is left out (counted in
+//!   `folded`). It costs the agents nothing per change.
 //! - `GET /api/actors/{id}`: one node (live, or recently stopped), the ids
 //!   of its live children and, for an agent's scope, the agent: its
 //!   progress (turn, step, queued prompts) and its last session events.
@@ -37,6 +40,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use dsh_supervisors::tree::{RecvError, TreeChange, TryRecvError};
 use dsh_supervisors::{BoxError, Context, Plugin, Runtime, WorkerSpec};
+use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -98,12 +102,13 @@ const WINDOW: Duration = Duration::from_millis(50);
 #[derive(serde::Serialize)]
 struct Delta<'a> {
     changes: &'a [TreeChange],
-    /// Changes left out by `?coalesce=1`.
+    /// `?coalesce=1`: nodes that started and stopped since the last delta
+    /// (never shown).
     #[serde(skip_serializing_if = "is_zero")]
-    folded: usize,
+    folded: u64,
 }
 
-fn is_zero(n: &usize) -> bool {
+fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
@@ -161,50 +166,30 @@ struct StreamQuery {
     coalesce: Option<u8>,
 }
 
-/// Folds a batch for a viewer: nodes spawned and stopped within it go (with
-/// every change about them), and a node's summaries but the last. Returns
-/// how many changes were left out.
-fn coalesce(batch: &mut Vec<TreeChange>) -> usize {
-    use std::collections::{HashMap, HashSet};
-    let spawned: HashSet<u64> = batch
-        .iter()
-        .filter_map(|c| match c {
-            TreeChange::Spawned { node } => Some(node.info.id),
-            _ => None,
+fn snapshot_event(nodes: &[dsh_supervisors::tree::NodeSnapshot]) -> SseEvent {
+    let data = serde_json::to_string(&json!({ "nodes": nodes }))
+        .unwrap_or_else(|e| json!({"error": e.to_string()}).to_string());
+    SseEvent::default().event("snapshot").data(data)
+}
+
+/// Straight into the event's text (no intermediate JSON value per change,
+/// no intermediate string).
+fn delta_event(changes: &[TreeChange], folded: u64) -> SseEvent {
+    let delta = Delta { changes, folded };
+    SseEvent::default()
+        .event("delta")
+        .json_data(&delta)
+        .unwrap_or_else(|e| {
+            SseEvent::default()
+                .event("delta")
+                .data(json!({"error": e.to_string()}).to_string())
         })
-        .collect();
-    let transient: HashSet<u64> = batch
-        .iter()
-        .filter_map(|c| match c {
-            TreeChange::Stopped { id, .. } if spawned.contains(id) => Some(*id),
-            _ => None,
-        })
-        .collect();
-    let mut last_summary: HashMap<u64, usize> = HashMap::new();
-    for (i, c) in batch.iter().enumerate() {
-        if let TreeChange::Summary { id, .. } = c {
-            last_summary.insert(*id, i);
-        }
-    }
-    let before = batch.len();
-    let mut i = 0;
-    batch.retain(|c| {
-        let at = i;
-        i += 1;
-        let about = match c {
-            TreeChange::Spawned { node } => Some(node.info.id),
-            TreeChange::Status { id, .. } | TreeChange::Stopped { id, .. } => Some(*id),
-            TreeChange::Summary { id, .. } => {
-                if last_summary.get(id) != Some(&at) {
-                    return false;
-                }
-                Some(*id)
-            }
-            _ => None,
-        };
-        about.is_none_or(|id| !transient.contains(&id))
-    });
-    before - batch.len()
+}
+
+fn dropped_event(n: u64) -> SseEvent {
+    SseEvent::default()
+        .event("dropped")
+        .data(json!({ "dropped": n }).to_string())
 }
 
 async fn stream(
@@ -218,13 +203,77 @@ async fn stream(
             "query parameters: coalesce=1 (or 0)",
         );
     };
-    let folding = query.coalesce.unwrap_or(0) != 0;
     let tree = api.rt.tree().clone();
-    let stop = api.stop.clone();
+    let events = if query.coalesce.unwrap_or(0) != 0 {
+        view_stream(tree, api.stop.clone()).boxed()
+    } else {
+        every_change(tree, api.stop.clone()).boxed()
+    };
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
+}
+
+type SseItem = Result<SseEvent, Infallible>;
+
+/// `?coalesce=1`: the tree as a viewer follows it. At most one look per
+/// window, each the difference since the last (see
+/// [`dsh_supervisors::tree::Follower`]): the agents pay nothing per change
+/// for it.
+fn view_stream(
+    tree: Arc<dsh_supervisors::tree::Tree>,
+    stop: CancellationToken,
+) -> impl futures::Stream<Item = SseItem> {
+    futures::stream::unfold(
+        (
+            tree,
+            None::<dsh_supervisors::tree::Follower>,
+            Vec::<TreeChange>::new(),
+        ),
+        move |(tree, follower, mut batch)| {
+            let stop = stop.clone();
+            async move {
+                let Some(mut follower) = follower else {
+                    let (nodes, follower) = tree.follow();
+                    return Some((Ok(snapshot_event(&nodes)), (tree, Some(follower), batch)));
+                };
+                loop {
+                    tokio::select! {
+                        r = follower.changed() => r.ok()?,
+                        () = stop.cancelled() => return None,
+                    }
+                    // The first change of a quiet spell waits for the ones
+                    // right behind it.
+                    tokio::select! {
+                        () = tokio::time::sleep(WINDOW) => {}
+                        () = stop.cancelled() => return None,
+                    }
+                    let event = match tree.catch_up(&mut follower, &mut batch) {
+                        Ok(0) if batch.is_empty() => continue,
+                        Ok(folded) => delta_event(&batch, folded),
+                        Err(RecvError::Lagged(n)) => {
+                            batch.clear();
+                            return Some((Ok(dropped_event(n)), (tree, None, batch)));
+                        }
+                        Err(RecvError::Closed) => return None,
+                    };
+                    batch.clear();
+                    return Some((Ok(event), (tree, Some(follower), batch)));
+                }
+            }
+        },
+    )
+}
+
+/// Every change, in order, batched per window.
+fn every_change(
+    tree: Arc<dsh_supervisors::tree::Tree>,
+    stop: CancellationToken,
+) -> impl futures::Stream<Item = SseItem> {
     // The batch buffer lives as long as the stream: a fresh one per batch
     // grew to a large allocation that went back to the system each time,
     // and faulting its pages in again was most of the stream's own cost.
-    let events = futures::stream::unfold(
+    futures::stream::unfold(
         (
             tree,
             None::<dsh_supervisors::tree::Subscription>,
@@ -236,11 +285,8 @@ async fn stream(
                 let Some(mut rx) = rx else {
                     // Subscribe first, then snapshot: no change falls between.
                     let rx = tree.subscribe();
-                    let snapshot = json!({"nodes": tree.snapshot()});
-                    let event = SseEvent::default()
-                        .event("snapshot")
-                        .data(snapshot.to_string());
-                    return Some((Ok::<_, Infallible>(event), (tree, Some(rx), batch)));
+                    let event = snapshot_event(&tree.snapshot());
+                    return Some((Ok(event), (tree, Some(rx), batch)));
                 };
                 let next = tokio::select! {
                     r = rx.recv() => r,
@@ -260,10 +306,7 @@ async fn stream(
                 // lost; the next item is a fresh snapshot.
                 let dropped = |n: u64, mut batch: Vec<TreeChange>| {
                     batch.clear();
-                    let event = SseEvent::default()
-                        .event("dropped")
-                        .data(json!({"dropped": n}).to_string());
-                    Some((Ok(event), (tree.clone(), None, batch)))
+                    Some((Ok(dropped_event(n)), (tree.clone(), None, batch)))
                 };
                 let first = match next {
                     Ok(change) => change,
@@ -279,27 +322,12 @@ async fn stream(
                         Err(_) => break,
                     }
                 }
-                let folded = if folding { coalesce(&mut batch) } else { 0 };
-                // Straight into the event's text (no intermediate JSON value
-                // per change, no intermediate string).
-                let delta = Delta {
-                    changes: &batch,
-                    folded,
-                };
-                let event = match SseEvent::default().event("delta").json_data(&delta) {
-                    Ok(event) => event,
-                    Err(e) => SseEvent::default()
-                        .event("delta")
-                        .data(json!({"error": e.to_string()}).to_string()),
-                };
+                let event = delta_event(&batch, 0);
                 batch.clear();
                 Some((Ok(event), (tree, Some(rx), batch)))
             }
         },
-    );
-    Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+    )
 }
 
 async fn authorize(

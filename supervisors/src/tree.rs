@@ -7,9 +7,10 @@
 //! snapshot).
 
 mod feed;
+mod follow;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,6 +18,7 @@ use dashmap::DashMap;
 use serde::Serialize;
 
 pub use feed::{RecvError, Subscription, TryRecvError};
+pub use follow::Follower;
 
 /// Lifecycle status of a node, shared by fibers and workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -91,6 +93,9 @@ pub struct NodeStats {
     enqueued: AtomicU64,
     handled: AtomicU64,
     last_activity_ms: AtomicU64,
+    /// Counts the node's summary changes (a follower compares it with the
+    /// count it last read, instead of computing the summary).
+    summary_version: AtomicU32,
 }
 
 impl NodeStats {
@@ -124,6 +129,17 @@ impl NodeStats {
 
     pub(crate) fn set_status(&self, s: Status) {
         self.status.store(s as u8, Ordering::Release);
+    }
+
+    /// How many times the summary changed. Read before the summary: a
+    /// reader that saw this count reads a summary at least that recent.
+    fn summary_version(&self) -> u32 {
+        self.summary_version.load(Ordering::Acquire)
+    }
+
+    /// Counts a summary change, once the new summary is readable.
+    fn summary_changed(&self) {
+        self.summary_version.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -280,6 +296,9 @@ pub struct TreeLimits {
     /// Changes queued per feed subscriber before it lags (it may hold twice
     /// as many: the batch it is reading and a full queue behind it).
     pub feed_capacity: usize,
+    /// Stops remembered for followers between two of their looks (a
+    /// follower that misses some lags); kept only while anyone follows.
+    pub follow_stops: usize,
 }
 
 impl Default for TreeLimits {
@@ -287,6 +306,7 @@ impl Default for TreeLimits {
         TreeLimits {
             stopped_capacity: 4096,
             feed_capacity: 16384,
+            follow_stops: 65536,
         }
     }
 }
@@ -294,13 +314,33 @@ impl Default for TreeLimits {
 /// The registry of every supervised node.
 pub struct Tree {
     live: DashMap<u64, Arc<Node>>,
-    /// Stopped nodes as they were left (a node no longer changes once it
-    /// stopped): snapshots are made when the ring is read, not at every
-    /// stop, and a computed summary stays a function.
-    stopped: Mutex<VecDeque<StoppedNode>>,
+    stopped: Mutex<Stops>,
     limits: TreeLimits,
-    stop_seq: AtomicU64,
     feed: Arc<feed::Feed>,
+}
+
+/// Stopped nodes as they were left (a node no longer changes once it
+/// stopped): snapshots are made when the ring is read, not at every stop,
+/// and a computed summary stays a function. Numbered under the ring's lock,
+/// so the ring is in stop order and a follower reads the stops after the
+/// last one it saw.
+#[derive(Default)]
+struct Stops {
+    ring: VecDeque<StoppedNode>,
+    /// The last stop sequence number given.
+    seq: u64,
+    /// While anyone follows the tree: the stops since the oldest follower
+    /// subscribed, without the nodes (bounded by
+    /// [`TreeLimits::follow_stops`]; emptied once nobody follows).
+    log: VecDeque<StopRecord>,
+}
+
+/// A stop as a follower reads it.
+struct StopRecord {
+    id: u64,
+    seq: u64,
+    status: Status,
+    reason: Arc<str>,
 }
 
 impl Drop for Tree {
@@ -314,9 +354,8 @@ impl Tree {
     pub fn new(limits: TreeLimits) -> Tree {
         Tree {
             live: DashMap::new(),
-            stopped: Mutex::new(VecDeque::new()),
+            stopped: Mutex::default(),
             limits,
-            stop_seq: AtomicU64::new(0),
             feed: Arc::new(feed::Feed::new(limits.feed_capacity)),
         }
     }
@@ -324,7 +363,7 @@ impl Tree {
     /// Subscribes to changes from now on. Take a [`Tree::snapshot`] after
     /// subscribing to have a base the changes apply to.
     pub fn subscribe(&self) -> Subscription {
-        self.feed.subscribe()
+        self.feed.subscribe(feed::Reads::Everything)
     }
 
     /// Whether anyone follows the change feed right now.
@@ -332,9 +371,17 @@ impl Tree {
         self.feed.watched()
     }
 
-    /// Sends the change `make` builds, when anyone follows the feed (it is
-    /// not built otherwise).
+    /// Sends the node change `make` builds to the subscribers that read
+    /// every change (it is built only for them), and wakes the followers.
     fn publish(&self, make: impl FnOnce() -> TreeChange) {
+        if self.watched() {
+            self.feed.send_node(make);
+        }
+    }
+
+    /// Sends an event (supervision, teardown) to every subscriber and
+    /// follower.
+    fn publish_event(&self, make: impl FnOnce() -> TreeChange) {
         if self.watched() {
             self.feed.send(make());
         }
@@ -380,6 +427,7 @@ impl Tree {
         if let Ok(mut s) = node.summary.lock() {
             *s = Summary::Value(summary);
         }
+        node.stats.summary_changed();
         self.publish(|| TreeChange::Summary { id, node });
     }
 
@@ -388,26 +436,39 @@ impl Tree {
     pub(crate) fn stopped(&self, id: u64, status: Status, reason: &str) -> Option<u64> {
         let (_, node) = self.live.remove(&id)?;
         node.stats.set_status(status);
-        let seq = self.stop_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let reason: Arc<str> = reason.into();
-        let entry = StoppedNode {
+        let mut entry = StoppedNode {
             status,
             mailbox_depth: node.stats.mailbox_depth(),
             last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
             node,
             reason: reason.clone(),
-            seq,
+            seq: 0,
         };
         // The entry pushed out is dropped outside the lock.
-        let _oldest = match self.stopped.lock() {
-            Ok(mut ring) => {
-                let oldest = (ring.len() >= self.limits.stopped_capacity)
-                    .then(|| ring.pop_front())
-                    .flatten();
-                ring.push_back(entry);
-                oldest
+        let (seq, _oldest) = {
+            let mut stops = self.stops();
+            stops.seq += 1;
+            let seq = stops.seq;
+            entry.seq = seq;
+            let oldest = (stops.ring.len() >= self.limits.stopped_capacity)
+                .then(|| stops.ring.pop_front())
+                .flatten();
+            stops.ring.push_back(entry);
+            if self.feed.followed() {
+                if stops.log.len() >= self.limits.follow_stops {
+                    stops.log.pop_front();
+                }
+                stops.log.push_back(StopRecord {
+                    id,
+                    seq,
+                    status,
+                    reason: reason.clone(),
+                });
+            } else if stops.log.capacity() > 0 {
+                stops.log = VecDeque::new();
             }
-            Err(_) => None,
+            (seq, oldest)
         };
         self.publish(|| TreeChange::Stopped {
             id,
@@ -419,7 +480,7 @@ impl Tree {
     }
 
     pub(crate) fn supervision(&self, supervisor: u64, child: u64, message: &str, action: &str) {
-        self.publish(|| TreeChange::Supervision {
+        self.publish_event(|| TreeChange::Supervision {
             supervisor,
             child,
             message: message.to_owned(),
@@ -428,7 +489,7 @@ impl Tree {
     }
 
     pub(crate) fn teardown(&self, root: u64, order: Vec<u64>) {
-        self.publish(|| TreeChange::Teardown { root, order });
+        self.publish_event(|| TreeChange::Teardown { root, order });
     }
 
     /// Adds a parked node (status `hibernated`): something that holds no
@@ -477,8 +538,13 @@ impl Tree {
     /// The stopped node with this id, if still remembered.
     pub fn get_stopped(&self, id: u64) -> Option<NodeSnapshot> {
         let found = {
-            let ring = self.stopped.lock().ok()?;
-            ring.iter().rev().find(|s| s.node.info.id == id).cloned()
+            let stops = self.stops();
+            stops
+                .ring
+                .iter()
+                .rev()
+                .find(|s| s.node.info.id == id)
+                .cloned()
         };
         found.map(|s| s.snapshot())
     }
@@ -495,11 +561,7 @@ impl Tree {
 
     /// The remembered stopped nodes, oldest first.
     pub fn stopped_nodes(&self) -> Vec<NodeSnapshot> {
-        let ring: Vec<_> = self
-            .stopped
-            .lock()
-            .map(|r| r.iter().cloned().collect())
-            .unwrap_or_default();
+        let ring: Vec<_> = self.stops().ring.iter().cloned().collect();
         ring.into_iter().map(|s| s.snapshot()).collect()
     }
 
@@ -514,15 +576,24 @@ impl Tree {
         }
     }
 
-    /// Tells the feed a node's summary changed, when anyone follows it (the
-    /// summary is computed when the change is serialized).
+    /// Says a node's computed summary changed, when anyone follows the
+    /// tree: it is counted (followers compare the count) and sent to the
+    /// feed's subscribers (the summary is computed when the change is
+    /// serialized).
     pub fn summary_changed(&self, id: u64) {
         if !self.watched() {
             return;
         }
-        if let Some(node) = self.live.get(&id).map(|n| n.clone()) {
-            self.feed.send(TreeChange::Summary { id, node });
-        }
+        let Some(node) = self.live.get(&id).map(|n| n.clone()) else {
+            return;
+        };
+        node.stats.summary_changed();
+        self.feed.send_node(|| TreeChange::Summary { id, node });
+    }
+
+    /// The stopped ring (a panic while holding it leaves whole entries).
+    fn stops(&self) -> std::sync::MutexGuard<'_, Stops> {
+        self.stopped.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Number of live nodes.

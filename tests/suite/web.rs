@@ -1,8 +1,9 @@
 //! The `web` plugin's HTTP/SSE API, against a real server on a loopback port.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use dsh::kernel::{Runtime, RuntimeSettings, ScopeKey};
+use dsh::kernel::{Runtime, RuntimeSettings, ScopeKey, Status};
 use dsh::web::{Web, WebConfig, WebServer};
 use futures::StreamExt;
 
@@ -187,35 +188,42 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
     let (rt, base) = serve(None).await;
-    let r = client()
-        .get(format!("{base}/api/tree/stream"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert_eq!(
-        r.headers()["content-type"].to_str().unwrap(),
-        "text/event-stream"
-    );
-    let mut body = r.bytes_stream();
-    let mut buf = String::new();
-    let (_, snapshot) = until(&mut body, &mut buf, |name, _| name == "snapshot").await;
-    let snapshot: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
-    assert!(snapshot["nodes"].as_array().unwrap().len() >= 3);
+    // Every change, and the viewer's stream (`?coalesce=1`), side by side.
+    let mut streams = Vec::new();
+    for query in ["", "?coalesce=1"] {
+        let r = client()
+            .get(format!("{base}/api/tree/stream{query}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        let mut body = r.bytes_stream();
+        let mut buf = String::new();
+        let (_, snapshot) = until(&mut body, &mut buf, |name, _| name == "snapshot").await;
+        let snapshot: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
+        assert!(snapshot["nodes"].as_array().unwrap().len() >= 3, "{query}");
+        streams.push((query, body, buf));
+    }
     // A scope spawned now shows up as a delta.
     let scope = rt.root().scope(ScopeKey::new("watched")).await.unwrap();
     let id = scope.fiber().id();
-    let (_, delta) = until(&mut body, &mut buf, |name, data| {
-        name == "delta" && data.contains("scope/watched")
-    })
-    .await;
-    let delta: serde_json::Value = serde_json::from_str(&delta).unwrap();
-    let spawned = delta["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "spawned" && c["node"]["id"] == id);
-    assert!(spawned.is_some(), "{delta}");
+    for (query, body, buf) in &mut streams {
+        let (_, delta) = until(body, buf, |name, data| {
+            name == "delta" && data.contains("scope/watched")
+        })
+        .await;
+        let delta: serde_json::Value = serde_json::from_str(&delta).unwrap();
+        let spawned = delta["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "spawned" && c["node"]["id"] == id);
+        assert!(spawned.is_some(), "{query}: {delta}");
+    }
     // Disposing it is a `stopped` change.
     scope.dispose().await;
     let stopped = |data: &str| {
@@ -224,17 +232,19 @@ async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
             .and_then(|d| d["changes"].as_array().cloned())
             .is_some_and(|cs| cs.iter().any(|c| c["type"] == "stopped" && c["id"] == id))
     };
-    until(&mut body, &mut buf, |name, data| {
-        name == "delta" && stopped(data)
-    })
-    .await;
-    // Shutdown ends the open stream instead of waiting on it.
+    for (_, body, buf) in &mut streams {
+        until(body, buf, |name, data| name == "delta" && stopped(data)).await;
+    }
+    // Shutdown ends the open streams instead of waiting on them.
     tokio::time::timeout(WAIT, rt.shutdown())
         .await
         .expect("shutdown does not wait on an open stream");
-    let rest =
-        tokio::time::timeout(WAIT, async { while let Some(Ok(_)) = body.next().await {} }).await;
-    assert!(rest.is_ok(), "the stream ended");
+    for (query, mut body, _) in streams {
+        let rest =
+            tokio::time::timeout(WAIT, async { while let Some(Ok(_)) = body.next().await {} })
+                .await;
+        assert!(rest.is_ok(), "the stream {query} ended");
+    }
 }
 
 async fn serve_agents(mutations: bool) -> (Runtime, String) {
@@ -545,6 +555,7 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     let settings = RuntimeSettings {
         tree: dsh::kernel::tree::TreeLimits {
             feed_capacity: 16,
+            follow_stops: 16,
             ..Default::default()
         },
         ..Default::default()
@@ -595,5 +606,28 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
         })
         .await;
     }
+    drop(body);
+
+    // The viewer's stream lags when more nodes stopped between two looks
+    // than the tree remembers for it (16 here).
+    let r = c
+        .get(format!("{base}/api/tree/stream?coalesce=1"))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    let mut buf = String::new();
+    until(&mut body, &mut buf, |name, _| name == "snapshot").await;
+    let tree = rt.tree();
+    for i in 0..100 {
+        let summary: Arc<dsh::kernel::tree::SummaryFn> = Arc::new(|| serde_json::Value::Null);
+        let id = tree.park("agent", format!("brief/{i}").into(), Some(root), summary);
+        tree.unpark(id, Status::Disposed, "burst");
+    }
+    let (_, dropped) = until(&mut body, &mut buf, |name, _| name == "dropped").await;
+    let missed: serde_json::Value = serde_json::from_str(&dropped).unwrap();
+    assert!(missed["dropped"].as_u64().unwrap() >= 84, "{dropped}");
+    let (next, data) = until(&mut body, &mut buf, |_, _| true).await;
+    assert_eq!(next, "snapshot", "{data}");
     rt.shutdown().await;
 }

@@ -11,6 +11,11 @@
 //! missed, and must take a fresh snapshot. A subscriber holds at most twice
 //! the capacity: the batch it is reading and a full queue behind it.
 //!
+//! A follower ([`super::Follower`]) subscribes to events only
+//! (supervision, teardown): a change of a node merely wakes it, once, when
+//! it asked to be woken, and it reads the tree itself. A tree followed by
+//! viewers alone builds and queues nothing per node change.
+//!
 //! Subscribing and changing race like Dekker's flags: a change is made, then
 //! [`Feed::watched`] is read; a subscriber is counted, then the tree is
 //! read. A sequentially consistent fence on both sides between the write and
@@ -18,7 +23,7 @@
 //! snapshot and its feed together miss nothing.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::ArcSwap;
@@ -33,15 +38,31 @@ pub(super) struct Feed {
     /// Number of queues, read on every change of the tree (cheaper than
     /// loading the list when nobody watches).
     count: AtomicUsize,
+    /// Number of events-only queues (followers).
+    followers: AtomicUsize,
     capacity: usize,
 }
 
+/// What a subscriber's queue receives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Reads {
+    /// Every change.
+    Everything,
+    /// Supervision and teardown events; a node change only wakes the
+    /// reader, when it is armed (see [`Queue::armed`]).
+    Events,
+}
+
 /// One subscriber's queue.
-#[derive(Default)]
-struct Queue {
+pub(super) struct Queue {
     pending: Mutex<Pending>,
-    /// Woken when the queue stops being empty (or closes).
-    ready: Notify,
+    /// Woken when the queue stops being empty (or closes), and for an armed
+    /// events-only queue, at the next node change.
+    pub(super) ready: Notify,
+    reads: Reads,
+    /// Set by an events-only reader when it has read the tree and wants a
+    /// wake-up at the next node change; cleared by that change.
+    pub(super) armed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -53,6 +74,22 @@ struct Pending {
 }
 
 impl Queue {
+    fn new(reads: Reads) -> Queue {
+        Queue {
+            pending: Mutex::default(),
+            ready: Notify::new(),
+            reads,
+            armed: AtomicBool::new(false),
+        }
+    }
+
+    /// A node changed: wakes an armed events-only reader, once.
+    fn poke(&self) {
+        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
+            self.ready.notify_one();
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Pending> {
         // A panic while holding this lock leaves a queue of whole changes.
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
@@ -83,6 +120,7 @@ impl Feed {
         Feed {
             queues: ArcSwap::from_pointee(Vec::new()),
             count: AtomicUsize::new(0),
+            followers: AtomicUsize::new(0),
             capacity: capacity.max(16),
         }
     }
@@ -94,13 +132,22 @@ impl Feed {
         self.count.load(Ordering::Relaxed) > 0
     }
 
-    pub(super) fn subscribe(self: &Arc<Self>) -> Subscription {
-        let queue = Arc::new(Queue::default());
+    /// Whether a follower subscribes. Read under the lock of the stops,
+    /// which a new follower takes after it was counted.
+    pub(super) fn followed(&self) -> bool {
+        self.followers.load(Ordering::Relaxed) > 0
+    }
+
+    pub(super) fn subscribe(self: &Arc<Self>, reads: Reads) -> Subscription {
+        let queue = Arc::new(Queue::new(reads));
         self.queues.rcu(|queues| {
             let mut queues = Vec::clone(queues);
             queues.push(queue.clone());
             queues
         });
+        if reads == Reads::Events {
+            self.followers.fetch_add(1, Ordering::SeqCst);
+        }
         self.count.fetch_add(1, Ordering::SeqCst);
         // Before the subscriber reads the tree (see the module docs).
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -111,7 +158,7 @@ impl Feed {
         }
     }
 
-    /// Queues a change for every subscriber.
+    /// Queues an event (supervision, teardown) for every subscriber.
     pub(super) fn send(&self, change: TreeChange) {
         let queues = self.queues.load();
         if let Some((last, others)) = queues.split_last() {
@@ -119,6 +166,26 @@ impl Feed {
                 queue.push(change.clone(), self.capacity);
             }
             last.push(change, self.capacity);
+        }
+    }
+
+    /// Queues the node change `make` builds for the subscribers that read
+    /// every change (it is built only if there is one), and wakes the armed
+    /// followers.
+    pub(super) fn send_node(&self, make: impl FnOnce() -> TreeChange) {
+        let mut make = Some(make);
+        let mut built: Option<TreeChange> = None;
+        for queue in self.queues.load().iter() {
+            if queue.reads == Reads::Events {
+                queue.poke();
+                continue;
+            }
+            if built.is_none() {
+                built = make.take().map(|make| make());
+            }
+            if let Some(change) = &built {
+                queue.push(change.clone(), self.capacity);
+            }
         }
     }
 
@@ -135,7 +202,7 @@ impl Feed {
 /// A subscription to the tree's change feed (see the module docs). Dropping
 /// it unsubscribes.
 pub struct Subscription {
-    queue: Arc<Queue>,
+    pub(super) queue: Arc<Queue>,
     feed: Arc<Feed>,
     /// Changes taken from the queue in one swap, read without a lock.
     taken: VecDeque<TreeChange>,
@@ -178,6 +245,15 @@ impl Subscription {
         Err(TryRecvError::Empty)
     }
 
+    /// Whether the feed closed (its tree is gone) and everything queued
+    /// was read.
+    pub(super) fn is_closed(&self) -> bool {
+        self.taken.is_empty() && {
+            let pending = self.queue.lock();
+            pending.closed && pending.changes.is_empty() && pending.missed == 0
+        }
+    }
+
     /// Whether nothing is there to read right now.
     pub fn is_empty(&self) -> bool {
         if !self.taken.is_empty() {
@@ -199,6 +275,9 @@ impl Drop for Subscription {
                 .collect::<Vec<_>>()
         });
         self.feed.count.fetch_sub(1, Ordering::AcqRel);
+        if self.queue.reads == Reads::Events {
+            self.feed.followers.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -225,8 +304,8 @@ mod tests {
     fn every_subscriber_reads_every_change_in_order_until_it_unsubscribes() {
         let feed = Arc::new(Feed::new(64));
         assert!(!feed.watched());
-        let mut a = feed.subscribe();
-        let mut b = feed.subscribe();
+        let mut a = feed.subscribe(Reads::Everything);
+        let mut b = feed.subscribe(Reads::Everything);
         assert!(feed.watched() && a.is_empty());
         for id in 0..5 {
             feed.send(change(id));
@@ -248,7 +327,7 @@ mod tests {
     #[test]
     fn a_full_queue_misses_changes_and_says_how_many_after_what_it_kept() {
         let feed = Arc::new(Feed::new(16));
-        let mut s = feed.subscribe();
+        let mut s = feed.subscribe(Reads::Everything);
         for id in 0..20 {
             feed.send(change(id));
         }
@@ -263,10 +342,55 @@ mod tests {
         assert_eq!(id_of(s.try_recv().unwrap()), 21);
     }
 
+    #[test]
+    fn a_follower_gets_events_and_one_wake_up_per_arming_but_no_node_change() {
+        use futures::FutureExt;
+        let feed = Arc::new(Feed::new(16));
+        let mut every = feed.subscribe(Reads::Everything);
+        let follower = feed.subscribe(Reads::Events);
+        let built = std::cell::Cell::new(0);
+        let built = &built;
+        let node_change = |id| {
+            move || {
+                built.set(built.get() + 1);
+                change(id)
+            }
+        };
+        feed.send_node(node_change(1));
+        // Not armed: no wake-up for the follower.
+        assert!(follower.is_empty());
+        assert!(follower.queue.ready.notified().now_or_never().is_none());
+        follower.queue.armed.store(true, Ordering::SeqCst);
+        feed.send_node(node_change(2));
+        feed.send_node(node_change(3));
+        assert!(!follower.queue.armed.load(Ordering::SeqCst));
+        // One wake-up for the two changes, and no change queued.
+        assert!(follower.queue.ready.notified().now_or_never().is_some());
+        assert!(follower.queue.ready.notified().now_or_never().is_none());
+        assert!(follower.is_empty());
+        // Built once per change, for the subscriber that reads every one.
+        assert_eq!(built.get(), 3);
+        let ids: Vec<u64> = std::iter::from_fn(|| every.try_recv().ok().map(id_of)).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        drop(every);
+        feed.send_node(node_change(4));
+        assert_eq!(built.get(), 3, "nothing built for followers alone");
+        // Events reach both kinds.
+        feed.send(TreeChange::Teardown {
+            root: 9,
+            order: vec![9],
+        });
+        let mut follower = follower;
+        assert!(matches!(
+            follower.try_recv(),
+            Ok(TreeChange::Teardown { root: 9, .. })
+        ));
+    }
+
     #[tokio::test]
     async fn a_waiting_reader_wakes_for_a_change_and_learns_the_feed_closed() {
         let feed = Arc::new(Feed::new(16));
-        let mut s = feed.subscribe();
+        let mut s = feed.subscribe(Reads::Everything);
         let reader = tokio::spawn(async move {
             let first = s.recv().await.map(id_of);
             let second = s.recv().await.map(id_of);

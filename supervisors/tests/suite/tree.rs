@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use dsh_supervisors::tree::{TreeLimits, render};
+use dsh_supervisors::tree::{RecvError, TreeLimits, render};
+use futures::FutureExt;
 use std::time::Duration;
 
 use dsh_supervisors::{
@@ -115,6 +116,7 @@ async fn stopped_entries_are_bounded_and_status_changes_are_published() {
         tree: TreeLimits {
             stopped_capacity: 8,
             feed_capacity: 1024,
+            ..TreeLimits::default()
         },
         ..RuntimeSettings::default()
     };
@@ -187,5 +189,138 @@ async fn a_stopped_node_is_remembered_as_it_was_when_it_stopped() {
             .is_err()
     );
     assert_eq!(rt.tree().get_stopped(worker.id()).unwrap(), at_stop);
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+/// The ids of the node changes in `out` of one kind (`stopped`, …), in order.
+fn ids_of(out: &[TreeChange], kind: &str) -> Vec<u64> {
+    out.iter()
+        .filter_map(|c| match (c, kind) {
+            (TreeChange::Spawned { node }, "spawned") => Some(node.info.id),
+            (TreeChange::Status { id, .. }, "status")
+            | (TreeChange::Summary { id, .. }, "summary")
+            | (TreeChange::Stopped { id, .. }, "stopped") => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_reads_the_latest_state_and_leaves_out_short_lived_nodes() {
+    let rt = runtime().await;
+    let tree = rt.tree().clone();
+    let (snapshot, mut f) = tree.follow();
+    assert!(snapshot.iter().any(|n| n.kind == "root"), "{snapshot:?}");
+    let mut out = Vec::new();
+    // A quiet tree: nothing to read, and nothing wakes the follower.
+    assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+    assert!(out.is_empty(), "{out:?}");
+    assert!(f.changed().now_or_never().is_none());
+
+    let (fiber, worker) = host_with_worker(&rt, "followed").await;
+    bounded("the wake-up", f.changed()).await.unwrap();
+    for step in 0..3 {
+        tree.set_summary(worker.id(), serde_json::json!({ "step": step }));
+    }
+    tree.catch_up(&mut f, &mut out).unwrap();
+    // New nodes once each, parents first, read as they are now.
+    assert_eq!(ids_of(&out, "spawned"), [fiber.id(), worker.id()]);
+    let wire = serde_json::to_value(&out).unwrap();
+    assert_eq!(wire[1]["node"]["summary"]["step"], 2, "{wire}");
+
+    // Three summaries between two looks: the last one, once.
+    out.clear();
+    for step in 3..6 {
+        tree.set_summary(worker.id(), serde_json::json!({ "step": step }));
+    }
+    tree.catch_up(&mut f, &mut out).unwrap();
+    assert_eq!(ids_of(&out, "summary"), [worker.id()]);
+    let wire = serde_json::to_value(&out).unwrap();
+    let summary = wire
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "summary")
+        .unwrap();
+    assert_eq!(summary["summary"]["step"], 5, "{wire}");
+
+    // A scope that started and stopped between two looks is left out.
+    out.clear();
+    let brief = rt
+        .root()
+        .scope(dsh_supervisors::ScopeKey::new("brief"))
+        .await
+        .unwrap();
+    let brief_id = brief.fiber().id();
+    bounded("dispose", brief.dispose()).await;
+    assert_eq!(tree.catch_up(&mut f, &mut out), Ok(1));
+    for kind in ["spawned", "status", "summary", "stopped"] {
+        assert!(!ids_of(&out, kind).contains(&brief_id), "{out:?}");
+    }
+
+    // Stops in stop order (children first), then the teardown event.
+    out.clear();
+    bounded("dispose", fiber.dispose()).await;
+    tree.catch_up(&mut f, &mut out).unwrap();
+    assert_eq!(ids_of(&out, "stopped"), [worker.id(), fiber.id()]);
+    let seqs: Vec<u64> = out
+        .iter()
+        .filter_map(|c| match c {
+            TreeChange::Stopped { stop_seq, .. } => Some(*stop_seq),
+            _ => None,
+        })
+        .collect();
+    assert!(seqs[0] < seqs[1], "{seqs:?}");
+    assert!(
+        matches!(out.last(), Some(TreeChange::Teardown { root, order }) if *root == fiber.id() && order[..] == [worker.id(), fiber.id()]),
+        "{out:?}"
+    );
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_missed_stops_is_told_to_start_over() {
+    let settings = RuntimeSettings {
+        tree: TreeLimits {
+            follow_stops: 4,
+            ..TreeLimits::default()
+        },
+        ..RuntimeSettings::default()
+    };
+    let rt = Runtime::start(settings).await.unwrap();
+    let tree = rt.tree().clone();
+    let (_, mut f) = tree.follow();
+    let log = Log::default();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("many", &[], move |ctx: Context| {
+                let l = log.clone();
+                async move {
+                    for i in 0..10 {
+                        let name = format!("w{i}");
+                        ctx.spawn(WorkerSpec::new(
+                            "worker",
+                            name.clone(),
+                            Recorder::new(name, &l),
+                            (),
+                        ))
+                        .await?;
+                    }
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    bounded("dispose", fiber.dispose()).await;
+    // Eleven stops (ten workers, then the plugin), four remembered.
+    let mut out = Vec::new();
+    assert_eq!(tree.catch_up(&mut f, &mut out), Err(RecvError::Lagged(7)));
+    // Started over: the snapshot, and what follows it.
+    let (snapshot, mut f) = tree.follow();
+    assert!(snapshot.iter().all(|n| n.id != fiber.id()));
+    assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
     bounded("shutdown", rt.shutdown()).await;
 }

@@ -1,0 +1,309 @@
+//! Following the tree as a viewer: what changed since the last look, read
+//! from the tree itself instead of from a queue of every change.
+//!
+//! A viewer (the dashboard) wants the tree as it is now, not each step it
+//! took: an actor that started and stopped between two looks is of no use
+//! to it, and a node's third summary in a row replaces the first two. A
+//! [`Follower`] remembers what it has shown (status and summary count per
+//! node); [`Tree::catch_up`] compares that with the live map and the
+//! stopped ring and gives the difference. The changing side does nothing
+//! per change for a follower but wake it, once per look (see
+//! [`super::feed`]), so a followed tree costs its actors almost what an
+//! unfollowed one does, however fast they change.
+//!
+//! What a look gives, in this order:
+//! - `stopped` for every shown node that stopped since the last look, in
+//!   stop order (from a log of stops kept while anyone follows; a node that
+//!   started and stopped between two looks is left out and counted);
+//! - `status` and `summary` for shown nodes that changed;
+//! - `spawned` for new nodes, parents before children (a node whose live
+//!   parent is not shown yet waits for the next look);
+//! - supervision and teardown events, each as it happened.
+//!
+//! When the log dropped stops the follower had not read, or its
+//! events queue overflowed, the look fails with `Lagged`: the follower must
+//! start over from a new snapshot.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, atomic};
+
+use super::feed::{self, RecvError, Subscription, TryRecvError};
+use super::{Node, NodeSnapshot, Status, Tree, TreeChange, snapshot_of};
+
+/// A viewer's position in the tree: what it has been shown so far.
+pub struct Follower {
+    /// Events (supervision, teardown), and the wake-up at a node change.
+    events: Subscription,
+    /// Every shown node that has not stopped: status and summary count as
+    /// last shown.
+    shown: HashMap<u64, Shown, BuildHasherDefault<IdHasher>>,
+    /// The last stop read from the ring.
+    last_stop: u64,
+    /// Reused between looks: the live map as read, and the new nodes.
+    read: Vec<(u64, Status, u32)>,
+    fresh: Vec<(Arc<Node>, Status, u32)>,
+}
+
+#[derive(Clone, Copy)]
+struct Shown {
+    status: Status,
+    summary: u32,
+}
+
+/// Node ids are spread by one multiplication (they are mostly consecutive,
+/// and nobody outside chooses them).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Follower {
+    /// Waits until the tree may have changed since the last look (a node
+    /// changed, or an event is queued). Returns `Closed` once the tree is
+    /// gone. Cancel-safe.
+    pub async fn changed(&mut self) -> Result<(), RecvError> {
+        let queue = self.events.queue.clone();
+        loop {
+            if self.events.is_closed() {
+                return Err(RecvError::Closed);
+            }
+            // Disarmed by a node change; an event or a lag shows as a
+            // non-empty queue.
+            if !queue.armed.load(Ordering::Acquire) || !self.events.is_empty() {
+                return Ok(());
+            }
+            queue.ready.notified().await;
+        }
+    }
+}
+
+impl Tree {
+    /// Starts following the tree: the snapshot to show first, and the
+    /// follower to pass to [`Tree::catch_up`] for what changes after it.
+    pub fn follow(&self) -> (Vec<NodeSnapshot>, Follower) {
+        let events = self.feed.subscribe(feed::Reads::Events);
+        let mut follower = Follower {
+            events,
+            shown: HashMap::default(),
+            last_stop: 0,
+            read: Vec::new(),
+            fresh: Vec::new(),
+        };
+        follower.arm();
+        // Stops numbered from here on concern nodes the snapshot below may
+        // hold: it reads the live map after (a node leaves the map before
+        // its stop is numbered).
+        follower.last_stop = self.stops().seq;
+        let nodes: Vec<Arc<Node>> = self.live.iter().map(|n| n.clone()).collect();
+        let mut snapshot = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            // The counts before the node itself: a change after them shows
+            // again at the next look.
+            let shown = Shown {
+                status: node.stats.status(),
+                summary: node.stats.summary_version(),
+            };
+            follower.shown.insert(node.info.id, shown);
+            snapshot.push(snapshot_of(node, None, None));
+        }
+        snapshot.sort_by_key(|n| n.id);
+        (snapshot, follower)
+    }
+
+    /// Appends to `out` what changed since the follower's last look (see
+    /// the module docs), and returns how many nodes started and stopped in
+    /// between (left out). `Lagged` means changes were lost: start over
+    /// with [`Tree::follow`]. `Closed` means the tree is gone.
+    pub fn catch_up(&self, f: &mut Follower, out: &mut Vec<TreeChange>) -> Result<u64, RecvError> {
+        // Armed before reading: a change from here on wakes the follower
+        // for the next look, and this one may already see it.
+        f.arm();
+        let mut events = Vec::new();
+        loop {
+            match f.events.try_recv() {
+                Ok(event) => events.push(event),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
+                Err(TryRecvError::Closed) if events.is_empty() => return Err(RecvError::Closed),
+                Err(TryRecvError::Closed) => break,
+            }
+        }
+        let left_out = self.read_stops(f, out)?;
+        // The live map is read under each shard's lock, copying three
+        // numbers per node; the rest happens after.
+        f.read.clear();
+        f.read.extend(
+            self.live
+                .iter()
+                .map(|n| (*n.key(), n.stats.status(), n.stats.summary_version())),
+        );
+        f.fresh.clear();
+        for &(id, status, summary) in &f.read {
+            let Some(shown) = f.shown.get_mut(&id) else {
+                if let Some(node) = self.live.get(&id) {
+                    f.fresh.push((node.clone(), status, summary));
+                }
+                continue;
+            };
+            if shown.status != status {
+                shown.status = status;
+                out.push(TreeChange::Status { id, status });
+            }
+            if shown.summary != summary
+                && let Some(node) = self.live.get(&id).map(|n| n.clone())
+            {
+                shown.summary = summary;
+                out.push(TreeChange::Summary { id, node });
+            }
+        }
+        // Ids grow with start time, and a parent starts before its child.
+        f.fresh.sort_by_key(|(node, ..)| node.info.id);
+        for (node, status, summary) in f.fresh.drain(..) {
+            let waits = node
+                .info
+                .parent
+                .is_some_and(|p| !f.shown.contains_key(&p) && self.live.contains_key(&p));
+            if waits {
+                continue;
+            }
+            f.shown.insert(node.info.id, Shown { status, summary });
+            out.push(TreeChange::Spawned { node });
+        }
+        out.extend(events);
+        Ok(left_out)
+    }
+
+    /// The stops since the follower's last look: `stopped` for the shown
+    /// nodes, a count of the others.
+    fn read_stops(&self, f: &mut Follower, out: &mut Vec<TreeChange>) -> Result<u64, RecvError> {
+        let mut left_out = 0;
+        let stops = self.stops();
+        // The log is in stop order, without gaps since the follower
+        // subscribed (it was counted before it read `seq`, under this lock).
+        let from = stops.log.partition_point(|s| s.seq <= f.last_stop);
+        let unread = stops.seq - f.last_stop;
+        let kept = (stops.log.len() - from) as u64;
+        if unread > kept {
+            return Err(RecvError::Lagged(unread - kept));
+        }
+        for stop in stops.log.range(from..) {
+            let id = stop.id;
+            if f.shown.remove(&id).is_some() {
+                out.push(TreeChange::Stopped {
+                    id,
+                    status: stop.status,
+                    reason: stop.reason.clone(),
+                    stop_seq: stop.seq,
+                });
+            } else {
+                left_out += 1;
+            }
+        }
+        f.last_stop = stops.seq;
+        Ok(left_out)
+    }
+}
+
+impl Follower {
+    fn arm(&self) {
+        self.events.queue.armed.store(true, Ordering::Relaxed);
+        // Between arming and reading the tree (the changing side fences
+        // between its change and the armed check).
+        atomic::fence(Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{NodeInfo, TreeLimits};
+    use super::*;
+
+    fn info(id: u64, parent: Option<u64>) -> NodeInfo {
+        NodeInfo {
+            id,
+            kind: Arc::from("worker"),
+            name: Arc::from(format!("n{id}")),
+            parent,
+            started_ms: 0,
+        }
+    }
+
+    fn spawned(out: &[TreeChange]) -> Vec<u64> {
+        out.iter()
+            .filter_map(|c| match c {
+                TreeChange::Spawned { node } => Some(node.info.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_node_is_shown_after_its_live_parent() {
+        let tree = Tree::new(TreeLimits::default());
+        let (snapshot, mut f) = tree.follow();
+        assert!(snapshot.is_empty());
+        // A child whose live parent sorts after it (as if the parent's
+        // shard had been read before the parent arrived), and an orphan.
+        tree.insert(info(5, Some(9)), Status::Active);
+        tree.insert(info(9, None), Status::Active);
+        tree.insert(info(12, Some(77)), Status::Active);
+        let mut out = Vec::new();
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        assert_eq!(spawned(&out), [9, 12]);
+        out.clear();
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        assert_eq!(spawned(&out), [5]);
+        out.clear();
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_follower_learns_that_the_tree_is_gone() {
+        use futures::FutureExt;
+        let tree = Tree::new(TreeLimits::default());
+        let (_, mut f) = tree.follow();
+        assert!(f.changed().now_or_never().is_none());
+        tree.insert(info(1, None), Status::Active);
+        assert_eq!(f.changed().now_or_never(), Some(Ok(())));
+        drop(tree);
+        assert_eq!(f.changed().now_or_never(), Some(Err(RecvError::Closed)));
+    }
+
+    #[test]
+    fn a_status_that_changed_and_changed_back_between_looks_is_not_shown() {
+        let tree = Tree::new(TreeLimits::default());
+        let node = tree.insert(info(3, None), Status::Active);
+        let (_, mut f) = tree.follow();
+        tree.set_status(&node, Status::Unloading);
+        tree.set_status(&node, Status::Active);
+        let mut out = Vec::new();
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        assert!(out.is_empty());
+        tree.set_status(&node, Status::Unloading);
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        assert!(matches!(
+            out[..],
+            [TreeChange::Status {
+                id: 3,
+                status: Status::Unloading
+            }]
+        ));
+    }
+}
