@@ -224,45 +224,67 @@ fn view_stream(
     tree: Arc<dsh_supervisors::tree::Tree>,
     stop: CancellationToken,
 ) -> impl futures::Stream<Item = SseItem> {
-    futures::stream::unfold(
-        (
-            tree,
-            None::<dsh_supervisors::tree::Follower>,
-            Vec::<TreeChange>::new(),
-        ),
-        move |(tree, follower, mut batch)| {
-            let stop = stop.clone();
-            async move {
-                let Some(mut follower) = follower else {
-                    let (nodes, follower) = tree.follow();
-                    return Some((Ok(snapshot_event(&nodes)), (tree, Some(follower), batch)));
-                };
-                loop {
-                    tokio::select! {
-                        r = follower.changed() => r.ok()?,
-                        () = stop.cancelled() => return None,
+    let viewing = Viewing {
+        tree,
+        follower: None,
+        look: Vec::new(),
+        sent: 0,
+    };
+    futures::stream::unfold(viewing, move |mut v| {
+        let stop = stop.clone();
+        async move {
+            if v.sent < v.look.len() {
+                let end = v.look.len().min(v.sent + BATCH);
+                let event = delta_event(&v.look[v.sent..end], 0);
+                v.sent = end;
+                return Some((Ok(event), v));
+            }
+            v.look.clear();
+            v.sent = 0;
+            let Some(follower) = v.follower.as_mut() else {
+                let (nodes, follower) = v.tree.follow();
+                v.follower = Some(follower);
+                return Some((Ok(snapshot_event(&nodes)), v));
+            };
+            loop {
+                tokio::select! {
+                    r = follower.changed() => r.ok()?,
+                    () = stop.cancelled() => return None,
+                }
+                // The first change of a quiet spell waits for the ones
+                // right behind it.
+                tokio::select! {
+                    () = tokio::time::sleep(WINDOW) => {}
+                    () = stop.cancelled() => return None,
+                }
+                match v.tree.catch_up(follower, &mut v.look) {
+                    Ok(0) if v.look.is_empty() => continue,
+                    Ok(folded) => {
+                        v.sent = v.look.len().min(BATCH);
+                        let event = delta_event(&v.look[..v.sent], folded);
+                        return Some((Ok(event), v));
                     }
-                    // The first change of a quiet spell waits for the ones
-                    // right behind it.
-                    tokio::select! {
-                        () = tokio::time::sleep(WINDOW) => {}
-                        () = stop.cancelled() => return None,
+                    Err(RecvError::Lagged(n)) => {
+                        v.look.clear();
+                        v.follower = None;
+                        return Some((Ok(dropped_event(n)), v));
                     }
-                    let event = match tree.catch_up(&mut follower, &mut batch) {
-                        Ok(0) if batch.is_empty() => continue,
-                        Ok(folded) => delta_event(&batch, folded),
-                        Err(RecvError::Lagged(n)) => {
-                            batch.clear();
-                            return Some((Ok(dropped_event(n)), (tree, None, batch)));
-                        }
-                        Err(RecvError::Closed) => return None,
-                    };
-                    batch.clear();
-                    return Some((Ok(event), (tree, Some(follower), batch)));
+                    Err(RecvError::Closed) => return None,
                 }
             }
-        },
-    )
+        }
+    })
+}
+
+/// A viewer's stream between two events.
+struct Viewing {
+    tree: Arc<dsh_supervisors::tree::Tree>,
+    /// `None` until the snapshot is sent (again after a lag).
+    follower: Option<dsh_supervisors::tree::Follower>,
+    /// The last look's changes (kept between looks, with its capacity), sent
+    /// [`BATCH`] per event.
+    look: Vec<TreeChange>,
+    sent: usize,
 }
 
 /// Every change, in order, batched per window.

@@ -629,5 +629,26 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     assert!(missed["dropped"].as_u64().unwrap() >= 84, "{dropped}");
     let (next, data) = until(&mut body, &mut buf, |_, _| true).await;
     assert_eq!(next, "snapshot", "{data}");
+    // A look larger than one event is sent as several (4,096 changes each
+    // at most), in order.
+    for i in 0..5000 {
+        let summary: Arc<dsh::kernel::tree::SummaryFn> = Arc::new(|| serde_json::Value::Null);
+        tree.park("agent", format!("resting/{i}").into(), Some(root), summary);
+    }
+    let mut names = Vec::new();
+    while names.len() < 5000 {
+        let (name, data) = until(&mut body, &mut buf, |_, _| true).await;
+        assert_eq!(name, "delta", "{data}");
+        let delta: serde_json::Value = serde_json::from_str(&data).unwrap();
+        let changes = delta["changes"].as_array().unwrap();
+        assert!(changes.len() <= 4096, "{}", changes.len());
+        names.extend(
+            changes
+                .iter()
+                .map(|c| c["node"]["name"].as_str().unwrap().to_owned()),
+        );
+    }
+    let expected: Vec<String> = (0..5000).map(|i| format!("resting/{i}")).collect();
+    assert_eq!(names, expected);
     rt.shutdown().await;
 }
