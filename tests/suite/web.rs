@@ -151,6 +151,32 @@ async fn binding_off_loopback_without_a_token_is_refused() {
     rt.shutdown().await;
 }
 
+/// Opens a tree stream (`query` after the path) and reads it up to its
+/// first snapshot: the body, what was read past the snapshot, the snapshot.
+async fn open_stream(
+    base: &str,
+    query: &str,
+) -> (
+    impl futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Unpin,
+    String,
+    serde_json::Value,
+) {
+    let r = client()
+        .get(format!("{base}/api/tree/stream{query}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut body = r.bytes_stream();
+    let mut buf = String::new();
+    let (_, snapshot) = until(&mut body, &mut buf, |name, _| name == "snapshot").await;
+    (body, buf, serde_json::from_str(&snapshot).unwrap())
+}
+
 /// Reads SSE events (name, data) from a response body until `want` matches.
 async fn until<S>(
     body: &mut S,
@@ -191,20 +217,7 @@ async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
     // Every change, and the viewer's stream (`?coalesce=1`), side by side.
     let mut streams = Vec::new();
     for query in ["", "?coalesce=1"] {
-        let r = client()
-            .get(format!("{base}/api/tree/stream{query}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(
-            r.headers()["content-type"].to_str().unwrap(),
-            "text/event-stream"
-        );
-        let mut body = r.bytes_stream();
-        let mut buf = String::new();
-        let (_, snapshot) = until(&mut body, &mut buf, |name, _| name == "snapshot").await;
-        let snapshot: serde_json::Value = serde_json::from_str(&snapshot).unwrap();
+        let (body, buf, snapshot) = open_stream(&base, query).await;
         assert!(snapshot["nodes"].as_array().unwrap().len() >= 3, "{query}");
         streams.push((query, body, buf));
     }
@@ -569,15 +582,7 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     rt.root().plugin(Web, config).await.unwrap();
     let web = rt.root().get::<WebServer>(WebServer::SERVICE).unwrap();
     let base = format!("http://{}", web.local_addr());
-    let c = client();
-    let r = c
-        .get(format!("{base}/api/tree/stream"))
-        .send()
-        .await
-        .unwrap();
-    let mut body = r.bytes_stream();
-    let mut buf = String::new();
-    until(&mut body, &mut buf, |name, _| name == "snapshot").await;
+    let (mut body, mut buf, _) = open_stream(&base, "").await;
     // A burst the 16-change feed cannot hold.
     let root = rt.root().fiber().id();
     for i in 0..5000 {
@@ -610,18 +615,16 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
 
     // The viewer's stream lags when more nodes stopped between two looks
     // than the tree remembers for it (16 here).
-    let r = c
-        .get(format!("{base}/api/tree/stream?coalesce=1"))
-        .send()
-        .await
-        .unwrap();
-    let mut body = r.bytes_stream();
-    let mut buf = String::new();
-    until(&mut body, &mut buf, |name, _| name == "snapshot").await;
+    let (mut body, mut buf, _) = open_stream(&base, "?coalesce=1").await;
     let tree = rt.tree();
+    let null: Arc<dsh::kernel::tree::SummaryFn> = Arc::new(|| serde_json::Value::Null);
     for i in 0..100 {
-        let summary: Arc<dsh::kernel::tree::SummaryFn> = Arc::new(|| serde_json::Value::Null);
-        let id = tree.park("agent", format!("brief/{i}").into(), Some(root), summary);
+        let id = tree.park(
+            "agent",
+            format!("brief/{i}").into(),
+            Some(root),
+            null.clone(),
+        );
         tree.unpark(id, Status::Disposed, "burst");
     }
     let (_, dropped) = until(&mut body, &mut buf, |name, _| name == "dropped").await;
@@ -632,8 +635,12 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     // A look larger than one event is sent as several (4,096 changes each
     // at most), in order.
     for i in 0..5000 {
-        let summary: Arc<dsh::kernel::tree::SummaryFn> = Arc::new(|| serde_json::Value::Null);
-        tree.park("agent", format!("resting/{i}").into(), Some(root), summary);
+        tree.park(
+            "agent",
+            format!("resting/{i}").into(),
+            Some(root),
+            null.clone(),
+        );
     }
     let mut names = Vec::new();
     while names.len() < 5000 {

@@ -110,6 +110,33 @@ async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
     bounded("shutdown", rt.shutdown()).await;
 }
 
+/// A plugin `many` whose fiber starts `n` workers `w0`, `w1`, ….
+async fn many_workers(rt: &Runtime, n: usize, log: &Log) -> Fiber {
+    let log = log.clone();
+    rt.root()
+        .plugin(
+            plugin_fn("many", &[], move |ctx: Context| {
+                let l = log.clone();
+                async move {
+                    for i in 0..n {
+                        let name = format!("w{i}");
+                        ctx.spawn(WorkerSpec::new(
+                            "worker",
+                            name.clone(),
+                            Recorder::new(name, &l),
+                            (),
+                        ))
+                        .await?;
+                    }
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_entries_are_bounded_and_status_changes_are_published() {
     let settings = RuntimeSettings {
@@ -122,30 +149,8 @@ async fn stopped_entries_are_bounded_and_status_changes_are_published() {
     };
     let rt = Runtime::start(settings).await.unwrap();
     let log = Log::default();
-    let l = log.clone();
     let mut feed = rt.tree().subscribe();
-    let fiber = rt
-        .root()
-        .plugin(
-            plugin_fn("many", &[], move |ctx: Context| {
-                let l = l.clone();
-                async move {
-                    for i in 0..20 {
-                        ctx.spawn(WorkerSpec::new(
-                            "worker",
-                            format!("w{i}"),
-                            Recorder::new(format!("w{i}"), &l),
-                            (),
-                        ))
-                        .await?;
-                    }
-                    Ok(())
-                }
-            }),
-            (),
-        )
-        .await
-        .unwrap();
+    let fiber = many_workers(&rt, 20, &log).await;
     wait_change(
         &mut feed,
         |c| matches!(c, TreeChange::Status { id, status: Status::Active } if *id == fiber.id()),
@@ -290,30 +295,7 @@ async fn a_follower_that_missed_stops_is_told_to_start_over() {
     let rt = Runtime::start(settings).await.unwrap();
     let tree = rt.tree().clone();
     let (_, mut f) = tree.follow();
-    let log = Log::default();
-    let fiber = rt
-        .root()
-        .plugin(
-            plugin_fn("many", &[], move |ctx: Context| {
-                let l = log.clone();
-                async move {
-                    for i in 0..10 {
-                        let name = format!("w{i}");
-                        ctx.spawn(WorkerSpec::new(
-                            "worker",
-                            name.clone(),
-                            Recorder::new(name, &l),
-                            (),
-                        ))
-                        .await?;
-                    }
-                    Ok(())
-                }
-            }),
-            (),
-        )
-        .await
-        .unwrap();
+    let fiber = many_workers(&rt, 10, &Log::default()).await;
     bounded("dispose", fiber.dispose()).await;
     // Eleven stops (ten workers, then the plugin), four remembered.
     let mut out = Vec::new();
