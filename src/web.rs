@@ -10,7 +10,7 @@
 //!   two looks at the tree, at most one per window — new nodes (parents
 //!   first), a node's latest status and summary, stops in stop order; a node
 //!   that started and stopped between two looks is left out (counted in
-//!   `folded`). It costs the agents nothing per change.
+//!   `folded`). Per change, the agents only check whether to wake it.
 //! - `GET /api/actors/{id}`: one node (live, or recently stopped), the ids
 //!   of its live children and, for an agent's scope, the agent: its
 //!   progress (turn, step, queued prompts) and its last session events.
@@ -218,8 +218,8 @@ type SseItem = Result<SseEvent, Infallible>;
 
 /// `?coalesce=1`: the tree as a viewer follows it. At most one look per
 /// window, each the difference since the last (see
-/// [`dsh_supervisors::tree::Follower`]): the agents pay nothing per change
-/// for it.
+/// [`dsh_supervisors::tree::Follower`]): per change, the agents only check
+/// whether to wake it.
 fn view_stream(
     tree: Arc<dsh_supervisors::tree::Tree>,
     stop: CancellationToken,

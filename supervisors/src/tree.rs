@@ -181,6 +181,48 @@ impl Serialize for Node {
     }
 }
 
+/// A node as a `spawned` change shows it: read when serialized, except for
+/// its status, which is the one it had when the change was made (later
+/// status changes follow as changes of their own, so a viewer that applies
+/// them in order ends with the node's status whenever it was serialized).
+#[derive(Clone, Debug)]
+pub struct NodeAt {
+    node: Arc<Node>,
+    status: Status,
+}
+
+impl NodeAt {
+    pub(crate) fn new(node: Arc<Node>, status: Status) -> NodeAt {
+        NodeAt { node, status }
+    }
+
+    /// The node.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Its status when the change was made.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+}
+
+impl std::ops::Deref for NodeAt {
+    type Target = Node;
+
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+impl Serialize for NodeAt {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut snapshot = self.node.snapshot();
+        snapshot.status = self.status;
+        snapshot.serialize(serializer)
+    }
+}
+
 /// A node's kind-specific summary: a value, or a function that computes it
 /// when asked (a parked node's, so thousands of them cost no JSON each).
 enum Summary {
@@ -237,8 +279,8 @@ pub enum TreeChange {
     Spawned {
         /// The new node itself, not a copy: the change costs the spawner no
         /// snapshot, and a viewer that serializes it reads the node as it is
-        /// by then (later changes about it follow in the feed).
-        node: Arc<Node>,
+        /// by then (its status as at the change; see [`NodeAt`]).
+        node: NodeAt,
     },
     /// A node changed status.
     Status {
@@ -331,7 +373,8 @@ struct Stops {
     seq: u64,
     /// While anyone follows the tree: the stops since the oldest follower
     /// subscribed, without the nodes (bounded by
-    /// [`TreeLimits::follow_stops`]; emptied once nobody follows).
+    /// [`TreeLimits::follow_stops`]; freed at the first stop after the last
+    /// follower left).
     log: VecDeque<StopRecord>,
 }
 
@@ -403,7 +446,9 @@ impl Tree {
             summary: Mutex::new(summary),
         });
         self.live.insert(node.info.id, node.clone());
-        self.publish(|| TreeChange::Spawned { node: node.clone() });
+        self.publish(|| TreeChange::Spawned {
+            node: NodeAt::new(node.clone(), status),
+        });
         node
     }
 
@@ -446,7 +491,7 @@ impl Tree {
             seq: 0,
         };
         // The entry pushed out is dropped outside the lock.
-        let (seq, _oldest) = {
+        let (seq, _oldest, _log) = {
             let mut stops = self.stops();
             stops.seq += 1;
             let seq = stops.seq;
@@ -455,6 +500,8 @@ impl Tree {
                 .then(|| stops.ring.pop_front())
                 .flatten();
             stops.ring.push_back(entry);
+            // Once nobody follows, the log goes (dropped outside the lock).
+            let mut gone = None;
             if self.feed.followed() {
                 if stops.log.len() >= self.limits.follow_stops {
                     stops.log.pop_front();
@@ -466,9 +513,9 @@ impl Tree {
                     reason: reason.clone(),
                 });
             } else if stops.log.capacity() > 0 {
-                stops.log = VecDeque::new();
+                gone = Some(std::mem::take(&mut stops.log));
             }
-            (seq, oldest)
+            (seq, oldest, gone)
         };
         self.publish(|| TreeChange::Stopped {
             id,
@@ -588,7 +635,9 @@ impl Tree {
             return;
         };
         node.stats.summary_changed();
-        self.feed.send_node(|| TreeChange::Summary { id, node });
+        // Through `publish`: a fence between the count above and the check
+        // for followers, as for every other change.
+        self.publish(|| TreeChange::Summary { id, node });
     }
 
     /// The stopped ring (a panic while holding it leaves whole entries).

@@ -5,19 +5,21 @@
 //! took: an actor that started and stopped between two looks is of no use
 //! to it, and a node's third summary in a row replaces the first two. A
 //! [`Follower`] remembers what it has shown (status and summary count per
-//! node); [`Tree::catch_up`] compares that with the live map and the
-//! stopped ring and gives the difference. The changing side does nothing
-//! per change for a follower but wake it, once per look (see
-//! [`super::feed`]), so a followed tree costs its actors almost what an
-//! unfollowed one does, however fast they change.
+//! node); [`Tree::catch_up`] compares that with the live map and the log of
+//! stops and gives the difference. Per change, the changing side only
+//! checks a flag the follower sets at each look and wakes it on the first
+//! change after (see [`super::feed`]), so a followed tree costs its actors
+//! almost what an unfollowed one does, however fast they change.
 //!
 //! What a look gives, in this order:
 //! - `stopped` for every shown node that stopped since the last look, in
-//!   stop order (from a log of stops kept while anyone follows; a node that
-//!   started and stopped between two looks is left out and counted);
+//!   stop order (from a log of stops kept while anyone follows; a node never
+//!   shown, because it started and stopped between two looks, is left out
+//!   and counted);
 //! - `status` and `summary` for shown nodes that changed;
 //! - `spawned` for new nodes, parents before children (a node whose live
-//!   parent is not shown yet waits for the next look);
+//!   parent was not in this look waits for the next one, which the parent's
+//!   arrival brings), each with the status this look read;
 //! - supervision and teardown events, each as it happened.
 //!
 //! When the log dropped stops the follower had not read, or its
@@ -30,7 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, atomic};
 
 use super::feed::{self, RecvError, Subscription, TryRecvError};
-use super::{Node, NodeSnapshot, Status, Tree, TreeChange, snapshot_of};
+use super::{Node, NodeAt, NodeSnapshot, Status, Tree, TreeChange, snapshot_of};
 
 /// A viewer's position in the tree: what it has been shown so far.
 pub struct Follower {
@@ -39,11 +41,12 @@ pub struct Follower {
     /// Every shown node that has not stopped: status and summary count as
     /// last shown.
     shown: HashMap<u64, Shown, BuildHasherDefault<IdHasher>>,
-    /// The last stop read from the ring.
+    /// The number of the last stop read.
     last_stop: u64,
-    /// Reused between looks: the live map as read, and the new nodes.
+    /// Reused between looks: the live map as read, the new nodes, the stops.
     read: Vec<(u64, Status, u32)>,
     fresh: Vec<(Arc<Node>, Status, u32)>,
+    stops: Vec<(u64, u64, Status, Arc<str>)>,
 }
 
 #[derive(Clone, Copy)]
@@ -104,6 +107,7 @@ impl Tree {
             last_stop: 0,
             read: Vec::new(),
             fresh: Vec::new(),
+            stops: Vec::new(),
         };
         follower.arm();
         // Stops numbered from here on concern nodes the snapshot below may
@@ -120,7 +124,10 @@ impl Tree {
                 summary: node.stats.summary_version(),
             };
             follower.shown.insert(node.info.id, shown);
-            snapshot.push(snapshot_of(node, None, None));
+            // The status as recorded, so a later change shows as one.
+            let mut node = snapshot_of(node, None, None);
+            node.status = shown.status;
+            snapshot.push(node);
         }
         snapshot.sort_by_key(|n| n.id);
         (snapshot, follower)
@@ -172,19 +179,33 @@ impl Tree {
                 out.push(TreeChange::Summary { id, node });
             }
         }
-        // Ids grow with start time, and a parent starts before its child.
+        // Ids grow with start time and a parent starts before its child,
+        // so one pass in id order shows most; more passes show what came
+        // before its parent in that order.
         f.fresh.sort_by_key(|(node, ..)| node.info.id);
-        for (node, status, summary) in f.fresh.drain(..) {
-            let waits = node
-                .info
-                .parent
-                .is_some_and(|p| !f.shown.contains_key(&p) && self.live.contains_key(&p));
-            if waits {
-                continue;
+        loop {
+            let before = f.fresh.len();
+            let shown = &mut f.shown;
+            f.fresh.retain(|(node, status, summary)| {
+                let waits = node
+                    .info
+                    .parent
+                    .is_some_and(|p| !shown.contains_key(&p) && self.live.contains_key(&p));
+                if !waits {
+                    let (status, summary) = (*status, *summary);
+                    shown.insert(node.info.id, Shown { status, summary });
+                    let node = NodeAt::new(node.clone(), status);
+                    out.push(TreeChange::Spawned { node });
+                }
+                waits
+            });
+            if f.fresh.is_empty() || f.fresh.len() == before {
+                break;
             }
-            f.shown.insert(node.info.id, Shown { status, summary });
-            out.push(TreeChange::Spawned { node });
         }
+        // The rest have a parent that arrived after this look read the live
+        // map: its arrival wakes the follower for the next look.
+        f.fresh.clear();
         out.extend(events);
         Ok(left_out)
     }
@@ -192,30 +213,40 @@ impl Tree {
     /// The stops since the follower's last look: `stopped` for the shown
     /// nodes, a count of the others.
     fn read_stops(&self, f: &mut Follower, out: &mut Vec<TreeChange>) -> Result<u64, RecvError> {
-        let mut left_out = 0;
-        let stops = self.stops();
-        // The log is in stop order, without gaps since the follower
-        // subscribed (it was counted before it read `seq`, under this lock).
-        let from = stops.log.partition_point(|s| s.seq <= f.last_stop);
-        let unread = stops.seq - f.last_stop;
-        let kept = (stops.log.len() - from) as u64;
-        if unread > kept {
-            return Err(RecvError::Lagged(unread - kept));
+        // Copied under the lock (stopping actors wait on it), read after.
+        f.stops.clear();
+        {
+            let stops = self.stops();
+            // The log is in stop order, without gaps since the follower
+            // subscribed (it was counted before it read `seq`, under this
+            // lock).
+            let from = stops.log.partition_point(|s| s.seq <= f.last_stop);
+            let unread = stops.seq - f.last_stop;
+            let kept = (stops.log.len() - from) as u64;
+            if unread > kept {
+                return Err(RecvError::Lagged(unread - kept));
+            }
+            f.stops.extend(
+                stops
+                    .log
+                    .range(from..)
+                    .map(|s| (s.id, s.seq, s.status, s.reason.clone())),
+            );
+            f.last_stop = stops.seq;
         }
-        for stop in stops.log.range(from..) {
-            let id = stop.id;
+        let mut left_out = 0;
+        for (id, stop_seq, status, reason) in f.stops.drain(..) {
             if f.shown.remove(&id).is_some() {
                 out.push(TreeChange::Stopped {
                     id,
-                    status: stop.status,
-                    reason: stop.reason.clone(),
-                    stop_seq: stop.seq,
+                    status,
+                    reason,
+                    stop_seq,
                 });
             } else {
                 left_out += 1;
             }
         }
-        f.last_stop = stops.seq;
         Ok(left_out)
     }
 }
@@ -254,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_node_is_shown_after_its_live_parent() {
+    fn a_new_node_is_shown_after_its_live_parent_in_the_same_look() {
         let tree = Tree::new(TreeLimits::default());
         let (snapshot, mut f) = tree.follow();
         assert!(snapshot.is_empty());
@@ -265,13 +296,32 @@ mod tests {
         tree.insert(info(12, Some(77)), Status::Active);
         let mut out = Vec::new();
         assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
-        assert_eq!(spawned(&out), [9, 12]);
-        out.clear();
-        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
-        assert_eq!(spawned(&out), [5]);
+        assert_eq!(spawned(&out), [9, 12, 5]);
         out.clear();
         assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_new_node_shows_the_status_its_look_read_and_later_ones_follow() {
+        let tree = Tree::new(TreeLimits::default());
+        let (_, mut f) = tree.follow();
+        let node = tree.insert(info(4, None), Status::Active);
+        let mut out = Vec::new();
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        // Changed after the look, before the viewer serializes the change.
+        tree.set_status(&node, Status::Unloading);
+        let wire = serde_json::to_value(&out).unwrap();
+        assert_eq!(wire[0]["node"]["status"], "active", "{wire}");
+        out.clear();
+        assert_eq!(tree.catch_up(&mut f, &mut out), Ok(0));
+        assert!(matches!(
+            out[..],
+            [TreeChange::Status {
+                id: 4,
+                status: Status::Unloading
+            }]
+        ));
     }
 
     #[test]
