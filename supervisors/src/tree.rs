@@ -371,11 +371,13 @@ struct Stops {
     ring: VecDeque<StoppedNode>,
     /// The last stop sequence number given.
     seq: u64,
-    /// While anyone follows the tree: the stops since the oldest follower
-    /// subscribed, without the nodes (bounded by
-    /// [`TreeLimits::follow_stops`]; freed at the first stop after the last
-    /// follower left).
+    /// While anyone follows the tree: the stops not yet read by every
+    /// follower, without the nodes (bounded by [`TreeLimits::follow_stops`];
+    /// freed at the first stop after the last follower left).
     log: VecDeque<StopRecord>,
+    /// Each follower's last stop read (a follower that is gone is dropped
+    /// from the list): the log keeps only what one of them has not read.
+    cursors: Vec<std::sync::Weak<AtomicU64>>,
 }
 
 /// A stop as a follower reads it.
@@ -512,8 +514,11 @@ impl Tree {
                     status,
                     reason: reason.clone(),
                 });
-            } else if stops.log.capacity() > 0 {
-                gone = Some(std::mem::take(&mut stops.log));
+            } else {
+                if stops.log.capacity() > 0 {
+                    gone = Some(std::mem::take(&mut stops.log));
+                }
+                stops.cursors.clear();
             }
             (seq, oldest, gone)
         };

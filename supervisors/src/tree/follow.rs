@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, atomic};
 
 use super::feed::{self, RecvError, Subscription, TryRecvError};
@@ -41,8 +41,9 @@ pub struct Follower {
     /// Every shown node that has not stopped: status and summary count as
     /// last shown.
     shown: HashMap<u64, Shown, BuildHasherDefault<IdHasher>>,
-    /// The number of the last stop read.
-    last_stop: u64,
+    /// The number of the last stop read (shared with the tree, which frees
+    /// the stops every follower has read).
+    last_stop: Arc<AtomicU64>,
     /// Reused between looks: the live map as read, the new nodes, the stops.
     read: Vec<(u64, Status, u32)>,
     fresh: Vec<(Arc<Node>, Status, u32)>,
@@ -104,7 +105,7 @@ impl Tree {
         let mut follower = Follower {
             events,
             shown: HashMap::default(),
-            last_stop: 0,
+            last_stop: Arc::default(),
             read: Vec::new(),
             fresh: Vec::new(),
             stops: Vec::new(),
@@ -113,7 +114,11 @@ impl Tree {
         // Stops numbered from here on concern nodes the snapshot below may
         // hold: it reads the live map after (a node leaves the map before
         // its stop is numbered).
-        follower.last_stop = self.stops().seq;
+        {
+            let mut stops = self.stops();
+            follower.last_stop.store(stops.seq, Ordering::Relaxed);
+            stops.cursors.push(Arc::downgrade(&follower.last_stop));
+        }
         let nodes: Vec<Arc<Node>> = self.live.iter().map(|n| n.clone()).collect();
         let mut snapshot = Vec::with_capacity(nodes.len());
         for node in &nodes {
@@ -216,12 +221,13 @@ impl Tree {
         // Copied under the lock (stopping actors wait on it), read after.
         f.stops.clear();
         {
-            let stops = self.stops();
+            let mut stops = self.stops();
+            let last = f.last_stop.load(Ordering::Relaxed);
             // The log is in stop order, without gaps since the follower
             // subscribed (it was counted before it read `seq`, under this
             // lock).
-            let from = stops.log.partition_point(|s| s.seq <= f.last_stop);
-            let unread = stops.seq - f.last_stop;
+            let from = stops.log.partition_point(|s| s.seq <= last);
+            let unread = stops.seq - last;
             let kept = (stops.log.len() - from) as u64;
             if unread > kept {
                 return Err(RecvError::Lagged(unread - kept));
@@ -232,7 +238,18 @@ impl Tree {
                     .range(from..)
                     .map(|s| (s.id, s.seq, s.status, s.reason.clone())),
             );
-            f.last_stop = stops.seq;
+            f.last_stop.store(stops.seq, Ordering::Relaxed);
+            // What every follower has read goes.
+            let mut oldest = stops.seq;
+            stops.cursors.retain(|c| match c.upgrade() {
+                Some(c) => {
+                    oldest = oldest.min(c.load(Ordering::Relaxed));
+                    true
+                }
+                None => false,
+            });
+            let read = stops.log.partition_point(|s| s.seq <= oldest);
+            stops.log.drain(..read);
         }
         let mut left_out = 0;
         for (id, stop_seq, status, reason) in f.stops.drain(..) {
@@ -322,6 +339,31 @@ mod tests {
                 status: Status::Unloading
             }]
         ));
+    }
+
+    #[test]
+    fn the_stops_are_kept_until_every_follower_has_read_them() {
+        let tree = Tree::new(TreeLimits::default());
+        let stop = |id| {
+            tree.insert(info(id, None), Status::Active);
+            tree.stopped(id, Status::Disposed, "done");
+        };
+        let kept = || tree.stops().log.len();
+        let (_, mut a) = tree.follow();
+        let (_, mut b) = tree.follow();
+        (1..=3).for_each(stop);
+        let mut out = Vec::new();
+        assert_eq!(tree.catch_up(&mut a, &mut out), Ok(3));
+        assert_eq!(kept(), 3, "b has not read them");
+        assert_eq!(tree.catch_up(&mut b, &mut out), Ok(3));
+        assert_eq!(kept(), 0);
+        drop(b);
+        (4..=5).for_each(stop);
+        assert_eq!(tree.catch_up(&mut a, &mut out), Ok(2));
+        assert_eq!(kept(), 0, "a follower that left holds nothing back");
+        drop(a);
+        stop(6);
+        assert_eq!(tree.stops().log.capacity(), 0, "freed once nobody follows");
     }
 
     #[test]
