@@ -196,11 +196,6 @@ impl NodeAt {
         NodeAt { node, status }
     }
 
-    /// The node.
-    pub fn node(&self) -> &Arc<Node> {
-        &self.node
-    }
-
     /// Its status when the change was made.
     pub fn status(&self) -> Status {
         self.status
@@ -381,6 +376,7 @@ struct Stops {
 }
 
 /// A stop as a follower reads it.
+#[derive(Clone)]
 struct StopRecord {
     id: u64,
     seq: u64,

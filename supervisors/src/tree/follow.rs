@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, atomic};
 
 use super::feed::{self, RecvError, Subscription, TryRecvError};
-use super::{Node, NodeAt, NodeSnapshot, Status, Tree, TreeChange, snapshot_of};
+use super::{Node, NodeAt, NodeSnapshot, Status, StopRecord, Tree, TreeChange, snapshot_of};
 
 /// A viewer's position in the tree: what it has been shown so far.
 pub struct Follower {
@@ -47,7 +47,7 @@ pub struct Follower {
     /// Reused between looks: the live map as read, the new nodes, the stops.
     read: Vec<(u64, Status, u32)>,
     fresh: Vec<(Arc<Node>, Status, u32)>,
-    stops: Vec<(u64, u64, Status, Arc<str>)>,
+    stops: Vec<StopRecord>,
 }
 
 #[derive(Clone, Copy)]
@@ -232,12 +232,7 @@ impl Tree {
             if unread > kept {
                 return Err(RecvError::Lagged(unread - kept));
             }
-            f.stops.extend(
-                stops
-                    .log
-                    .range(from..)
-                    .map(|s| (s.id, s.seq, s.status, s.reason.clone())),
-            );
+            f.stops.extend(stops.log.range(from..).cloned());
             f.last_stop.store(stops.seq, Ordering::Relaxed);
             // What every follower has read goes.
             let mut oldest = stops.seq;
@@ -252,13 +247,13 @@ impl Tree {
             stops.log.drain(..read);
         }
         let mut left_out = 0;
-        for (id, stop_seq, status, reason) in f.stops.drain(..) {
-            if f.shown.remove(&id).is_some() {
+        for stop in f.stops.drain(..) {
+            if f.shown.remove(&stop.id).is_some() {
                 out.push(TreeChange::Stopped {
-                    id,
-                    status,
-                    reason,
-                    stop_seq,
+                    id: stop.id,
+                    status: stop.status,
+                    reason: stop.reason,
+                    stop_seq: stop.seq,
                 });
             } else {
                 left_out += 1;

@@ -82,8 +82,14 @@ async fn nodes_are_recorded_with_parent_status_summary_and_mailbox_depth() {
         wire,
         serde_json::json!({"type": "summary", "id": worker.id(), "summary": {"turn": 3, "step": 1}})
     );
+    // With the status it had when it was spawned (later ones follow).
+    let TreeChange::Spawned { node: at_spawn } = &spawned else {
+        unreachable!()
+    };
+    assert_eq!(at_spawn.status(), Status::Loading);
     let wire = serde_json::to_value(&spawned).unwrap();
     assert_eq!(wire["type"], "spawned");
+    assert_eq!(wire["node"]["status"], "loading");
     assert_eq!(wire["node"]["name"], "tool/bash#call_7");
     assert_eq!(wire["node"]["parent"], fiber.id());
     assert_eq!(wire["node"]["summary"]["turn"], 3);
