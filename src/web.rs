@@ -26,21 +26,19 @@
 //! address requires a bearer token (read from an environment variable),
 //! checked on every request; request bodies are bounded; no CORS headers.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use dsh_supervisors::tree::{RecvError, TreeChange, TryRecvError};
+use dsh_supervisors::tree::{NodeSnapshot, RecvError, Tree, TreeChange, TryRecvError};
 use dsh_supervisors::{BoxError, Context, Plugin, Runtime, WorkerSpec};
-use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -48,6 +46,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 mod agents;
+mod sse;
 
 /// Config of the `web` plugin.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -166,30 +165,27 @@ struct StreamQuery {
     coalesce: Option<u8>,
 }
 
-fn snapshot_event(nodes: &[dsh_supervisors::tree::NodeSnapshot]) -> SseEvent {
-    let data = serde_json::to_string(&json!({ "nodes": nodes }))
-        .unwrap_or_else(|e| json!({"error": e.to_string()}).to_string());
-    SseEvent::default().event("snapshot").data(data)
+/// The first event of a tree stream: every live node.
+fn snapshot_event(events: &mut sse::Events, nodes: &[NodeSnapshot]) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Snapshot<'a> {
+        nodes: &'a [NodeSnapshot],
+    }
+    events.json("snapshot", &Snapshot { nodes })
 }
 
-/// Straight into the event's text (no intermediate JSON value per change,
-/// no intermediate string).
-fn delta_event(changes: &[TreeChange], folded: u64) -> SseEvent {
-    let delta = Delta { changes, folded };
-    SseEvent::default()
-        .event("delta")
-        .json_data(&delta)
-        .unwrap_or_else(|e| {
-            SseEvent::default()
-                .event("delta")
-                .data(json!({"error": e.to_string()}).to_string())
-        })
+/// Straight into the stream's buffer (no intermediate JSON value per
+/// change, no intermediate string).
+fn delta_event(events: &mut sse::Events, changes: &[TreeChange], folded: u64) -> Bytes {
+    events.json("delta", &Delta { changes, folded })
 }
 
-fn dropped_event(n: u64) -> SseEvent {
-    SseEvent::default()
-        .event("dropped")
-        .data(json!({ "dropped": n }).to_string())
+fn dropped_event(events: &mut sse::Events, dropped: u64) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Dropped {
+        dropped: u64,
+    }
+    events.json("dropped", &Dropped { dropped })
 }
 
 async fn stream(
@@ -204,51 +200,48 @@ async fn stream(
         );
     };
     let tree = api.rt.tree().clone();
-    let events = if query.coalesce.unwrap_or(0) != 0 {
-        view_stream(tree, api.stop.clone()).boxed()
+    if query.coalesce.unwrap_or(0) != 0 {
+        sse::response(view_stream(tree, api.stop.clone()))
     } else {
-        every_change(tree, api.stop.clone()).boxed()
-    };
-    Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response()
+        sse::response(every_change(tree, api.stop.clone()))
+    }
 }
-
-type SseItem = Result<SseEvent, Infallible>;
 
 /// `?coalesce=1`: the tree as a viewer follows it. At most one look per
 /// window, each the difference since the last (see
 /// [`dsh_supervisors::tree::Follower`]): per change, the agents only check
 /// whether to wake it.
-fn view_stream(
-    tree: Arc<dsh_supervisors::tree::Tree>,
-    stop: CancellationToken,
-) -> impl futures::Stream<Item = SseItem> {
+fn view_stream(tree: Arc<Tree>, stop: CancellationToken) -> impl futures::Stream<Item = Bytes> {
     let viewing = Viewing {
         tree,
         follower: None,
         look: Vec::new(),
         sent: 0,
+        events: sse::Events::default(),
     };
     futures::stream::unfold(viewing, move |mut v| {
         let stop = stop.clone();
         async move {
             if v.sent < v.look.len() {
                 let end = v.look.len().min(v.sent + BATCH);
-                let event = delta_event(&v.look[v.sent..end], 0);
+                let event = delta_event(&mut v.events, &v.look[v.sent..end], 0);
                 v.sent = end;
-                return Some((Ok(event), v));
+                return Some((event, v));
             }
             v.look.clear();
             v.sent = 0;
             let Some(follower) = v.follower.as_mut() else {
                 let (nodes, follower) = v.tree.follow();
                 v.follower = Some(follower);
-                return Some((Ok(snapshot_event(&nodes)), v));
+                let event = snapshot_event(&mut v.events, &nodes);
+                return Some((event, v));
             };
             loop {
                 tokio::select! {
                     r = follower.changed() => r.ok()?,
+                    () = tokio::time::sleep(sse::KEEP_ALIVE) => {
+                        return Some((sse::Events::comment(), v));
+                    }
                     () = stop.cancelled() => return None,
                 }
                 // The first change of a quiet spell waits for the ones
@@ -261,13 +254,13 @@ fn view_stream(
                     Ok(0) if v.look.is_empty() => continue,
                     Ok(folded) => {
                         v.sent = v.look.len().min(BATCH);
-                        let event = delta_event(&v.look[..v.sent], folded);
-                        return Some((Ok(event), v));
+                        let event = delta_event(&mut v.events, &v.look[..v.sent], folded);
+                        return Some((event, v));
                     }
                     Err(RecvError::Lagged(n)) => {
                         v.look.clear();
                         v.follower = None;
-                        return Some((Ok(dropped_event(n)), v));
+                        return Some((dropped_event(&mut v.events, n), v));
                     }
                     Err(RecvError::Closed) => return None,
                 }
@@ -278,78 +271,88 @@ fn view_stream(
 
 /// A viewer's stream between two events.
 struct Viewing {
-    tree: Arc<dsh_supervisors::tree::Tree>,
+    tree: Arc<Tree>,
     /// `None` until the snapshot is sent (again after a lag).
     follower: Option<dsh_supervisors::tree::Follower>,
     /// The last look's changes (kept between looks, with its capacity), sent
     /// [`BATCH`] per event.
     look: Vec<TreeChange>,
     sent: usize,
+    events: sse::Events,
 }
 
 /// Every change, in order, batched per window.
-fn every_change(
-    tree: Arc<dsh_supervisors::tree::Tree>,
-    stop: CancellationToken,
-) -> impl futures::Stream<Item = SseItem> {
-    // The batch buffer lives as long as the stream: a fresh one per batch
-    // grew to a large allocation that went back to the system each time,
-    // and faulting its pages in again was most of the stream's own cost.
-    futures::stream::unfold(
-        (
-            tree,
-            None::<dsh_supervisors::tree::Subscription>,
-            Vec::<TreeChange>::new(),
-        ),
-        move |(tree, rx, mut batch)| {
-            let stop = stop.clone();
-            async move {
-                let Some(mut rx) = rx else {
-                    // Subscribe first, then snapshot: no change falls between.
-                    let rx = tree.subscribe();
-                    let event = snapshot_event(&tree.snapshot());
-                    return Some((Ok(event), (tree, Some(rx), batch)));
-                };
-                let next = tokio::select! {
-                    r = rx.recv() => r,
+fn every_change(tree: Arc<Tree>, stop: CancellationToken) -> impl futures::Stream<Item = Bytes> {
+    // The batch lives as long as the stream, with its capacity.
+    let following = Following {
+        tree,
+        rx: None,
+        batch: Vec::new(),
+        events: sse::Events::default(),
+    };
+    futures::stream::unfold(following, move |mut f| {
+        let stop = stop.clone();
+        async move {
+            let Some(rx) = f.rx.as_mut() else {
+                // Subscribe first, then snapshot: no change falls between.
+                f.rx = Some(f.tree.subscribe());
+                let event = snapshot_event(&mut f.events, &f.tree.snapshot());
+                return Some((event, f));
+            };
+            let next = tokio::select! {
+                r = rx.recv() => r,
+                () = tokio::time::sleep(sse::KEEP_ALIVE) => {
+                    return Some((sse::Events::comment(), f));
+                }
+                () = stop.cancelled() => return None,
+            };
+            // One wake-up per window, not per change: the first change of
+            // a quiet spell waits for the ones right behind it (a wake-up
+            // per change would cost the agents more than the changes
+            // themselves).
+            if rx.is_empty() {
+                tokio::select! {
+                    () = tokio::time::sleep(WINDOW) => {}
                     () = stop.cancelled() => return None,
-                };
-                // One wake-up per window, not per change: the first change
-                // of a quiet spell waits for the ones right behind it (a
-                // wake-up per change would cost the agents more than the
-                // changes themselves).
-                if rx.is_empty() {
-                    tokio::select! {
-                        () = tokio::time::sleep(WINDOW) => {}
-                        () = stop.cancelled() => return None,
-                    }
                 }
-                // Fell behind (here or while draining): say how much was
-                // lost; the next item is a fresh snapshot.
-                let dropped = |n: u64, mut batch: Vec<TreeChange>| {
-                    batch.clear();
-                    Some((Ok(dropped_event(n)), (tree.clone(), None, batch)))
-                };
-                let first = match next {
-                    Ok(change) => change,
-                    Err(RecvError::Lagged(n)) => return dropped(n, batch),
-                    Err(RecvError::Closed) => return None,
-                };
-                batch.reserve(BATCH);
-                batch.push(first);
-                while batch.len() < BATCH {
-                    match rx.try_recv() {
-                        Ok(change) => batch.push(change),
-                        Err(TryRecvError::Lagged(n)) => return dropped(n, batch),
-                        Err(_) => break,
-                    }
-                }
-                let event = delta_event(&batch, 0);
-                batch.clear();
-                Some((Ok(event), (tree, Some(rx), batch)))
             }
-        },
-    )
+            // Fell behind (here or while draining): say how much was lost;
+            // the next item is a fresh snapshot.
+            let mut lagged = match next {
+                Ok(change) => {
+                    f.batch.push(change);
+                    None
+                }
+                Err(RecvError::Lagged(n)) => Some(n),
+                Err(RecvError::Closed) => return None,
+            };
+            while lagged.is_none() && f.batch.len() < BATCH {
+                match rx.try_recv() {
+                    Ok(change) => f.batch.push(change),
+                    Err(TryRecvError::Lagged(n)) => lagged = Some(n),
+                    Err(_) => break,
+                }
+            }
+            let event = match lagged {
+                Some(n) => {
+                    f.rx = None;
+                    dropped_event(&mut f.events, n)
+                }
+                None => delta_event(&mut f.events, &f.batch, 0),
+            };
+            f.batch.clear();
+            Some((event, f))
+        }
+    })
+}
+
+/// An every-change stream between two events.
+struct Following {
+    tree: Arc<Tree>,
+    /// `None` until the snapshot is sent (again after a lag).
+    rx: Option<dsh_supervisors::tree::Subscription>,
+    batch: Vec<TreeChange>,
+    events: sse::Events,
 }
 
 async fn authorize(

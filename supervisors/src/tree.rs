@@ -173,11 +173,33 @@ impl Node {
     pub fn snapshot(&self) -> NodeSnapshot {
         snapshot_of(self, None, None)
     }
+
+    /// Serializes the node as a live [`NodeSnapshot`] with this status,
+    /// straight from the node (no copy of its names).
+    fn serialize_as<S: serde::Serializer>(
+        &self,
+        status: Status,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut node = serializer.serialize_struct("NodeSnapshot", 9)?;
+        node.serialize_field("id", &self.info.id)?;
+        node.serialize_field("kind", &*self.info.kind)?;
+        node.serialize_field("name", &*self.info.name)?;
+        node.serialize_field("parent", &self.info.parent)?;
+        node.serialize_field("status", &status)?;
+        node.serialize_field("started_ms", &self.info.started_ms)?;
+        node.serialize_field("mailbox_depth", &self.stats.mailbox_depth())?;
+        let activity = self.stats.last_activity_ms.load(Ordering::Relaxed);
+        node.serialize_field("last_activity_ms", &activity)?;
+        node.serialize_field("summary", &summary_of(self))?;
+        node.end()
+    }
 }
 
 impl Serialize for Node {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.snapshot().serialize(serializer)
+        self.serialize_as(self.stats.status(), serializer)
     }
 }
 
@@ -212,9 +234,7 @@ impl std::ops::Deref for NodeAt {
 
 impl Serialize for NodeAt {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut snapshot = self.node.snapshot();
-        snapshot.status = self.status;
-        snapshot.serialize(serializer)
+        self.node.serialize_as(self.status, serializer)
     }
 }
 
@@ -740,4 +760,32 @@ pub fn render(nodes: &[NodeSnapshot]) -> String {
     }
     walk(&mut out, &children, None, 0);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_serializes_as_its_snapshot_with_the_status_of_its_change() {
+        let tree = Tree::new(TreeLimits::default());
+        let info = NodeInfo {
+            id: 7,
+            kind: Arc::from("agent"),
+            name: Arc::from("agent/\"quoted\""),
+            parent: Some(3),
+            started_ms: 12,
+        };
+        let node = tree.insert(info, Status::Loading);
+        tree.set_summary(7, serde_json::json!({ "turn": 2 }));
+        node.stats.enqueue();
+        let at = NodeAt::new(node.clone(), Status::Loading);
+        tree.set_status(&node, Status::Active);
+        let mut expected = serde_json::to_value(node.snapshot()).unwrap();
+        assert_eq!(serde_json::to_value(&*node).unwrap(), expected);
+        expected["status"] = "loading".into();
+        assert_eq!(serde_json::to_value(&at).unwrap(), expected);
+        assert_eq!(expected["summary"]["turn"], 2);
+        assert_eq!(expected["mailbox_depth"], 1);
+    }
 }
