@@ -201,9 +201,9 @@ async fn stream(
     };
     let tree = api.rt.tree().clone();
     if query.coalesce.unwrap_or(0) != 0 {
-        sse::response(view_stream(tree, api.stop.clone()))
+        sse::response(view_stream(tree, api.stop.clone(), sse::KEEP_ALIVE))
     } else {
-        sse::response(every_change(tree, api.stop.clone()))
+        sse::response(every_change(tree, api.stop.clone(), sse::KEEP_ALIVE))
     }
 }
 
@@ -211,7 +211,12 @@ async fn stream(
 /// window, each the difference since the last (see
 /// [`dsh_supervisors::tree::Follower`]): per change, the agents only check
 /// whether to wake it.
-fn view_stream(tree: Arc<Tree>, stop: CancellationToken) -> impl futures::Stream<Item = Bytes> {
+/// A comment goes out after `keep_alive` without an event.
+fn view_stream(
+    tree: Arc<Tree>,
+    stop: CancellationToken,
+    keep_alive: Duration,
+) -> impl futures::Stream<Item = Bytes> {
     let viewing = Viewing {
         tree,
         follower: None,
@@ -239,7 +244,7 @@ fn view_stream(tree: Arc<Tree>, stop: CancellationToken) -> impl futures::Stream
             loop {
                 tokio::select! {
                     r = follower.changed() => r.ok()?,
-                    () = tokio::time::sleep(sse::KEEP_ALIVE) => {
+                    () = tokio::time::sleep(keep_alive) => {
                         return Some((sse::Events::comment(), v));
                     }
                     () = stop.cancelled() => return None,
@@ -282,7 +287,11 @@ struct Viewing {
 }
 
 /// Every change, in order, batched per window.
-fn every_change(tree: Arc<Tree>, stop: CancellationToken) -> impl futures::Stream<Item = Bytes> {
+fn every_change(
+    tree: Arc<Tree>,
+    stop: CancellationToken,
+    keep_alive: Duration,
+) -> impl futures::Stream<Item = Bytes> {
     // The batch lives as long as the stream, with its capacity.
     let following = Following {
         tree,
@@ -301,7 +310,7 @@ fn every_change(tree: Arc<Tree>, stop: CancellationToken) -> impl futures::Strea
             };
             let next = tokio::select! {
                 r = rx.recv() => r,
-                () = tokio::time::sleep(sse::KEEP_ALIVE) => {
+                () = tokio::time::sleep(keep_alive) => {
                     return Some((sse::Events::comment(), f));
                 }
                 () = stop.cancelled() => return None,
@@ -540,5 +549,45 @@ impl Actor for Server {
     ) -> Result<(), ActorProcessingErr> {
         s.stop.cancel();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dsh_supervisors::tree::TreeLimits;
+    use futures::StreamExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_quiet_tree_stream_sends_keep_alive_comments_and_ends_when_stopped() {
+        let tree = Arc::new(Tree::new(TreeLimits::default()));
+        let bound = Duration::from_secs(10);
+        let keep_alive = Duration::from_millis(5);
+        for viewer in [true, false] {
+            let stop = CancellationToken::new();
+            let mut events = if viewer {
+                view_stream(tree.clone(), stop.clone(), keep_alive).boxed()
+            } else {
+                every_change(tree.clone(), stop.clone(), keep_alive).boxed()
+            };
+            let snapshot = tokio::time::timeout(bound, events.next())
+                .await
+                .expect("a snapshot")
+                .unwrap();
+            assert_eq!(&snapshot[..], b"event: snapshot\ndata: {\"nodes\":[]}\n\n");
+            let quiet = tokio::time::timeout(bound, events.next())
+                .await
+                .expect("a keep-alive")
+                .unwrap();
+            assert_eq!(&quiet[..], b":\n\n", "viewer stream: {viewer}");
+            stop.cancel();
+            assert!(
+                tokio::time::timeout(bound, events.next())
+                    .await
+                    .expect("the end")
+                    .is_none()
+            );
+        }
     }
 }
