@@ -93,8 +93,9 @@ const BATCH: usize = 4096;
 
 /// How long the first change of a quiet spell waits for others to join its
 /// batch. Longer windows fold more short-lived nodes away (fewer bytes, less
-/// work for the agents' cores); 50 ms stays well inside the feed (~8,000
-/// changes at 160 k/s against 16,384) and under what a viewer notices.
+/// work for the agents' cores); 50 ms is under what a viewer notices. The
+/// every-change stream stops waiting once half its queue is taken (at
+/// 400 k changes a second, 50 ms would overflow a queue of 16,384).
 const WINDOW: Duration = Duration::from_millis(50);
 
 /// One `delta` event of the tree stream.
@@ -319,9 +320,12 @@ fn every_change(
             // a quiet spell waits for the ones right behind it (a wake-up
             // per change would cost the agents more than the changes
             // themselves).
+            // At most until half the queue is taken: the changes keep
+            // coming during the window, and a full queue loses them.
             if rx.is_empty() {
                 tokio::select! {
                     () = tokio::time::sleep(WINDOW) => {}
+                    () = rx.half_full() => {}
                     () = stop.cancelled() => return None,
                 }
             }

@@ -103,7 +103,11 @@ impl Queue {
                 (false, Some(change))
             } else {
                 pending.changes.push_back(change);
-                (pending.changes.len() == 1, None)
+                // Woken when the queue stops being empty, and again at half
+                // full (a reader waiting for more to batch must not wait
+                // for it to overflow).
+                let len = pending.changes.len();
+                (len == 1 || len == capacity / 2, None)
             }
         };
         // A refused change (and the node it may be the last to hold) is
@@ -254,6 +258,24 @@ impl Subscription {
         }
     }
 
+    /// Waits until half the queue's capacity is taken (or it lagged, or
+    /// closed): a reader batching changes for a while stops waiting before
+    /// the queue overflows. Cancel-safe.
+    pub async fn half_full(&self) {
+        loop {
+            {
+                let pending = self.queue.lock();
+                if pending.changes.len() >= self.feed.capacity / 2
+                    || pending.missed > 0
+                    || pending.closed
+                {
+                    return;
+                }
+            }
+            self.queue.ready.notified().await;
+        }
+    }
+
     /// Whether nothing is there to read right now.
     pub fn is_empty(&self) -> bool {
         if !self.taken.is_empty() {
@@ -298,6 +320,24 @@ mod tests {
             TreeChange::Status { id, .. } => id,
             other => panic!("unexpected change {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_reader_waiting_for_a_batch_is_woken_at_half_capacity() {
+        use futures::FutureExt;
+        let feed = Arc::new(Feed::new(64));
+        let mut rx = feed.subscribe(Reads::Everything);
+        feed.send(change(0));
+        assert_eq!(rx.try_recv().map(id_of), Ok(0));
+        for id in 1..32 {
+            feed.send(change(id));
+            assert!(rx.half_full().now_or_never().is_none(), "{id} queued");
+        }
+        feed.send(change(32));
+        assert_eq!(rx.half_full().now_or_never(), Some(()));
+        // Once read, it waits again.
+        while rx.try_recv().is_ok() {}
+        assert!(rx.half_full().now_or_never().is_none());
     }
 
     #[test]

@@ -44,8 +44,7 @@ pub struct Follower {
     /// The number of the last stop read (shared with the tree, which frees
     /// the stops every follower has read).
     last_stop: Arc<AtomicU64>,
-    /// Reused between looks: the live map as read, the new nodes, the stops.
-    read: Vec<(u64, Status, u32)>,
+    /// Reused between looks: the new nodes, the stops.
     fresh: Vec<(Arc<Node>, Status, u32)>,
     stops: Vec<StopRecord>,
 }
@@ -106,7 +105,6 @@ impl Tree {
             events,
             shown: HashMap::default(),
             last_stop: Arc::default(),
-            read: Vec::new(),
             fresh: Vec::new(),
             stops: Vec::new(),
         };
@@ -157,30 +155,26 @@ impl Tree {
             }
         }
         let left_out = self.read_stops(f, out)?;
-        // The live map is read under each shard's lock, copying three
-        // numbers per node; the rest happens after.
-        f.read.clear();
-        f.read.extend(
-            self.live
-                .iter()
-                .map(|n| (*n.key(), n.stats.status(), n.stats.summary_version())),
-        );
+        // One pass over the live map, under each shard's lock in turn: per
+        // node two counters and a look-up in the follower's own map; a node
+        // is cloned only when it goes out (new, or its summary changed).
         f.fresh.clear();
-        for &(id, status, summary) in &f.read {
+        for entry in self.live.iter() {
+            let (id, node) = (*entry.key(), entry.value());
+            // The counts before the node's summary is read (when the change
+            // is serialized): a change after them shows again next look.
+            let (status, summary) = (node.stats.status(), node.stats.summary_version());
             let Some(shown) = f.shown.get_mut(&id) else {
-                if let Some(node) = self.live.get(&id) {
-                    f.fresh.push((node.clone(), status, summary));
-                }
+                f.fresh.push((node.clone(), status, summary));
                 continue;
             };
             if shown.status != status {
                 shown.status = status;
                 out.push(TreeChange::Status { id, status });
             }
-            if shown.summary != summary
-                && let Some(node) = self.live.get(&id).map(|n| n.clone())
-            {
+            if shown.summary != summary {
                 shown.summary = summary;
+                let node = node.clone();
                 out.push(TreeChange::Summary { id, node });
             }
         }
