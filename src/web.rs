@@ -211,8 +211,8 @@ async fn stream(
 /// `?coalesce=1`: the tree as a viewer follows it. At most one look per
 /// window, each the difference since the last (see
 /// [`dsh_supervisors::tree::Follower`]): per change, the agents only check
-/// whether to wake it.
-/// A comment goes out after `keep_alive` without an event.
+/// whether to wake it. A comment goes out after `keep_alive` without an
+/// event.
 fn view_stream(
     tree: Arc<Tree>,
     stop: CancellationToken,
@@ -287,7 +287,8 @@ struct Viewing {
     events: sse::Events,
 }
 
-/// Every change, in order, batched per window.
+/// Every change, in order, batched per window (a comment after
+/// `keep_alive` without an event).
 fn every_change(
     tree: Arc<Tree>,
     stop: CancellationToken,
