@@ -242,10 +242,13 @@ fn view_stream(
                 let event = snapshot_event(&mut v.events, &nodes);
                 return Some((event, v));
             };
+            // From the last event: a look that finds nothing to send does
+            // not put the keep-alive off.
+            let quiet = tokio::time::Instant::now() + keep_alive;
             loop {
                 tokio::select! {
                     r = follower.changed() => r.ok()?,
-                    () = tokio::time::sleep(keep_alive) => {
+                    () = tokio::time::sleep_until(quiet) => {
                         return Some((sse::Events::comment(), v));
                     }
                     () = stop.cancelled() => return None,

@@ -21,22 +21,30 @@ use serde::Serialize;
 /// and clients see the connection is alive.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// The largest buffer a stream keeps between events. A larger event (the
+/// first snapshot of a big tree) gets a buffer of its own, freed once sent,
+/// so an open connection does not hold its size.
+const KEPT: usize = 1 << 20;
+
 /// The writer of one stream's events.
 #[derive(Default)]
 pub(crate) struct Events {
     buf: BytesMut,
-    /// The largest event so far: room for one more of its size is made
-    /// before writing, in one step (and in the old buffer, once it is free).
+    /// The largest kept event so far: room for one more of its size is made
+    /// before writing, in one step (in the old buffer when the connection
+    /// has let go of it, else in a new one).
     largest: usize,
 }
 
 impl Events {
-    /// The event `name` carrying `value` as JSON. JSON text holds no raw
-    /// line break, so the data is one `data:` line. A value that fails to
-    /// serialize sends `{"error": ...}` instead.
+    /// The event `name` carrying `value` as JSON. serde_json writes no raw
+    /// line break (strings escape theirs; only a `RawValue` could hold one,
+    /// and the tree's types have none), so the data is one `data:` line. A
+    /// value that fails to serialize sends `{"error": ...}` instead.
     pub(crate) fn json(&mut self, name: &str, value: &impl Serialize) -> Bytes {
         self.buf.reserve(self.largest);
         self.head(name);
+        let data = self.buf.len();
         if let Err(e) = serde_json::to_writer((&mut self.buf).writer(), value) {
             self.buf.clear();
             self.head(name);
@@ -44,9 +52,18 @@ impl Events {
             // A `Value` with string keys always serializes.
             let _ = serde_json::to_writer((&mut self.buf).writer(), &error);
         }
+        debug_assert!(
+            !self.buf[data..].contains(&b'\n'),
+            "an event's data is one line"
+        );
         self.buf.put_slice(b"\n\n");
-        self.largest = self.largest.max(self.buf.len());
-        self.buf.split().freeze()
+        let event = self.buf.split().freeze();
+        if event.len() <= KEPT {
+            self.largest = self.largest.max(event.len());
+        } else {
+            self.buf = BytesMut::new();
+        }
+        event
     }
 
     fn head(&mut self, name: &str) {
@@ -78,7 +95,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_event_is_one_data_line_and_its_space_is_reused_once_sent() {
+    fn an_event_is_one_data_line_and_its_space_is_reused_once_dropped() {
         let mut events = Events::default();
         let value = serde_json::json!({ "text": "two\nlines", "n": 1 });
         let first = events.json("delta", &value);
@@ -99,10 +116,30 @@ mod tests {
     }
 
     #[test]
-    fn a_value_that_fails_to_serialize_sends_an_error() {
+    fn an_event_too_large_to_keep_leaves_no_buffer_behind() {
+        let mut events = Events::default();
+        let big = "x".repeat(KEPT);
+        let sent = events.json("snapshot", &big);
+        assert!(sent.len() > KEPT);
+        assert_eq!(
+            events.buf.capacity(),
+            0,
+            "the connection holds its space alone"
+        );
+        assert_eq!(events.largest, 0);
+        let small = events.json("delta", &1);
+        assert_eq!(&small[..], b"event: delta\ndata: 1\n\n");
+    }
+
+    #[test]
+    fn a_value_that_fails_to_serialize_even_halfway_sends_only_an_error() {
+        /// Writes part of a map, then fails.
         struct Fails;
         impl Serialize for Fails {
-            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap;
+                let mut map = s.serialize_map(None)?;
+                map.serialize_entry("written", &1)?;
                 Err(serde::ser::Error::custom("no way"))
             }
         }

@@ -56,8 +56,8 @@ pub(super) enum Reads {
 /// One subscriber's queue.
 pub(super) struct Queue {
     pending: Mutex<Pending>,
-    /// Woken when the queue stops being empty (or closes), and for an armed
-    /// events-only queue, at the next node change.
+    /// Woken when the queue stops being empty (or closes), when it is half
+    /// full, and for an armed events-only queue, at the next node change.
     pub(super) ready: Notify,
     reads: Reads,
     /// Set by an events-only reader when it has read the tree and wants a
@@ -324,20 +324,33 @@ mod tests {
 
     #[test]
     fn a_reader_waiting_for_a_batch_is_woken_at_half_capacity() {
-        use futures::FutureExt;
-        let feed = Arc::new(Feed::new(64));
-        let mut rx = feed.subscribe(Reads::Everything);
-        feed.send(change(0));
-        assert_eq!(rx.try_recv().map(id_of), Ok(0));
-        for id in 1..32 {
-            feed.send(change(id));
-            assert!(rx.half_full().now_or_never().is_none(), "{id} queued");
+        use std::sync::atomic::AtomicUsize;
+        use std::task::{Context, Poll};
+        struct Wakes(AtomicUsize);
+        impl futures::task::ArcWake for Wakes {
+            fn wake_by_ref(this: &Arc<Self>) {
+                this.0.fetch_add(1, Ordering::SeqCst);
+            }
         }
-        feed.send(change(32));
-        assert_eq!(rx.half_full().now_or_never(), Some(()));
-        // Once read, it waits again.
-        while rx.try_recv().is_ok() {}
-        assert!(rx.half_full().now_or_never().is_none());
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = futures::task::waker(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let woken = || wakes.0.load(Ordering::SeqCst);
+
+        let feed = Arc::new(Feed::new(64));
+        let rx = feed.subscribe(Reads::Everything);
+        let mut waiting = std::pin::pin!(rx.half_full());
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        feed.send(change(0));
+        assert_eq!(woken(), 1, "the queue stopped being empty");
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        for id in 1..31 {
+            feed.send(change(id));
+        }
+        assert_eq!(woken(), 1, "31 of 64 queued: no wake-up");
+        feed.send(change(31));
+        assert_eq!(woken(), 2, "woken at 32 of 64");
+        assert_eq!(waiting.as_mut().poll(&mut cx), Poll::Ready(()));
     }
 
     #[test]

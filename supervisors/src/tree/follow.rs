@@ -44,7 +44,8 @@ pub struct Follower {
     /// The number of the last stop read (shared with the tree, which frees
     /// the stops every follower has read).
     last_stop: Arc<AtomicU64>,
-    /// Reused between looks: the new nodes, the stops.
+    /// Reused between looks: the new nodes (with the counts read), and the
+    /// stops read.
     fresh: Vec<(Arc<Node>, Status, u32)>,
     stops: Vec<StopRecord>,
 }
