@@ -371,6 +371,20 @@ impl FiberShared {
             .map(|(seq, _)| *seq)
     }
 
+    /// Drops the child with node id `id` from the children, if there.
+    fn forget_child(&self, id: u64) {
+        let gone = {
+            let mut inner = self.lock();
+            let seq = inner
+                .children
+                .iter()
+                .find_map(|(seq, c)| (c.node.info.id == id).then_some(*seq));
+            seq.and_then(|seq| inner.children.remove(&seq))
+        };
+        // Dropped outside the lock.
+        drop(gone);
+    }
+
     pub fn children_ids(&self) -> Vec<u64> {
         self.lock()
             .children
@@ -707,6 +721,13 @@ impl Actor for FiberActor {
                 rt.tree().stopped(fiber.id, final_status, "disposed");
                 if !from_parent {
                     rt.tree().teardown(fiber.id, order.to_vec());
+                    // Out of its parent's children now, not when the parent
+                    // gets to its exit: whoever awaited the dispose sees the
+                    // parent without it (a deliberate dispose is removed,
+                    // never restarted, so the parent has nothing to decide).
+                    if let Some(parent) = fiber.parent.as_ref().and_then(Weak::upgrade) {
+                        parent.forget_child(fiber.id);
+                    }
                 }
                 myself.stop(Some("disposed".to_owned()));
                 fiber.phase.send_modify(|p| {

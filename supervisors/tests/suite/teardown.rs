@@ -411,3 +411,25 @@ async fn stopping_one_node_stops_its_subtree_in_order_and_nothing_restarts_it() 
     assert!(rt.stop_node(rt.root().fiber().id()).await.is_none());
     bounded("shutdown", rt.shutdown()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_disposed_on_its_own_has_left_its_parent_when_the_dispose_returns() {
+    let rt = runtime().await;
+    let root = rt.root();
+    let before = root.fiber().child_count();
+    for round in 0..20 {
+        let scope = root
+            .scope(dsh_supervisors::ScopeKey::new(format!("s{round}")))
+            .await
+            .unwrap();
+        assert_eq!(root.fiber().child_count(), before + 1);
+        scope.dispose().await;
+        assert_eq!(
+            root.fiber().child_count(),
+            before,
+            "round {round}: the parent still counts the disposed scope"
+        );
+        assert_eq!(scope.fiber().status(), Status::Disposed);
+    }
+    bounded("shutdown", rt.shutdown()).await;
+}
