@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use dsh::catalogue::default_catalogue;
 use dsh::kernel::tree::render;
-use dsh::kernel::{Error, Loader, Runtime, RuntimeSettings, Source};
+use dsh::kernel::{BootError, Error, Loader, Runtime, RuntimeSettings, Source};
 
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
@@ -640,7 +640,7 @@ async fn serve(
                 patches: Vec::new(),
             };
             match Loader::boot(&rt, default_catalogue(), source).await {
-                Err(Error::Config(e)) => {
+                Err(BootError::Config(e)) => {
                     eprintln!("dsh serve: {e}");
                     rt.shutdown().await;
                     return ExitCode::from(EXIT_CONFIG);
@@ -791,7 +791,7 @@ async fn tree(file: PathBuf, patches: Vec<PathBuf>, json: bool) -> ExitCode {
     };
     let booted = Loader::boot(&rt, default_catalogue(), source).await;
     let code = match booted {
-        Err(Error::Config(e)) => {
+        Err(BootError::Config(e)) => {
             eprintln!("{e}");
             ExitCode::from(EXIT_CONFIG)
         }

@@ -129,7 +129,7 @@ async fn stage(
                 .get::<LlmRuntime>(LlmRuntime::SERVICE)
                 .ok_or_else(|| fail(1, "no llm service"))?;
             llm.register(&root, &["demo"], Arc::new(DemoModel))
-                .map_err(|e| fail(1, e))?;
+                .map_err(|e| fail(1, e.to_string()))?;
             ("demo".to_owned(), "demo".to_owned())
         }
         ModelChoice::OpenAi {
@@ -156,7 +156,8 @@ async fn stage(
         .ok_or_else(|| fail(1, "no tool registry"))?;
     let subagents = match root.get::<Subagents>(Subagents::SERVICE) {
         Some(s) => s,
-        None => install(&root, &tools, &MultiAgentConfig::default()).map_err(|e| fail(1, e))?,
+        None => install(&root, &tools, &MultiAgentConfig::default())
+            .map_err(|e| fail(1, e.to_string()))?,
     };
     let mut spec = AgentSpec::new(&provider, &model_id, cwd.clone());
     spec.name = Some(name.to_owned());
@@ -499,7 +500,7 @@ async fn run_ralph(
     }
     let result = match result {
         Ok(r) => r,
-        Err(e) => return fail(2, e),
+        Err(e) => return fail(2, e.to_string()),
     };
     for r in &result.completed {
         println!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dsh_actors::agent::{Agent, AgentSpec, Agents};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
-use dsh_services::llm::replay::ReplayModel;
+use dsh_services::replay::ReplayModel;
 use dsh_services::session::compare::{compare, prompts, shape};
 use dsh_services::session::jsonl;
 use dsh_services::tools::ToolRegistry;
@@ -77,7 +77,7 @@ pub async fn replay(opts: ReplayOptions) -> RunExit {
         Ok(v) => v,
         Err(e) => return fail(1, e),
     };
-    let mut verdict = compare(&recorded, &shape(&replayed));
+    let mut verdict = compare(&recorded, &shape(&replayed)).map_err(|d| d.to_string());
     if verdict.is_ok() {
         if replayed_children.len() != children.len() {
             verdict = Err(format!(
@@ -178,22 +178,25 @@ async fn drive(
         .map_err(|e| e.to_string())?;
     root.provide(Agents::SERVICE, agents)
         .map_err(|e| e.to_string())?;
-    register_builtin(&root, &tools)?;
-    llm.register(&root, &["replay"], model)?;
+    register_builtin(&root, &tools).map_err(|e| e.to_string())?;
+    llm.register(&root, &["replay"], model)
+        .map_err(|e| e.to_string())?;
     // Children: the recorded tool names, each child served its own recorded
     // model output (`replay-<n>`, in creation order).
     dsh_actors::multi_agent::install(
         &root,
         &tools,
         &dsh_actors::multi_agent::MultiAgentConfig::default(),
-    )?;
+    )
+    .map_err(|e| e.to_string())?;
     for (i, events) in children.iter().enumerate() {
         let route = format!("replay-{}", i + 1);
         llm.register(
             &root,
             &[route.as_str()],
             Arc::new(ReplayModel::from_events(events)),
-        )?;
+        )
+        .map_err(|e| e.to_string())?;
     }
     let agents = root
         .get::<Agents>(Agents::SERVICE)
@@ -233,7 +236,7 @@ async fn drive(
             .await
             .map_err(|e| e.to_string())?;
     }
-    agent.session().flush().await?;
+    agent.session().flush().await.map_err(|e| e.to_string())?;
     let children: Vec<Events> = created
         .lock()
         .map(|l| l.iter().skip(1).map(|a| a.session().events()).collect())

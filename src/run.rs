@@ -357,7 +357,7 @@ async fn load(rt: &Runtime, opts: &RunOptions, endpoint: Option<Endpoint>) -> Re
             patches: opts.patches.clone(),
         };
         return match dsh_supervisors::Loader::boot(rt, default_catalogue(), source).await {
-            Err(dsh_supervisors::Error::Config(e)) => Err(RunExit::fail(2, e.to_string())),
+            Err(dsh_supervisors::BootError::Config(e)) => Err(RunExit::fail(2, e.to_string())),
             Err(e) => Err(RunExit::fail(1, e.to_string())),
             Ok((_, failures)) if !failures.is_empty() => {
                 let list: Vec<String> = failures

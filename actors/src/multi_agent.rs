@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::Context;
+use dsh_supervisors::registry::RegisterError;
 
 use crate::ralph::tool::RalphTool;
 use crate::subagent::Subagents;
@@ -43,17 +44,22 @@ pub fn install(
     ctx: &Context,
     tools: &Arc<ToolRegistry>,
     config: &MultiAgentConfig,
-) -> Result<Arc<Subagents>, String> {
+) -> Result<Arc<Subagents>, RegisterError> {
     let subagents = Arc::new(Subagents::with_builtin());
-    ctx.provide(Subagents::SERVICE, subagents.clone())
-        .map_err(|e| e.to_string())?;
+    ctx.provide(Subagents::SERVICE, subagents.clone())?;
     let mut spawn = SubagentToolConfig::new("spawn", "subagent");
     spawn.max_depth = config.max_depth;
     let mut fork = SubagentToolConfig::new("fork", "subagent_fork");
     fork.max_depth = config.max_depth;
     fork.background = false;
     for c in [spawn, fork] {
-        tools.register(ctx, Arc::new(SubagentTool::new(subagents.clone(), c)?))?;
+        let name = c.tool_name.clone();
+        let tool = SubagentTool::new(subagents.clone(), c).map_err(|e| RegisterError::Invalid {
+            what: "tool",
+            name,
+            reason: e.to_string(),
+        })?;
+        tools.register(ctx, Arc::new(tool))?;
     }
     tools.register(ctx, Arc::new(SendMessage(subagents.clone())))?;
     tools.register(ctx, Arc::new(InterruptAgent(subagents.clone())))?;
@@ -63,8 +69,7 @@ pub fn install(
         "spawn",
         config.workflow.clone(),
     ));
-    ctx.provide(WorkflowEngine::SERVICE, engine.clone())
-        .map_err(|e| e.to_string())?;
+    ctx.provide(WorkflowEngine::SERVICE, engine.clone())?;
     tools.register(ctx, Arc::new(WorkflowTool(engine)))?;
     let mut ralph = RalphTool::new(subagents.clone());
     ralph.max_rounds = config.ralph_rounds;

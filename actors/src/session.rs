@@ -10,15 +10,33 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use dsh_services::persistence::SessionPersistence;
+use dsh_services::llm::History;
+use dsh_services::persistence::{SessionPersistence, StoreError};
 use dsh_services::session::compact::{CompactError, CompactLog};
 use dsh_services::session::{
-    EventData, History, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent,
+    EventData, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent,
 };
 use dsh_supervisors::events::panic_text;
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, WorkerRef, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+/// Why committed events are not durable yet.
+#[derive(Debug, thiserror::Error)]
+pub enum FlushError {
+    /// The store refused the write (a full disk, a locked database).
+    /// Retryable: the events stay pending, in order, and are written by the
+    /// next attempt.
+    #[error("cannot write the session log: {0}")]
+    Store(#[from] StoreError),
+    /// The writer task panicked (a bug in the store backend). The events
+    /// stay in the in-memory log only.
+    #[error("the session writer task failed: {0}")]
+    Writer(String),
+    /// The session actor did not answer within its 30 s budget, or is gone.
+    #[error("the session actor did not answer: {0}")]
+    Unanswered(String),
+}
 
 /// A callback run after each committed append.
 pub type Observer = Arc<dyn Fn(&Arc<SessionEvent>) + Send + Sync>;
@@ -28,7 +46,7 @@ pub enum SessionMsg {
     /// An event was committed.
     Committed(Arc<SessionEvent>),
     /// Write everything buffered, then reply.
-    Flush(RpcReplyPort<Result<(), String>>),
+    Flush(RpcReplyPort<Result<(), FlushError>>),
     /// The batching window closed: write what is pending.
     Tick,
 }
@@ -312,14 +330,14 @@ impl SessionHandle {
     }
 
     /// Writes everything committed so far to durable storage.
-    pub async fn flush(&self) -> Result<(), String> {
+    pub async fn flush(&self) -> Result<(), FlushError> {
         let actor = self.core.actor.lock().ok().and_then(|a| a.clone());
         match actor {
             None => Ok(()),
             Some(a) => a
                 .call(SessionMsg::Flush, std::time::Duration::from_secs(30))
                 .await
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| FlushError::Unanswered(e.to_string()))?,
         }
     }
 }
@@ -358,7 +376,7 @@ pub struct SessionState {
 impl SessionState {
     /// Writes the pending events (creating the session first if needed).
     /// A failed write keeps them, in order, for the next attempt.
-    async fn write_pending(&mut self) -> Result<(), String> {
+    async fn write_pending(&mut self) -> Result<(), FlushError> {
         let Some(store) = self.store.clone() else {
             self.pending.clear();
             return Ok(());
@@ -388,11 +406,11 @@ impl SessionState {
             }
             Ok((batch, Err(e))) => {
                 self.pending = batch;
-                Err(format!("cannot write the session log: {e}"))
+                Err(FlushError::Store(e))
             }
             // The batch went down with the panicking task; this is a bug in
             // the backend, and the events stay in the in-memory log.
-            Err(e) => Err(format!("session writer task failed: {e}")),
+            Err(e) => Err(FlushError::Writer(e.to_string())),
         }
     }
 }

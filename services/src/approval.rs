@@ -26,16 +26,19 @@ pub enum ApprovalPolicy {
     Always,
 }
 
+/// A policy name that is none of `never`, `ask`, `always`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown approval policy `{0}` (expected never, ask or always)")]
+pub struct UnknownPolicy(pub String);
+
 impl std::str::FromStr for ApprovalPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         match s {
             "never" => Ok(ApprovalPolicy::Never),
             "ask" => Ok(ApprovalPolicy::Ask),
             "always" => Ok(ApprovalPolicy::Always),
-            other => Err(format!(
-                "unknown approval policy `{other}` (expected never, ask or always)"
-            )),
+            other => Err(UnknownPolicy(other.to_owned())),
         }
     }
 }

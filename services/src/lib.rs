@@ -30,5 +30,6 @@ pub mod approval;
 pub mod llm;
 pub mod persistence;
 pub mod prompt;
+pub mod replay;
 pub mod session;
 pub mod tools;

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, SharedLayers, register_scoped};
+use dsh_supervisors::registry::{RegisterError, SharedLayers, register_scoped};
+use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer};
 use dsh_supervisors::{Context, Disposer, Event, Target, Waterfall};
 
 /// Text evaluated at each assembly.
@@ -106,7 +107,7 @@ impl SystemPrompt {
         self: &Arc<Self>,
         ctx: &Context,
         section: PromptSection,
-    ) -> Result<Disposer, String> {
+    ) -> Result<Disposer, RegisterError> {
         let name = section.name.clone();
         let me = self.clone();
         let removed = name.clone();
@@ -115,9 +116,13 @@ impl SystemPrompt {
             ctx,
             &format!("prompt section {name}"),
             |layer| {
-                layer.sections.insert(&name, section).map_err(|_| {
-                    format!("prompt section `{name}` is already registered in this scope")
-                })
+                layer
+                    .sections
+                    .insert(&name, section)
+                    .map_err(|_| RegisterError::Taken {
+                        what: "prompt section",
+                        name: name.clone(),
+                    })
             },
             move |layer| {
                 layer.sections.remove(&removed);
@@ -134,15 +139,17 @@ impl SystemPrompt {
         ctx: &Context,
         name: &str,
         value: Text,
-    ) -> Result<Disposer, String> {
+    ) -> Result<Disposer, RegisterError> {
         let valid = name.starts_with(|c: char| c.is_ascii_lowercase())
             && name
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if !valid {
-            return Err(format!(
-                "`{name}` is not a variable name (expected [a-z][a-z0-9_]*)"
-            ));
+            return Err(RegisterError::Invalid {
+                what: "prompt variable",
+                name: name.to_owned(),
+                reason: "expected [a-z][a-z0-9_]*".into(),
+            });
         }
         let me = self.clone();
         let removed = name.to_owned();
@@ -151,9 +158,13 @@ impl SystemPrompt {
             ctx,
             &format!("prompt variable {name}"),
             |layer| {
-                layer.variables.insert(name, value).map_err(|_| {
-                    format!("prompt variable `{name}` is already registered in this scope")
-                })
+                layer
+                    .variables
+                    .insert(name, value)
+                    .map_err(|_| RegisterError::Taken {
+                        what: "prompt variable",
+                        name: name.to_owned(),
+                    })
             },
             move |layer| {
                 layer.variables.remove(&removed);
@@ -169,11 +180,9 @@ impl SystemPrompt {
     fn collect(
         &self,
         scope: Option<&ScopeKey>,
-    ) -> Result<(PromptAssembly, Option<RenderedSection>), String> {
-        let layers = self
-            .layers
-            .read()
-            .map_err(|_| "prompt registry poisoned".to_owned())?;
+    ) -> Result<(PromptAssembly, Option<RenderedSection>), PromptError> {
+        // A poisoned lock only means a registration panicked; the table is whole.
+        let layers = self.layers.read().unwrap_or_else(|p| p.into_inner());
         let mut sections: BTreeMap<String, PromptSection> = BTreeMap::new();
         let mut variables: BTreeMap<String, Text> = BTreeMap::new();
         for layer in layers.visible(scope).into_iter().rev() {
@@ -187,11 +196,8 @@ impl SystemPrompt {
         drop(layers);
         let complete: Vec<&PromptSection> = sections.values().filter(|s| s.complete).collect();
         if complete.len() > 1 {
-            let names: Vec<&str> = complete.iter().map(|s| s.name.as_str()).collect();
-            return Err(format!(
-                "more than one complete prompt section is in effect: {}",
-                names.join(", ")
-            ));
+            let names = complete.iter().map(|s| s.name.clone()).collect();
+            return Err(PromptError::SeveralComplete { names });
         }
         let complete = complete
             .first()
@@ -215,7 +221,7 @@ impl SystemPrompt {
     }
 
     /// Assembles and renders the system prompt for `ctx`'s scope.
-    pub async fn assemble(&self, ctx: &Context) -> Result<String, String> {
+    pub async fn assemble(&self, ctx: &Context) -> Result<String, PromptError> {
         let scope = ctx.scope_key();
         let (assembly, complete) = self.collect(scope)?;
         let target = Target::Scope(scope.cloned());
@@ -226,8 +232,7 @@ impl SystemPrompt {
                 SystemPromptAssemble { assembly },
                 |a: SystemPromptAssemble| async move { a.assembly },
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if let Some(c) = complete {
             assembly.sections = vec![c];
         }
@@ -235,8 +240,31 @@ impl SystemPrompt {
     }
 }
 
+/// Why the system prompt could not be assembled. Fatal for the step that
+/// asked (its turn ends with `SYSTEM_PROMPT`); the registrations must change.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    /// Two sections each claim to be the whole prompt.
+    #[error("more than one complete prompt section is in effect: {}", .names.join(", "))]
+    SeveralComplete {
+        /// Their names.
+        names: Vec<String>,
+    },
+    /// A section names a `{{variable}}` nobody provides.
+    #[error("prompt section `{section}` references {{{{{variable}}}}}, which no variable provides")]
+    UnknownVariable {
+        /// The section.
+        section: String,
+        /// The variable it names.
+        variable: String,
+    },
+    /// A listener of `system-prompt/assemble` panicked.
+    #[error(transparent)]
+    Listener(#[from] dsh_supervisors::Error),
+}
+
 /// Joins the sections (blank line between) and interpolates `{{name}}`.
-pub fn render(assembly: &PromptAssembly) -> Result<String, String> {
+pub fn render(assembly: &PromptAssembly) -> Result<String, PromptError> {
     let mut out = String::new();
     for (name, _, text) in &assembly.sections {
         if text.is_empty() {
@@ -258,9 +286,10 @@ pub fn render(assembly: &PromptAssembly) -> Result<String, String> {
             match assembly.variables.get(var) {
                 Some(v) => out.push_str(v),
                 None => {
-                    return Err(format!(
-                        "prompt section `{name}` references {{{{{var}}}}}, which no variable provides"
-                    ));
+                    return Err(PromptError::UnknownVariable {
+                        section: name.clone(),
+                        variable: var.to_owned(),
+                    });
                 }
             }
             rest = &after[end + 2..];

@@ -50,9 +50,6 @@ pub enum Error {
         /// Error or panic text.
         reason: String,
     },
-    /// A plugin config did not validate; nothing was started.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
     /// ractor refused to spawn an actor. Retryable only if the cause was
     /// transient (it rarely is).
     #[error("spawn failed: {0}")]

@@ -32,12 +32,11 @@
 //!   panic boundary; a panic becomes a supervision event, never a crash.
 
 pub mod config;
-pub mod context;
 pub mod error;
 pub mod events;
-pub mod fiber;
 pub mod loader;
-pub mod plugin;
+pub mod policy;
+pub mod registry;
 pub mod runtime;
 pub mod scope;
 pub mod scratch;
@@ -45,14 +44,14 @@ pub mod services;
 pub mod tree;
 
 pub use config::{ConfigError, Plan, Problem, Source};
-pub use context::{
-    Context, Disposer, Fiber, PluginOptions, Scope, SendError, WorkerRef, WorkerSpec,
-};
 pub use error::{BoxError, Error, Result};
 pub use events::{Bail, Emit, Event, ListenOptions, Next, Parallel, Serial, Target, Waterfall};
-pub use fiber::{ChildPolicy, Restart, Shutdown, Strategy, SupervisorSpec};
-pub use loader::{Loader, ReloadReport};
-pub use plugin::{Catalogue, Group, Plugin, plugin_fn};
+pub use loader::{BootError, Loader, ReloadReport};
+pub use policy::{ChildPolicy, Restart, Shutdown, Strategy, SupervisorSpec};
+pub use runtime::context::{
+    Context, Disposer, Fiber, PluginOptions, Scope, SendError, WorkerRef, WorkerSpec,
+};
+pub use runtime::plugin::{Catalogue, Group, Plugin, plugin_fn};
 pub use runtime::{Runtime, RuntimeSettings};
 pub use scope::ScopeKey;
 pub use services::{ServiceChange, ServiceChanged};

@@ -15,10 +15,24 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
 use crate::config::{ConfigError, Plan, PlannedEntry, Source, diff};
-use crate::context::{Context, Fiber, PluginOptions, WorkerSpec};
+use crate::error::Error;
 use crate::error::Result;
-use crate::plugin::{Catalogue, Group};
 use crate::runtime::Runtime;
+use crate::runtime::context::{Context, Fiber, PluginOptions, WorkerSpec};
+use crate::runtime::plugin::{Catalogue, Group};
+
+/// Why a config could not be booted.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// The files are invalid (every problem listed); nothing was started.
+    /// Fatal until the files change.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The kernel refused to start the host fiber (the runtime is shutting
+    /// down). Fatal for this runtime.
+    #[error(transparent)]
+    Kernel(#[from] Error),
+}
 
 /// What a reload did.
 #[derive(Debug, Default)]
@@ -60,7 +74,7 @@ impl Loader {
         rt: &Runtime,
         catalogue: Catalogue,
         source: Source,
-    ) -> Result<(Loader, Vec<(String, String)>)> {
+    ) -> std::result::Result<(Loader, Vec<(String, String)>), BootError> {
         let plan = source.plan(&catalogue)?;
         let file = source
             .base

@@ -207,42 +207,6 @@ impl<L: ScopeLayer> ScopedLayers<L> {
     }
 }
 
-/// Scoped layers shared by a registry and the effects that undo its entries.
-pub type SharedLayers<L> = std::sync::Arc<std::sync::RwLock<ScopedLayers<L>>>;
-
-/// Registers into the layer of `ctx`'s scope: `add` runs now (its error
-/// refuses the registration); `remove` runs once when `ctx`'s fiber unloads
-/// or the returned disposer is called, after which an emptied scoped layer
-/// is reclaimed. Visibility and ownership come from the same context.
-pub fn register_scoped<L, T>(
-    layers: &SharedLayers<L>,
-    ctx: &crate::Context,
-    label: &str,
-    add: impl FnOnce(&mut L) -> std::result::Result<T, String>,
-    remove: impl FnOnce(&mut L) + Send + 'static,
-) -> std::result::Result<(T, crate::Disposer), String>
-where
-    L: ScopeLayer + Send + Sync + 'static,
-{
-    let scope = ctx.scope_key().cloned();
-    let added = {
-        let mut guard = layers.write().unwrap_or_else(|p| p.into_inner());
-        add(guard.layer_mut(scope.as_ref()))?
-    };
-    let shared = layers.clone();
-    let undo = move || {
-        let mut guard = shared.write().unwrap_or_else(|p| p.into_inner());
-        remove(guard.layer_mut(scope.as_ref()));
-        if let Some(k) = &scope {
-            guard.reclaim(k);
-        }
-    };
-    match ctx.effect(label, undo) {
-        Ok(d) => Ok((added, d)),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 /// Insertion-ordered named entries with unique names.
 pub struct NamedEntries<V> {
     next: u64,

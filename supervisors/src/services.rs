@@ -10,16 +10,16 @@ use std::sync::{Arc, RwLock, Weak};
 
 use crate::error::{Error, Result};
 use crate::events::{Emit, Event};
-use crate::fiber::FiberShared;
 use crate::scope::{NamedEntries, ScopeKey, ScopedLayers};
-use crate::tree::Status;
+use crate::tree::{Node, Status};
 
 pub(crate) struct Provider {
     /// Identity of the registration (stable; used to remove it).
     pub id: u64,
     /// Changes each time the value is replaced (what dependents compare).
     pub version: u64,
-    pub fiber: Weak<FiberShared>,
+    /// The providing fiber's tree node (its status says whether it is active).
+    pub fiber: Weak<Node>,
     pub fiber_id: u64,
     pub fiber_name: Arc<str>,
     pub value: Arc<dyn Any + Send + Sync>,
@@ -29,7 +29,7 @@ impl Provider {
     fn active(&self) -> bool {
         self.fiber
             .upgrade()
-            .is_some_and(|f| f.status() == Status::Active)
+            .is_some_and(|node| node.stats.status() == Status::Active)
     }
 }
 

@@ -12,6 +12,7 @@ use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, WorkerRef, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use super::template::Templates;
 use super::{Agent, WeakAgent, lock};
 
 /// When idle agents hibernate.
@@ -29,6 +30,12 @@ pub struct Hibernation {
     pub max_awake: Option<usize>,
 }
 
+/// The keeper did not answer in time (it is stopped or overloaded).
+/// Retryable: it may answer a later call.
+#[derive(Debug, thiserror::Error)]
+#[error("the agents keeper did not answer: {0}")]
+pub struct KeeperUnanswered(pub String);
+
 /// The `agents` service: every agent by id, awake or hibernated.
 #[derive(Default)]
 pub struct Agents {
@@ -40,6 +47,8 @@ pub struct Agents {
     keeper: std::sync::OnceLock<WorkerRef<KeeperMsg>>,
     /// An eviction pass is queued at the keeper.
     evicting: AtomicBool,
+    /// What agents of one template share.
+    pub(super) templates: Templates,
 }
 
 impl Agents {
@@ -92,14 +101,14 @@ impl Agents {
 
     /// Waits until the keeper has handled everything asked of it so far
     /// (wakes, evictions), up to `timeout`; at once without a keeper.
-    pub async fn settled(&self, timeout: Duration) -> Result<(), String> {
+    pub async fn settled(&self, timeout: Duration) -> Result<(), KeeperUnanswered> {
         let Some(keeper) = self.keeper.get() else {
             return Ok(());
         };
         keeper
             .call(KeeperMsg::Ping, timeout)
             .await
-            .map_err(|e| format!("the agents keeper did not answer: {e}"))
+            .map_err(|e| KeeperUnanswered(e.to_string()))
     }
 
     /// Backpressure on creation: with far more agents awake than the cap

@@ -84,7 +84,7 @@ impl Tool for RalphTool {
             request.provider = self.provider.clone();
             let result = super::run(&self.subagents, request, None)
                 .await
-                .map_err(|e| ToolError::new("RALPH_START", e))?;
+                .map_err(|e| ToolError::new("RALPH_START", e.to_string()))?;
             let report = json!({
                 "runId": result.run_id,
                 "rounds": result.rounds,

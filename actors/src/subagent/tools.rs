@@ -56,10 +56,13 @@ pub struct SubagentTool {
 
 impl SubagentTool {
     /// A tool instance; fails when the provider is not registered.
-    pub fn new(subagents: Arc<Subagents>, config: SubagentToolConfig) -> Result<Self, String> {
+    pub fn new(
+        subagents: Arc<Subagents>,
+        config: SubagentToolConfig,
+    ) -> Result<Self, SubagentError> {
         let provider = subagents
             .provider(&config.provider)
-            .ok_or_else(|| format!("no subagent provider named `{}`", config.provider))?;
+            .ok_or_else(|| SubagentError::UnknownProvider(config.provider.clone()))?;
         Ok(SubagentTool {
             inherits: provider.inherits_parent_context(),
             config,

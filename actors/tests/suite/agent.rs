@@ -13,6 +13,7 @@ use dsh_services::tools::{
     Decision, PostExecute, PreExecute, Restriction, ToolExecute, ToolGuard, ToolResultEvent,
 };
 use dsh_supervisors::Status;
+use dsh_supervisors::registry::RegisterError;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -694,7 +695,14 @@ async fn a_panicking_observer_is_isolated_and_routes_register_all_or_nothing() {
         )
         .err()
         .unwrap();
-    assert_eq!(err, "provider route `scripted` is already registered");
+    assert!(
+        matches!(&err, RegisterError::Taken { what: "provider route", name } if name == "scripted"),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "provider route `scripted` is already registered in this scope"
+    );
     assert!(!h.llm.providers().contains(&"fresh".to_owned()));
 }
 

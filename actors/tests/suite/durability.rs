@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use dsh_actors::session::SessionHandle;
+use dsh_actors::session::{FlushError, SessionHandle};
 use dsh_services::llm::Message;
 use dsh_services::persistence::{
     JsonlStore, Loaded, SessionPersistence, SessionSummary, StoreError,
@@ -105,7 +105,11 @@ async fn a_failed_write_keeps_its_events_and_disposal_drains_the_rest() {
     // While the disk is full, writes (the first one creating the session)
     // fail; nothing is half-written and nothing is dropped.
     let first = session.flush().await.unwrap_err();
-    assert!(first.contains("no space left on device"), "{first}");
+    assert!(matches!(first, FlushError::Store(_)), "{first}");
+    assert!(
+        first.to_string().contains("no space left on device"),
+        "{first}"
+    );
     assert!(inner.load("s-flaky").is_err());
     session
         .append(user(3), Some(SurfaceIntent::append()))

@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use dsh_actors::agent::{Agent, AgentRequest, AgentSpec, AgentTurnStopping};
 use dsh_services::prompt::{
-    PromptAssembly, PromptSection, SystemPrompt, SystemPromptAssemble, Text, render,
+    PromptAssembly, PromptError, PromptSection, SystemPrompt, SystemPromptAssemble, Text, render,
 };
 use dsh_services::session::EventData;
+use dsh_supervisors::registry::RegisterError;
 
 use super::harness::{Harness, WAIT, text};
 
@@ -54,12 +55,13 @@ async fn sections_and_variables_assemble_with_scoped_shadowing() {
             .variable(&root, "Bad-Name", Text::Static(String::new()))
             .is_err()
     );
-    assert!(
-        prompt
-            .section(&root, section("identity", 1, "again"))
-            .unwrap_err()
-            .contains("already registered")
-    );
+    assert!(matches!(
+        prompt.section(&root, section("identity", 1, "again")),
+        Err(RegisterError::Taken {
+            what: "prompt section",
+            ..
+        })
+    ));
 
     h.script("scripted", vec![text("one"), text("two")]);
     let mut spec = AgentSpec::new("scripted", "m", std::env::temp_dir());
@@ -144,8 +146,12 @@ async fn the_assemble_waterfall_and_a_complete_section_decide_the_prompt() {
         sections: vec![("x".into(), 0, "uses {{nope}}".into())],
         variables: Default::default(),
     };
+    let err = render(&missing).unwrap_err();
+    assert!(
+        matches!(&err, PromptError::UnknownVariable { section, variable } if section == "x" && variable == "nope")
+    );
     assert_eq!(
-        render(&missing).unwrap_err(),
+        err.to_string(),
         "prompt section `x` references {{nope}}, which no variable provides"
     );
 }

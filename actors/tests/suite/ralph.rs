@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use dsh_actors::agent::Agent;
-use dsh_actors::ralph::{self, HandoffStatus, RalphOutcome, RalphRequest};
+use dsh_actors::ralph::{self, HandoffStatus, RalphError, RalphOutcome, RalphRequest};
 use dsh_actors::subagent::Subagents;
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest,
@@ -169,13 +169,26 @@ async fn the_circuit_breaker_and_failed_rounds_stop_the_loop() {
     let (h, s, parent) = setup().await;
     let mut request = RalphRequest::new(&parent, "never");
     request.max_rounds = Some(0);
-    assert!(ralph::run(&s, request.clone(), None).await.is_err());
+    assert!(matches!(
+        ralph::run(&s, request.clone(), None).await,
+        Err(RalphError::Rounds { given: 0, .. })
+    ));
     request.max_rounds = Some(257);
-    assert!(ralph::run(&s, request.clone(), None).await.is_err());
+    assert!(matches!(
+        ralph::run(&s, request.clone(), None).await,
+        Err(RalphError::Rounds {
+            given: 257,
+            max: 256
+        })
+    ));
     request.max_rounds = Some(3);
     request.provider = "fork".into();
     let e = ralph::run(&s, request, None).await.unwrap_err();
-    assert!(e.contains("fresh"), "{e}");
+    assert!(
+        matches!(&e, RalphError::InheritsContext(p) if p == "fork"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("fresh"), "{e}");
     h.rt.shutdown().await;
 }
 

@@ -7,6 +7,19 @@ use super::{
     StreamChunk, TokenUsage,
 };
 
+/// A block that deltas alone cannot rebuild (an image, a tool result) and
+/// whose `block-end` never came. The stream is malformed; not retryable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "block {index} of type {kind:?} was never closed by block-end and cannot be assembled from deltas"
+)]
+pub struct UnclosedBlock {
+    /// The block's index.
+    pub index: u32,
+    /// Its type.
+    pub kind: BlockType,
+}
+
 #[derive(Debug)]
 struct Slot {
     index: u32,
@@ -18,7 +31,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn assemble(&self) -> Result<ContentBlock, String> {
+    fn assemble(&self) -> Result<ContentBlock, UnclosedBlock> {
         if let Some(b) = &self.closed {
             return Ok(b.clone());
         }
@@ -34,10 +47,10 @@ impl Slot {
                 name: self.name.clone(),
                 arguments: self.text.clone(),
             }),
-            Some(other) => Err(format!(
-                "block {} of type {other:?} was never closed by block-end and cannot be assembled from deltas",
-                self.index
-            )),
+            Some(kind) => Err(UnclosedBlock {
+                index: self.index,
+                kind,
+            }),
         }
     }
 }
@@ -143,7 +156,7 @@ impl BlockAssembler {
 
     /// All blocks seen so far, in first-seen order; a `max-tokens` finish
     /// drops every tool call (a truncated call is unsafe to run).
-    pub fn blocks(&self) -> Result<Vec<ContentBlock>, String> {
+    pub fn blocks(&self) -> Result<Vec<ContentBlock>, UnclosedBlock> {
         let drop_calls = self.drops_tool_calls();
         let mut out = Vec::with_capacity(self.slots.len());
         for slot in &self.slots {
@@ -211,7 +224,7 @@ impl BlockAssembler {
     }
 
     /// The assembled assistant message.
-    pub fn message(&self, source: MessageSource) -> Result<Message, String> {
+    pub fn message(&self, source: MessageSource) -> Result<Message, UnclosedBlock> {
         Ok(Message {
             id: Message::new_id(),
             role: Role::Assistant,
@@ -369,6 +382,14 @@ mod tests {
             index: 0,
             block_type: BlockType::Image,
         }]);
-        assert!(a.blocks().unwrap_err().contains("never closed"));
+        let err = a.blocks().unwrap_err();
+        assert_eq!(
+            err,
+            UnclosedBlock {
+                index: 0,
+                kind: BlockType::Image
+            }
+        );
+        assert!(err.to_string().contains("never closed"), "{err}");
     }
 }

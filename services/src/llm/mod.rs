@@ -6,7 +6,6 @@
 
 mod assembler;
 pub mod openai;
-pub mod replay;
 mod runtime;
 pub mod scripted;
 
@@ -14,8 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::session::History;
-pub use assembler::BlockAssembler;
+pub use assembler::{BlockAssembler, UnclosedBlock};
 pub use runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream};
 
 /// A tool call's identity as the model chose it (any format: `call_0`, `toolu_…`).
@@ -240,6 +238,24 @@ impl Message {
     }
 }
 
+/// A snapshot of derived history: shared messages in model-visible order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History(pub(crate) Arc<Vec<Arc<Message>>>);
+
+impl std::ops::Deref for History {
+    type Target = [Arc<Message>];
+    fn deref(&self) -> &[Arc<Message>] {
+        &self.0
+    }
+}
+
+impl History {
+    /// The messages as a vector (clones the `Arc`s, not the messages).
+    pub fn to_vec(&self) -> Vec<Arc<Message>> {
+        self.0.as_ref().clone()
+    }
+}
+
 /// Message ids: UUID-v4-shaped, unique within the process and random
 /// across processes, without a system call per id (the OS is asked for
 /// randomness once per thread, then a SplitMix64 sequence is used).
@@ -322,6 +338,97 @@ pub struct LlmFailure {
     /// Provider request id, for diagnostics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+}
+
+impl LlmFailure {
+    /// A failure with `code` (one of [`code`], or a provider's own) and a
+    /// message; no status, retry hint or request id.
+    pub fn new(code: &str, message: impl Into<String>) -> LlmFailure {
+        LlmFailure {
+            message: message.into(),
+            code: code.to_owned(),
+            status: None,
+            provider_retry_after_ms: None,
+            request_id: None,
+        }
+    }
+
+    /// Whether another attempt may succeed (see [`code::retryable`]).
+    pub fn retryable(&self) -> bool {
+        code::retryable(&self.code)
+    }
+}
+
+/// The failure codes dsh sets. The vocabulary is open: a provider may report
+/// a code of its own (upper-cased from its error `code` or `type`), which is
+/// never retried. Each says whether a caller may retry the same request.
+pub mod code {
+    /// The provider's rate limit (HTTP 429). Retryable, after the provider's
+    /// `Retry-After` when it gave one.
+    pub const RATE_LIMITED: &str = "RATE_LIMITED";
+    /// The provider is overloaded. Retryable.
+    pub const OVERLOADED: &str = "OVERLOADED";
+    /// HTTP 5xx. Retryable.
+    pub const SERVER_ERROR: &str = "SERVER_ERROR";
+    /// No answer (or no next chunk) in time; HTTP 408. Retryable.
+    pub const TIMEOUT: &str = "TIMEOUT";
+    /// The request could not be sent (connect, TLS, DNS). Retryable.
+    pub const CONNECTION: &str = "CONNECTION";
+    /// The connection closed or broke mid-stream. Retryable before the
+    /// first chunk; after it, the delivered chunks are already logged.
+    pub const CONNECTION_LOST: &str = "CONNECTION_LOST";
+    /// The model returned no content at all. Retryable.
+    pub const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
+    /// HTTP 401/403: the key is missing, wrong or not allowed. Fatal.
+    pub const AUTH: &str = "AUTH";
+    /// HTTP 404: no such endpoint or model. Fatal.
+    pub const NOT_FOUND: &str = "NOT_FOUND";
+    /// HTTP 413: the request is larger than the model takes. Fatal until
+    /// the history shrinks.
+    pub const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
+    /// Any other HTTP 4xx. Fatal.
+    pub const BAD_REQUEST: &str = "BAD_REQUEST";
+    /// An error inside the stream that names no code. Fatal.
+    pub const PROVIDER_ERROR: &str = "PROVIDER_ERROR";
+    /// A stream event that is not valid JSON of the expected shape. Fatal.
+    pub const MALFORMED_CHUNK: &str = "MALFORMED_CHUNK";
+    /// A response that is not an event stream. Fatal.
+    pub const MALFORMED_RESPONSE: &str = "MALFORMED_RESPONSE";
+    /// Chunks that do not assemble into a message (a tool call without a
+    /// name, arguments that are not JSON). Fatal.
+    pub const MALFORMED_STREAM: &str = "MALFORMED_STREAM";
+    /// A finish reason the protocol does not know (`content_filter`, …). Fatal.
+    pub const FINISH_REASON: &str = "FINISH_REASON";
+    /// The call was cancelled. Not an error of the provider; never retried.
+    pub const ABORTED: &str = "ABORTED";
+    /// No adapter serves the request's provider route. Fatal.
+    pub const UNKNOWN_PROVIDER: &str = "UNKNOWN_PROVIDER";
+    /// A listener of the `llm/stream` or `agent/request` waterfall
+    /// panicked. Fatal for the step.
+    pub const LISTENER_PANICKED: &str = "LISTENER_PANICKED";
+    /// The scripted model has no step left for this call. Fatal.
+    pub const SCRIPT_EXHAUSTED: &str = "SCRIPT_EXHAUSTED";
+    /// The replay model has no recorded step left for this call. Fatal.
+    pub const REPLAY_EXHAUSTED: &str = "REPLAY_EXHAUSTED";
+    /// The turn used every step it may take (`AgentSpec::max_steps`). Fatal.
+    pub const STEP_LIMIT: &str = "STEP_LIMIT";
+    /// The system prompt could not be assembled. Fatal.
+    pub const SYSTEM_PROMPT: &str = "SYSTEM_PROMPT";
+
+    /// Whether a failure with `code` is worth another attempt of the same
+    /// request.
+    pub fn retryable(code: &str) -> bool {
+        matches!(
+            code,
+            RATE_LIMITED
+                | OVERLOADED
+                | SERVER_ERROR
+                | TIMEOUT
+                | CONNECTION
+                | CONNECTION_LOST
+                | EMPTY_RESPONSE
+        )
+    }
 }
 
 /// Why a model response stopped.

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmStream};
 use super::{
-    BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage,
+    BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage, code,
 };
 
 /// Where and how to reach an endpoint.
@@ -51,26 +51,16 @@ pub struct OpenAiCompatible {
     http: reqwest::Client,
 }
 
-fn fail(code: &str, message: impl Into<String>) -> LlmFailure {
-    LlmFailure {
-        message: message.into(),
-        code: code.into(),
-        status: None,
-        provider_retry_after_ms: None,
-        request_id: None,
-    }
-}
-
 impl OpenAiCompatible {
-    /// An adapter for `config`.
-    pub fn new(config: OpenAiConfig) -> Result<OpenAiCompatible, String> {
+    /// An adapter for `config`; fails only when the HTTP client cannot be
+    /// built (no TLS roots), which no retry fixes.
+    pub fn new(config: OpenAiConfig) -> Result<OpenAiCompatible, reqwest::Error> {
         // One process-wide TLS provider; a second install is a no-op error.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .user_agent(concat!("dsh/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .build()?;
         Ok(OpenAiCompatible { config, http })
     }
 }
@@ -257,8 +247,8 @@ impl Translator {
     /// Chunks for one decoded SSE `data` payload.
     pub fn feed(&mut self, data: &str) -> Result<Vec<StreamChunk>, LlmFailure> {
         let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
-            fail(
-                "MALFORMED_CHUNK",
+            LlmFailure::new(
+                code::MALFORMED_CHUNK,
                 format!("the provider sent an unreadable stream event: {e}"),
             )
         })?;
@@ -271,8 +261,8 @@ impl Translator {
                 .as_str()
                 .or_else(|| err["type"].as_str())
                 .map(|c| c.to_uppercase())
-                .unwrap_or_else(|| "PROVIDER_ERROR".into());
-            return Err(fail(&code, message));
+                .unwrap_or_else(|| code::PROVIDER_ERROR.into());
+            return Err(LlmFailure::new(&code, message));
         }
         let mut out = Vec::new();
         for choice in chunk.choices {
@@ -347,8 +337,8 @@ impl Translator {
                     "tool_calls" | "function_call" => FinishReason::ToolCalls,
                     "length" => FinishReason::MaxTokens,
                     other => FinishReason::Error {
-                        failure: Box::new(fail(
-                            "FINISH_REASON",
+                        failure: Box::new(LlmFailure::new(
+                            code::FINISH_REASON,
                             format!("the provider stopped with `{other}`"),
                         )),
                     },
@@ -411,12 +401,15 @@ impl Translator {
         }
         let reason = match self.finish.take() {
             Some(FinishReason::Stop) if self.blocks.is_empty() => FinishReason::Error {
-                failure: Box::new(fail("EMPTY_RESPONSE", "the model returned no content")),
+                failure: Box::new(LlmFailure::new(
+                    code::EMPTY_RESPONSE,
+                    "the model returned no content",
+                )),
             },
             Some(r) => r,
             None if self.blocks.is_empty() => FinishReason::Error {
-                failure: Box::new(fail(
-                    "EMPTY_RESPONSE",
+                failure: Box::new(LlmFailure::new(
+                    code::EMPTY_RESPONSE,
                     "the stream ended without any content or finish reason",
                 )),
             },
@@ -436,21 +429,19 @@ fn status_failure(status: reqwest::StatusCode, retry_after: Option<u64>, body: &
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
         .unwrap_or_else(|| body.chars().take(300).collect());
-    let code = match status.as_u16() {
-        401 | 403 => "AUTH",
-        404 => "NOT_FOUND",
-        408 => "TIMEOUT",
-        413 => "CONTEXT_WINDOW_EXCEEDED",
-        429 => "RATE_LIMITED",
-        500..=599 => "SERVER_ERROR",
-        _ => "BAD_REQUEST",
+    let kind = match status.as_u16() {
+        401 | 403 => code::AUTH,
+        404 => code::NOT_FOUND,
+        408 => code::TIMEOUT,
+        413 => code::CONTEXT_WINDOW_EXCEEDED,
+        429 => code::RATE_LIMITED,
+        500..=599 => code::SERVER_ERROR,
+        _ => code::BAD_REQUEST,
     };
     LlmFailure {
-        message: format!("HTTP {status}: {detail}"),
-        code: code.into(),
         status: Some(status.as_u16()),
         provider_retry_after_ms: retry_after,
-        request_id: None,
+        ..LlmFailure::new(kind, format!("HTTP {status}: {detail}"))
     }
 }
 
@@ -503,14 +494,14 @@ fn async_stream(
                     State::Start(builder) => {
                         let sent = tokio::select! {
                             r = (*builder).send() => r,
-                            () = cancel.cancelled() => return Some((Err(fail("ABORTED", "the call was cancelled")), (State::Done, queue, cancel))),
+                            () = cancel.cancelled() => return Some((Err(LlmFailure::new(code::ABORTED, "the call was cancelled")), (State::Done, queue, cancel))),
                         };
                         let response = match sent {
                             Ok(r) => r,
                             Err(e) => {
                                 return Some((
-                                    Err(fail(
-                                        "CONNECTION",
+                                    Err(LlmFailure::new(
+                                        code::CONNECTION,
                                         format!("cannot reach the endpoint: {e}"),
                                     )),
                                     (State::Done, queue, cancel),
@@ -539,8 +530,8 @@ fn async_stream(
                         if !streaming {
                             let body = response.text().await.unwrap_or_default();
                             let snippet: String = body.chars().take(200).collect();
-                            let f = fail(
-                                "MALFORMED_RESPONSE",
+                            let f = LlmFailure::new(
+                                code::MALFORMED_RESPONSE,
                                 format!("expected an event stream, got: {snippet}"),
                             );
                             return Some((Err(f), (State::Done, queue, cancel)));
@@ -554,12 +545,12 @@ fn async_stream(
                     State::Body(mut events, mut tr) => {
                         let next = tokio::select! {
                             n = tokio::time::timeout(idle, events.next()) => n,
-                            () = cancel.cancelled() => return Some((Err(fail("ABORTED", "the call was cancelled")), (State::Done, queue, cancel))),
+                            () = cancel.cancelled() => return Some((Err(LlmFailure::new(code::ABORTED, "the call was cancelled")), (State::Done, queue, cancel))),
                         };
                         match next {
                             Err(_) => {
-                                let f = fail(
-                                    "TIMEOUT",
+                                let f = LlmFailure::new(
+                                    code::TIMEOUT,
                                     format!("the stream was silent for {} s", idle.as_secs()),
                                 );
                                 return Some((Err(f), (State::Done, queue, cancel)));
@@ -571,13 +562,19 @@ fn async_stream(
                                     state = State::Done;
                                     continue;
                                 } else {
-                                    fail("CONNECTION_LOST", "the connection closed mid-stream")
+                                    LlmFailure::new(
+                                        code::CONNECTION_LOST,
+                                        "the connection closed mid-stream",
+                                    )
                                 };
                                 return Some((Err(f), (State::Done, queue, cancel)));
                             }
                             Ok(Some(Err(e))) => {
                                 return Some((
-                                    Err(fail("CONNECTION_LOST", format!("the stream broke: {e}"))),
+                                    Err(LlmFailure::new(
+                                        code::CONNECTION_LOST,
+                                        format!("the stream broke: {e}"),
+                                    )),
                                     (State::Done, queue, cancel),
                                 ));
                             }
@@ -624,20 +621,6 @@ impl Default for RetryListener {
     }
 }
 
-/// Codes worth another attempt.
-pub fn retryable(code: &str) -> bool {
-    matches!(
-        code,
-        "RATE_LIMITED"
-            | "SERVER_ERROR"
-            | "CONNECTION"
-            | "CONNECTION_LOST"
-            | "TIMEOUT"
-            | "EMPTY_RESPONSE"
-            | "OVERLOADED"
-    )
-}
-
 impl RetryListener {
     /// Registers the listener through `ctx` (removed with its fiber).
     pub fn install(self, ctx: &Context) -> dsh_supervisors::Result<Disposer> {
@@ -657,7 +640,7 @@ impl RetryListener {
                         .await;
                     let mut stream = match result {
                         Ok(s) => s,
-                        Err(f) if attempt < policy.max_retries && retryable(&f.code) => {
+                        Err(f) if attempt < policy.max_retries && f.retryable() => {
                             attempt += 1;
                             if !backoff(&cancel, f.provider_retry_after_ms.map(Duration::from_millis).unwrap_or(delay)).await {
                                 return Err(f);
@@ -669,7 +652,7 @@ impl RetryListener {
                     };
                     // Peek the first item: a failure there is a failed request.
                     match stream.next().await {
-                        Some(Err(f)) if attempt < policy.max_retries && retryable(&f.code) => {
+                        Some(Err(f)) if attempt < policy.max_retries && f.retryable() => {
                             tracing::warn!(code = %f.code, attempt, "model request failed; retrying");
                             attempt += 1;
                             let wait = f.provider_retry_after_ms.map(Duration::from_millis).unwrap_or(delay);

@@ -8,8 +8,9 @@ use dsh_supervisors::{Context, Disposer, Event, Waterfall};
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{LlmFailure, StreamChunk, ToolSchema};
-use crate::session::History;
+use super::History;
+use super::{LlmFailure, StreamChunk, ToolSchema, code};
+use dsh_supervisors::registry::RegisterError;
 
 /// One model call, provider-neutral.
 #[derive(Clone, Debug)]
@@ -90,14 +91,15 @@ impl LlmRuntime {
         ctx: &Context,
         providers: &[&str],
         adapter: Arc<dyn LlmAdapter>,
-    ) -> Result<Disposer, String> {
+    ) -> Result<Disposer, RegisterError> {
         {
-            let mut routes = self
-                .routes
-                .write()
-                .map_err(|_| "llm routes poisoned".to_owned())?;
+            // A poisoned lock only means a registration panicked; the map is whole.
+            let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
             if let Some(taken) = providers.iter().find(|p| routes.contains_key(**p)) {
-                return Err(format!("provider route `{taken}` is already registered"));
+                return Err(RegisterError::Taken {
+                    what: "provider route",
+                    name: (*taken).to_owned(),
+                });
             }
             for p in providers {
                 routes.insert((*p).to_owned(), adapter.clone());
@@ -105,15 +107,14 @@ impl LlmRuntime {
         }
         let me = self.clone();
         let owned: Vec<String> = providers.iter().map(|p| (*p).to_owned()).collect();
-        let undo = move || {
-            if let Ok(mut routes) = me.routes.write() {
-                for p in &owned {
-                    routes.remove(p);
-                }
+        let remove = move || {
+            let mut routes = me.routes.write().unwrap_or_else(|p| p.into_inner());
+            for p in &owned {
+                routes.remove(p);
             }
         };
         let label = format!("llm routes {}", providers.join(","));
-        ctx.effect(&label, undo).map_err(|e| e.to_string())
+        Ok(ctx.effect_or_undo(&label, remove)?)
     }
 
     /// The adapter serving `provider`.
@@ -146,13 +147,10 @@ impl LlmRuntime {
             async move {
                 match found {
                     Some(adapter) => Ok(adapter.stream(call.request, call.cancel)),
-                    None => Err(LlmFailure {
-                        message: format!("no adapter serves provider `{}`", call.request.provider),
-                        code: "UNKNOWN_PROVIDER".into(),
-                        status: None,
-                        provider_retry_after_ms: None,
-                        request_id: None,
-                    }),
+                    None => Err(LlmFailure::new(
+                        code::UNKNOWN_PROVIDER,
+                        format!("no adapter serves provider `{}`", call.request.provider),
+                    )),
                 }
             }
         };
@@ -163,13 +161,7 @@ impl LlmRuntime {
             .await
         {
             Ok(out) => out,
-            Err(e) => Err(LlmFailure {
-                message: e.to_string(),
-                code: "LISTENER_PANICKED".into(),
-                status: None,
-                provider_retry_after_ms: None,
-                request_id: None,
-            }),
+            Err(e) => Err(LlmFailure::new(code::LISTENER_PANICKED, e.to_string())),
         }
     }
 }

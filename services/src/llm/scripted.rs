@@ -18,7 +18,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::runtime::{ChunkStream, LlmAdapter, LlmRequest};
-use super::{ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage};
+use super::{ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage, code};
 
 /// One scripted tool call.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -78,6 +78,18 @@ pub struct ScriptedModel {
     calls: AtomicUsize,
 }
 
+/// Why a script cannot be played. Fatal: the file must change.
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    /// Not JSON of the script's shape (the message names the line, column
+    /// and field).
+    #[error("invalid script: {0}")]
+    Json(#[from] serde_json::Error),
+    /// `steps` is an empty list.
+    #[error("invalid script: `steps` is empty")]
+    Empty,
+}
+
 impl ScriptedModel {
     /// A model playing `steps` in order.
     pub fn new(steps: Vec<ScriptStep>) -> ScriptedModel {
@@ -89,11 +101,10 @@ impl ScriptedModel {
     }
 
     /// Parses a script (`{"steps": [...]}`), naming the failing field.
-    pub fn from_json(text: &str) -> Result<ScriptedModel, String> {
-        let file: ScriptFile =
-            serde_json::from_str(text).map_err(|e| format!("invalid script: {e}"))?;
+    pub fn from_json(text: &str) -> Result<ScriptedModel, ScriptError> {
+        let file: ScriptFile = serde_json::from_str(text)?;
         if file.steps.is_empty() {
-            return Err("invalid script: `steps` is empty".into());
+            return Err(ScriptError::Empty);
         }
         Ok(ScriptedModel::new(file.steps))
     }
@@ -177,23 +188,17 @@ impl LlmAdapter for ScriptedModel {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let result: Vec<Result<StreamChunk, LlmFailure>> = match self.steps.get(at) {
-            None => vec![Err(LlmFailure {
-                message: format!(
+            None => vec![Err(LlmFailure::new(
+                code::SCRIPT_EXHAUSTED,
+                format!(
                     "the script has {} steps and call {} asked for another",
                     self.steps.len(),
                     at + 1
                 ),
-                code: "SCRIPT_EXHAUSTED".into(),
-                status: None,
-                provider_retry_after_ms: None,
-                request_id: None,
-            })],
+            ))],
             Some(ScriptStep { error: Some(e), .. }) => vec![Err(LlmFailure {
-                message: e.message.clone(),
-                code: e.code.clone(),
                 status: e.status,
-                provider_retry_after_ms: None,
-                request_id: None,
+                ..LlmFailure::new(&e.code, e.message.clone())
             })],
             Some(step) => {
                 let mut blocks = Vec::new();

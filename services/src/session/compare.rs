@@ -74,62 +74,88 @@ fn end_kind(r: &TurnEndReason) -> &'static str {
     }
 }
 
+/// Where a replay first differs from its recording.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what}")]
+pub struct Divergence {
+    /// The turn it differs in (`None`: the replay ran more turns).
+    pub turn: Option<u32>,
+    /// How, in words (`turn 2: recorded 3 steps, replayed 4`).
+    pub what: String,
+}
+
+fn diverged(turn: u32, what: String) -> Divergence {
+    Divergence {
+        turn: Some(turn),
+        what: format!("turn {turn}: {what}"),
+    }
+}
+
 /// `Ok(turns)` when the two agree, else the first divergence, described.
-pub fn compare(recorded: &[TurnShape], replayed: &[TurnShape]) -> Result<usize, String> {
+pub fn compare(recorded: &[TurnShape], replayed: &[TurnShape]) -> Result<usize, Divergence> {
     for (i, r) in recorded.iter().enumerate() {
         let Some(p) = replayed.get(i) else {
-            return Err(format!(
-                "turn {}: recorded, but the replay ran only {} turns",
+            return Err(diverged(
                 r.turn,
-                replayed.len()
+                format!("recorded, but the replay ran only {} turns", replayed.len()),
             ));
         };
         if r.steps != p.steps {
-            return Err(format!(
-                "turn {}: recorded {} steps, replayed {}",
-                r.turn, r.steps, p.steps
+            return Err(diverged(
+                r.turn,
+                format!("recorded {} steps, replayed {}", r.steps, p.steps),
             ));
         }
         for (k, (rc, pc)) in r.calls.iter().zip(&p.calls).enumerate() {
             if rc != pc {
-                return Err(format!(
-                    "turn {}: tool call {}: recorded {} {}, replayed {} {}",
+                return Err(diverged(
                     r.turn,
-                    k + 1,
-                    rc.0,
-                    rc.1,
-                    pc.0,
-                    pc.1
+                    format!(
+                        "tool call {}: recorded {} {}, replayed {} {}",
+                        k + 1,
+                        rc.0,
+                        rc.1,
+                        pc.0,
+                        pc.1
+                    ),
                 ));
             }
         }
         if r.calls.len() != p.calls.len() {
-            return Err(format!(
-                "turn {}: recorded {} tool calls, replayed {}",
+            return Err(diverged(
                 r.turn,
-                r.calls.len(),
-                p.calls.len()
+                format!(
+                    "recorded {} tool calls, replayed {}",
+                    r.calls.len(),
+                    p.calls.len()
+                ),
             ));
         }
         if r.final_text != p.final_text {
-            return Err(format!(
-                "turn {}: recorded final text {:?}, replayed {:?}",
-                r.turn, r.final_text, p.final_text
+            return Err(diverged(
+                r.turn,
+                format!(
+                    "recorded final text {:?}, replayed {:?}",
+                    r.final_text, p.final_text
+                ),
             ));
         }
         if r.end != p.end {
-            return Err(format!(
-                "turn {}: recorded end `{}`, replayed `{}`",
-                r.turn, r.end, p.end
+            return Err(diverged(
+                r.turn,
+                format!("recorded end `{}`, replayed `{}`", r.end, p.end),
             ));
         }
     }
     if replayed.len() > recorded.len() {
-        return Err(format!(
-            "the replay ran {} turns; the recording has {}",
-            replayed.len(),
-            recorded.len()
-        ));
+        return Err(Divergence {
+            turn: None,
+            what: format!(
+                "the replay ran {} turns; the recording has {}",
+                replayed.len(),
+                recorded.len()
+            ),
+        });
     }
     Ok(recorded.len())
 }

@@ -391,40 +391,61 @@ struct Header<'a> {
     reason: Cow<'a, str>,
 }
 
+/// Why a payload is not a valid event of its type. Fatal for that event: a
+/// log holding it is refused at its line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    /// The payload does not have its type's JSON shape (serde's message,
+    /// which names the field).
+    #[error("{0}")]
+    Shape(String),
+    /// A message event carries a message of another role.
+    #[error("`{kind}` carries a {found:?} message; expected role {want:?}")]
+    Role {
+        /// The event type.
+        kind: String,
+        /// The role found.
+        found: Role,
+        /// The role the type requires.
+        want: Role,
+    },
+}
+
 /// An event payload as parsed JSON or as raw text still to parse.
 trait Payload {
-    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String>;
-    fn into_value(self) -> Result<Value, String>;
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, EventError>;
+    fn into_value(self) -> Result<Value, EventError>;
 }
 
 impl Payload for Value {
-    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
-        serde_json::from_value(self).map_err(|e| e.to_string())
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, EventError> {
+        serde_json::from_value(self).map_err(|e| EventError::Shape(e.to_string()))
     }
-    fn into_value(self) -> Result<Value, String> {
+    fn into_value(self) -> Result<Value, EventError> {
         Ok(self)
     }
 }
 
 impl Payload for &serde_json::value::RawValue {
-    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
-        serde_json::from_str(self.get()).map_err(|e| e.to_string())
+    fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, EventError> {
+        serde_json::from_str(self.get()).map_err(|e| EventError::Shape(e.to_string()))
     }
-    fn into_value(self) -> Result<Value, String> {
-        serde_json::from_str(self.get()).map_err(|e| e.to_string())
+    fn into_value(self) -> Result<Value, EventError> {
+        serde_json::from_str(self.get()).map_err(|e| EventError::Shape(e.to_string()))
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(data: impl Payload) -> Result<T, String> {
+fn parse<T: serde::de::DeserializeOwned>(data: impl Payload) -> Result<T, EventError> {
     data.parse()
 }
 
-fn role_check(message: &Message, want: Role, kind: &str) -> Result<(), String> {
+fn role_check(message: &Message, want: Role, kind: &str) -> Result<(), EventError> {
     if message.role != want {
-        return Err(format!(
-            "`{kind}` carries a {:?} message; expected role {want:?}",
-            message.role
-        ));
+        return Err(EventError::Role {
+            kind: kind.to_owned(),
+            found: message.role,
+            want,
+        });
     }
     Ok(())
 }
@@ -469,17 +490,20 @@ impl EventData {
 
     /// Parses a payload of type `kind`. Unknown types become
     /// [`EventData::Other`]; the caller decides whether that is allowed.
-    pub fn from_parts(kind: &str, data: Value) -> Result<EventData, String> {
+    pub fn from_parts(kind: &str, data: Value) -> Result<EventData, EventError> {
         Self::from_payload(kind, data)
     }
 
     /// [`EventData::from_parts`] from unparsed JSON text (one parse, no
     /// intermediate `Value` for the core types).
-    pub fn from_raw(kind: &str, data: &serde_json::value::RawValue) -> Result<EventData, String> {
+    pub fn from_raw(
+        kind: &str,
+        data: &serde_json::value::RawValue,
+    ) -> Result<EventData, EventError> {
         Self::from_payload(kind, data)
     }
 
-    fn from_payload(kind: &str, data: impl Payload) -> Result<EventData, String> {
+    fn from_payload(kind: &str, data: impl Payload) -> Result<EventData, EventError> {
         Ok(match kind {
             "turn/start" => EventData::TurnStart {
                 turn: parse::<Turn>(data)?.turn,
@@ -525,9 +549,9 @@ impl EventData {
                     && (a.message.source.field("provider").is_none()
                         || a.message.source.field("model").is_none())
                 {
-                    return Err(
+                    return Err(EventError::Shape(
                         "`assistant/message` from a model must name its provider and model".into(),
-                    );
+                    ));
                 }
                 EventData::AssistantMessage {
                     turn: a.turn,
@@ -564,7 +588,9 @@ impl EventData {
             "request/header" => {
                 let h: Header = parse(data)?;
                 if !h.header.is_object() || h.header.get("config").is_none() {
-                    return Err("`request/header` needs a `header` object with `config`".into());
+                    return Err(EventError::Shape(
+                        "`request/header` needs a `header` object with `config`".into(),
+                    ));
                 }
                 EventData::RequestHeader {
                     header: Arc::new(h.header.into_owned()),

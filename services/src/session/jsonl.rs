@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::event::{CARRIED_TYPES, EventData, SessionEvent, SurfaceOp};
+use super::event::{CARRIED_TYPES, EventData, EventError, SessionEvent, SurfaceOp};
 use super::log::{SESSION_FORMAT_VERSION, SessionHeader};
 use crate::llm::StreamChunk;
 
@@ -60,6 +60,39 @@ pub enum LoadError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// Why one event line (or database row) is not a valid event. Fatal for
+/// that line: a log holding it is refused there ([`LoadError::Line`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    /// Not a JSON object with a `type`.
+    #[error("not a JSON event: {0}")]
+    NotJson(String),
+    /// A packed chunk row where a single event was expected.
+    #[error("a packed `{0}` row where one event was expected")]
+    Packed(String),
+    /// The line's `seq` is not the next one.
+    #[error("seq {found} where {expected} was expected (the log must be contiguous)")]
+    Seq {
+        /// The seq on the line.
+        found: u64,
+        /// The seq it must have.
+        expected: u64,
+    },
+    /// The payload is not valid for its type.
+    #[error("`{kind}` event: {error}")]
+    Event {
+        /// The event type.
+        kind: String,
+        /// What is wrong with it.
+        error: EventError,
+    },
+    /// A type this build does not know, not marked `ignorable`.
+    #[error(
+        "unknown event type `{0}` is not marked ignorable; refusing to load a log this build cannot interpret"
+    )]
+    Unknown(String),
 }
 
 #[derive(Deserialize)]
@@ -142,7 +175,9 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
                         .map_err(|e| fail(format!("bad `{}` row: {e}", envelope.kind)))?;
                 expand(&envelope.kind, packed, &mut events, prev_time).map_err(fail)?;
             }
-            _ => events.push(event(envelope, events.len() as u64, prev_time).map_err(fail)?),
+            _ => events.push(
+                event(envelope, events.len() as u64, prev_time).map_err(|e| fail(e.to_string()))?,
+            ),
         }
     }
     Ok((header, events))
@@ -151,28 +186,23 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
 /// Parses one event line that must carry seq `expected` (a line without a
 /// seq gets it; one without a time gets `prev_time`). Packed chunk rows are
 /// refused here: they only occur in whole logs ([`parse`]).
-pub fn parse_event(line: &str, expected: u64, prev_time: u64) -> Result<SessionEvent, String> {
+pub fn parse_event(line: &str, expected: u64, prev_time: u64) -> Result<SessionEvent, LineError> {
     let envelope: Envelope =
-        serde_json::from_str(line).map_err(|e| format!("not a JSON event: {e}"))?;
+        serde_json::from_str(line).map_err(|e| LineError::NotJson(e.to_string()))?;
     if matches!(
         envelope.kind.as_str(),
         "text-chunks" | "reasoning-chunks" | "tool-call-chunks"
     ) {
-        return Err(format!(
-            "a packed `{}` row where one event was expected",
-            envelope.kind
-        ));
+        return Err(LineError::Packed(envelope.kind));
     }
     event(envelope, expected, prev_time)
 }
 
-fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEvent, String> {
-    if let Some(seq) = envelope.seq
-        && seq != expected
+fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEvent, LineError> {
+    if let Some(found) = envelope.seq
+        && found != expected
     {
-        return Err(format!(
-            "seq {seq} where {expected} was expected (the log must be contiguous)"
-        ));
+        return Err(LineError::Seq { found, expected });
     }
     let kind = envelope.kind;
     let ignorable = envelope.ignorable.unwrap_or(false);
@@ -180,14 +210,15 @@ fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEve
         Some(raw) => EventData::from_raw(&kind, raw),
         None => EventData::from_parts(&kind, Value::Null),
     }
-    .map_err(|e| format!("`{kind}` event: {e}"))?;
+    .map_err(|error| LineError::Event {
+        kind: kind.clone(),
+        error,
+    })?;
     if let EventData::Other { kind, .. } = &data
         && !ignorable
         && !CARRIED_TYPES.contains(&kind.as_ref())
     {
-        return Err(format!(
-            "unknown event type `{kind}` is not marked ignorable; refusing to load a log this build cannot interpret"
-        ));
+        return Err(LineError::Unknown(kind.to_string()));
     }
     Ok(SessionEvent {
         seq: expected,

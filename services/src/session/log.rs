@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::event::{EventData, RequestContext, SessionEvent, SurfaceOp};
-use crate::llm::Message;
+use crate::llm::{History, Message};
 
 /// The on-disk format version this build reads and writes.
 pub const SESSION_FORMAT_VERSION: u32 = 0;
@@ -406,24 +406,6 @@ pub fn derive_event_message(event: &SessionEvent) -> Option<Arc<Message>> {
         return None;
     }
     Some(m.clone())
-}
-
-/// A snapshot of derived history: shared messages in model-visible order.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct History(Arc<Vec<Arc<Message>>>);
-
-impl std::ops::Deref for History {
-    type Target = [Arc<Message>];
-    fn deref(&self) -> &[Arc<Message>] {
-        &self.0
-    }
-}
-
-impl History {
-    /// The messages as a vector (clones the `Arc`s, not the messages).
-    pub fn to_vec(&self) -> Vec<Arc<Message>> {
-        self.0.as_ref().clone()
-    }
 }
 
 /// Surface placement of a message-producing append.

@@ -13,12 +13,12 @@ pub mod jsonl;
 mod log;
 
 pub use event::{
-    CARRIED_TYPES, EventData, InboxSplice, RequestContext, SessionEvent, SurfaceOp, TodoItem,
-    TodoStatus, ToolErrorId, TurnEndReason, is_surface_type,
+    CARRIED_TYPES, EventData, EventError, InboxSplice, RequestContext, SessionEvent, SurfaceOp,
+    TodoItem, TodoStatus, ToolErrorId, TurnEndReason, is_surface_type,
 };
 pub use log::{
-    History, SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface,
-    SurfaceIntent, derive_event_message,
+    SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface, SurfaceIntent,
+    derive_event_message,
 };
 
 /// Appends log-only events to the session of the agent a tool runs for.

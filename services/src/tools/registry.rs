@@ -7,9 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dsh_supervisors::scope::{
-    NamedEntries, ScopeKey, ScopeLayer, ScopedLayers, SharedLayers, register_scoped,
-};
+use dsh_supervisors::registry::{RegisterError, SharedLayers, register_scoped};
+use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, ScopedLayers};
 use dsh_supervisors::{Context, Disposer};
 
 use super::Tool;
@@ -24,10 +23,19 @@ pub struct RegisteredTool {
     validator: jsonschema::Validator,
 }
 
+/// Arguments that do not match a tool's parameter schema: every violation,
+/// each with its path. The model may retry with corrected arguments.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .violations.join("; "))]
+pub struct InvalidArguments {
+    /// One line per violation (`/path: what is wrong`).
+    pub violations: Vec<String>,
+}
+
 impl RegisteredTool {
     /// Validates arguments; the error lists every violation with its path.
-    pub fn validate(&self, args: &serde_json::Value) -> Result<(), String> {
-        let problems: Vec<String> = self
+    pub fn validate(&self, args: &serde_json::Value) -> Result<(), InvalidArguments> {
+        let violations: Vec<String> = self
             .validator
             .iter_errors(args)
             .map(|e| {
@@ -39,10 +47,10 @@ impl RegisteredTool {
                 }
             })
             .collect();
-        if problems.is_empty() {
+        if violations.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("; "))
+            Err(InvalidArguments { violations })
         }
     }
 }
@@ -122,14 +130,14 @@ impl ToolRegistry {
         self: &Arc<Self>,
         ctx: &Context,
         tool: Arc<dyn Tool>,
-    ) -> Result<Disposer, String> {
+    ) -> Result<Disposer, RegisterError> {
         let schema = tool.schema();
-        let validator = jsonschema::validator_for(&schema.parameters).map_err(|e| {
-            format!(
-                "tool `{}` has an invalid parameter schema: {e}",
-                schema.name
-            )
-        })?;
+        let validator =
+            jsonschema::validator_for(&schema.parameters).map_err(|e| RegisterError::Invalid {
+                what: "tool",
+                name: schema.name.clone(),
+                reason: format!("its parameter schema does not compile: {e}"),
+            })?;
         let name = schema.name.clone();
         let entry = Arc::new(RegisteredTool {
             tool,
@@ -146,7 +154,10 @@ impl ToolRegistry {
                 layer
                     .tools
                     .insert(&name, entry)
-                    .map_err(|_| format!("tool `{name}` is already registered in this scope"))
+                    .map_err(|_| RegisterError::Taken {
+                        what: "tool",
+                        name: name.clone(),
+                    })
             },
             move |layer| {
                 layer.tools.remove(&removed);
@@ -162,7 +173,7 @@ impl ToolRegistry {
         self: &Arc<Self>,
         ctx: &Context,
         restriction: Restriction,
-    ) -> Result<Disposer, String> {
+    ) -> Result<Disposer, RegisterError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let me = self.clone();
         let (_, disposer) = register_scoped(

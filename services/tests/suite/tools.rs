@@ -5,11 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dsh_services::llm::ContentBlock;
+use dsh_services::llm::scripted::ScriptedModel;
+use dsh_services::llm::{ContentBlock, LlmRuntime};
 use dsh_services::tools::builtin::{Bash, Glob, Grep, file_tools};
-use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use dsh_services::tools::{Resolution, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use dsh_supervisors::registry::RegisterError;
 use dsh_supervisors::scratch::fresh_dir;
-use dsh_supervisors::{Runtime, RuntimeSettings};
+use dsh_supervisors::{Error as KernelError, Runtime, RuntimeSettings, ScopeKey};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -339,4 +341,39 @@ async fn cancelling_bash_mid_run_kills_it() {
     // `bash -c` may have exec'd its last command.
     let ended = ended_within(pid, &["bash", "sleep"], deadline).await;
     assert!(ended, "bash {pid} survived the cancel");
+}
+
+/// A registration through an owner that is already unloading is refused,
+/// and what it put in its table is taken back at once: no tool or model
+/// route is left behind with no owner to remove it.
+#[tokio::test]
+async fn a_registration_refused_by_its_owner_leaves_nothing_behind() {
+    let rt = rt().await;
+    let key = ScopeKey::new("gone");
+    let scope = rt.root().scope(key.clone()).await.unwrap();
+    let ctx = scope.ctx().clone();
+    scope.dispose().await;
+
+    let tools = Arc::new(ToolRegistry::new());
+    let err = tools.register(&ctx, Arc::new(Glob)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegisterError::Kernel(KernelError::InactiveFiber { .. })
+        ),
+        "{err}"
+    );
+    assert!(tools.visible(Some(&key)).is_empty());
+    assert!(matches!(
+        tools.resolve(Some(&key), "glob"),
+        Resolution::Unknown
+    ));
+
+    let llm = Arc::new(LlmRuntime::new());
+    let model = Arc::new(ScriptedModel::new(Vec::new()));
+    let err = llm.register(&ctx, &["gone"], model).unwrap_err();
+    assert!(matches!(err, RegisterError::Kernel(_)), "{err}");
+    assert!(llm.providers().is_empty());
+    assert!(llm.adapter("gone").is_none());
+    rt.shutdown().await;
 }

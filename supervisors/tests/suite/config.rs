@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dsh_supervisors::config::{interpolate, plan_texts};
+use dsh_supervisors::config::{InterpolationError, interpolate, plan_texts};
 use dsh_supervisors::scratch::fresh_dir;
 use dsh_supervisors::{BoxError, Catalogue, Context, Loader, Plugin, Source, Status, TreeChange};
 use schemars::JsonSchema;
@@ -265,16 +265,26 @@ fn interpolation_rules() {
         interpolate("cost $5 and $${HOME_DIR}", &env).unwrap(),
         "cost $5 and ${HOME_DIR}"
     );
-    assert!(
-        interpolate("${HOME_DIR", &env)
-            .unwrap_err()
-            .contains("unclosed")
+    assert_eq!(
+        interpolate("${HOME_DIR", &env),
+        Err(InterpolationError::Unclosed {
+            text: "${HOME_DIR".into()
+        })
     );
-    assert!(
-        interpolate("${not valid}", &env)
-            .unwrap_err()
-            .contains("not a variable reference")
+    assert_eq!(
+        interpolate("${not valid}", &env),
+        Err(InterpolationError::NotAReference {
+            body: "not valid".into()
+        })
     );
+    let unset = interpolate("${NOPE}", &env).unwrap_err();
+    assert_eq!(
+        unset,
+        InterpolationError::Unset {
+            name: "NOPE".into()
+        }
+    );
+    assert!(unset.to_string().contains("`NOPE` is not set"), "{unset}");
 }
 
 #[test]

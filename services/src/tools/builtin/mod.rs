@@ -17,7 +17,10 @@ pub use todo::TodoWrite;
 use super::ToolRegistry;
 
 /// Registers every built-in tool through `ctx` (removed with its fiber).
-pub fn register_builtin(ctx: &Context, registry: &Arc<ToolRegistry>) -> Result<(), String> {
+pub fn register_builtin(
+    ctx: &Context,
+    registry: &Arc<ToolRegistry>,
+) -> Result<(), dsh_supervisors::registry::RegisterError> {
     let (read, write, edit) = file_tools();
     registry.register(ctx, Arc::new(Bash))?;
     registry.register(ctx, Arc::new(read))?;

@@ -10,8 +10,8 @@ use futures::future::BoxFuture;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
-use crate::context::Context;
 use crate::error::BoxError;
+use crate::runtime::context::Context;
 
 /// A plugin: configuration type, injected services and an `apply` body.
 ///

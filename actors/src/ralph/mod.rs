@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Agent;
+use crate::agent::{Agent, AgentError};
 use crate::subagent::{StartRequest, StopReason, Subagents};
 
 pub mod tool;
@@ -79,27 +79,85 @@ pub fn handoff_schema() -> Value {
     })
 }
 
+/// Why a reported handoff is refused. The round fails with it; the loop
+/// keeps the last good handoff.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadHandoff {
+    /// Larger than the loop allows.
+    #[error("the handoff is {size} characters; at most {max} are allowed")]
+    TooLarge {
+        /// Its serialized size.
+        size: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// Not of the handoff's shape (serde's message names the field).
+    #[error("the handoff is malformed: {0}")]
+    Malformed(String),
+    /// The summary is blank.
+    #[error("the handoff's summary is empty")]
+    EmptySummary,
+    /// `blocked` without saying what blocks it.
+    #[error("a blocked handoff must say what blocks it in `blocker`")]
+    NoBlocker,
+}
+
 impl Handoff {
     /// Checks a reported value: shape, status rules, serialized size.
-    pub fn validate(value: &Value, max_chars: usize) -> Result<Handoff, String> {
+    pub fn validate(value: &Value, max_chars: usize) -> Result<Handoff, BadHandoff> {
         let size = value.to_string().chars().count();
         if size > max_chars {
-            return Err(format!(
-                "the handoff is {size} characters; at most {max_chars} are allowed"
-            ));
+            return Err(BadHandoff::TooLarge {
+                size,
+                max: max_chars,
+            });
         }
         let h: Handoff = serde_json::from_value(value.clone())
-            .map_err(|e| format!("the handoff is malformed: {e}"))?;
+            .map_err(|e| BadHandoff::Malformed(e.to_string()))?;
         if h.summary.trim().is_empty() {
-            return Err("the handoff's summary is empty".into());
+            return Err(BadHandoff::EmptySummary);
         }
         match (h.status, h.blocker.as_deref().map(str::trim)) {
-            (HandoffStatus::Blocked, None | Some("")) => {
-                Err("a blocked handoff must say what blocks it in `blocker`".into())
-            }
+            (HandoffStatus::Blocked, None | Some("")) => Err(BadHandoff::NoBlocker),
             _ => Ok(h),
         }
     }
+}
+
+/// Why a loop could not run at all (a loop that ran and failed a round ends
+/// [`RalphOutcome::Failed`] instead). Fatal: the request must change.
+#[derive(Debug, thiserror::Error)]
+pub enum RalphError {
+    /// No subagent provider has that name.
+    #[error("no subagent provider named `{0}`")]
+    UnknownProvider(String),
+    /// The provider seeds children with the parent's conversation.
+    #[error(
+        "provider `{0}` seeds children with the parent's conversation; Ralph needs fresh children"
+    )]
+    InheritsContext(String),
+    /// The loop being resumed already ended.
+    #[error("Ralph loop {run_id} already ended ({how})")]
+    Ended {
+        /// The loop.
+        run_id: String,
+        /// How it ended.
+        how: String,
+    },
+    /// The round cap is out of range.
+    #[error("maxRounds must be between 1 and {max}; {given} was given")]
+    Rounds {
+        /// The cap given.
+        given: u32,
+        /// The ceiling.
+        max: u32,
+    },
+    /// The coordinator could not host the loop's scope.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The kernel refused the loop's scope.
+    #[error(transparent)]
+    Kernel(#[from] dsh_supervisors::Error),
 }
 
 /// How a loop ended.
@@ -293,29 +351,30 @@ pub async fn run(
     subagents: &Subagents,
     request: RalphRequest,
     resume: Option<Resume>,
-) -> Result<RalphResult, String> {
+) -> Result<RalphResult, RalphError> {
     let provider = subagents
         .provider(&request.provider)
-        .ok_or_else(|| format!("no subagent provider named `{}`", request.provider))?;
+        .ok_or_else(|| RalphError::UnknownProvider(request.provider.clone()))?;
     if provider.inherits_parent_context() {
-        return Err(format!(
-            "provider `{}` seeds children with the parent's conversation; Ralph needs fresh children",
-            request.provider
-        ));
+        return Err(RalphError::InheritsContext(request.provider.clone()));
     }
     let (run_id, objective, cap, mut history) = match resume {
         Some(r) => {
             if let Some(how) = &r.ended {
-                return Err(format!("Ralph loop {} already ended ({how})", r.run_id));
+                return Err(RalphError::Ended {
+                    run_id: r.run_id,
+                    how: how.clone(),
+                });
             }
             (r.run_id, r.objective, r.max_rounds, r.rounds)
         }
         None => {
             let cap = request.max_rounds.unwrap_or(DEFAULT_ROUNDS);
             if cap == 0 || cap > MAX_ROUNDS {
-                return Err(format!(
-                    "maxRounds must be between 1 and {MAX_ROUNDS}; {cap} was given"
-                ));
+                return Err(RalphError::Rounds {
+                    given: cap,
+                    max: MAX_ROUNDS,
+                });
             }
             let run_id = dsh_services::llm::Message::new_id();
             request.parent.record(
@@ -328,14 +387,12 @@ pub async fn run(
     let scope = request
         .parent
         .awake_context()
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
         .scope(ScopeKey::new(format!(
             "ralph/{}",
             crate::session::short(&run_id)
         )))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut completed = Vec::new();
     let mut round = history.last().map_or(0, |(n, _)| *n);
     let outcome = loop {
@@ -376,7 +433,9 @@ pub async fn run(
             break RalphOutcome::Cancelled { round };
         }
         let handoff = match (result.stop_reason, result.structured) {
-            (StopReason::Completed, Some(v)) => Handoff::validate(&v, request.max_handoff_chars),
+            (StopReason::Completed, Some(v)) => {
+                Handoff::validate(&v, request.max_handoff_chars).map_err(|e| e.to_string())
+            }
             (reason, _) => Err(format!(
                 "the worker ended {}{}",
                 reason.as_str(),

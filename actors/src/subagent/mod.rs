@@ -26,16 +26,17 @@ use std::time::Duration;
 
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::{ContentBlock, Message, MessageSource, ToolSchema};
-use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
-use dsh_services::session::{EventData, SessionEvent, SessionHeader, TurnEndReason};
+use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence, StoreError};
+use dsh_services::session::{EventData, SessionError, SessionEvent, SessionHeader, TurnEndReason};
 use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use dsh_supervisors::registry::RegisterError;
 use dsh_supervisors::{Context, Disposer, Emit, Event};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, AgentSpec, TurnHook, TurnSummary};
+use crate::agent::{Agent, AgentError, AgentSpec, TurnHook, TurnSummary};
 
 /// Which start-time features a provider supports; a request needing one
 /// the provider lacks is refused before anything is created.
@@ -116,14 +117,14 @@ impl SubagentProvider for Fork {
                 Some(at) => log
                     .fork_prefix(Some(at as u64))
                     .map(Some)
-                    .map_err(|e| SubagentError::Start(e.to_string())),
+                    .map_err(SubagentError::from),
             }
         })
     }
 }
 
 /// Why a start or a control operation was refused.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum SubagentError {
     /// No provider of that name is registered.
     #[error("no subagent provider named `{0}` is registered")]
@@ -150,6 +151,19 @@ pub enum SubagentError {
     /// The child could not be created (nothing was left behind).
     #[error("the subagent could not start: {0}")]
     Start(String),
+    /// The child agent could not be created or refused its prompt (nothing
+    /// was left behind).
+    #[error("the subagent could not start: {0}")]
+    Agent(#[from] AgentError),
+    /// The parent's log could not be forked at its last completed turn.
+    #[error("the subagent could not start: {0}")]
+    Fork(#[from] SessionError),
+    /// The child's `report` tool was refused.
+    #[error("the subagent could not start: {0}")]
+    Register(#[from] RegisterError),
+    /// A stored child could not be read back.
+    #[error("the subagent's session could not be loaded: {0}")]
+    Store(#[from] StoreError),
     /// The caller is not the child's direct parent.
     #[error("agent {caller} is not the parent of subagent {child}")]
     Unauthorized {
@@ -171,7 +185,11 @@ impl SubagentError {
             SubagentError::Unsupported { .. } => "UNSUPPORTED_CAPABILITY",
             SubagentError::DepthExceeded { .. } => "DEPTH_EXCEEDED",
             SubagentError::Cancelled => "CANCELLED",
-            SubagentError::Start(_) => "START_FAILED",
+            SubagentError::Start(_)
+            | SubagentError::Agent(_)
+            | SubagentError::Fork(_)
+            | SubagentError::Register(_) => "START_FAILED",
+            SubagentError::Store(_) => "STORE",
             SubagentError::Unauthorized { .. } => "UNAUTHORIZED",
             SubagentError::NotFound(_) => "NOT_FOUND",
         }
@@ -475,22 +493,24 @@ impl Subagents {
         self: &Arc<Self>,
         ctx: &Context,
         provider: Arc<dyn SubagentProvider>,
-    ) -> Result<Disposer, String> {
+    ) -> Result<Disposer, RegisterError> {
         let name = provider.name().to_owned();
         {
-            let mut p = self.providers.lock().map_err(|e| e.to_string())?;
+            let mut p = self.providers.lock().unwrap_or_else(|p| p.into_inner());
             if p.iter().any(|q| q.name() == name) {
-                return Err(format!("a subagent provider named `{name}` is registered"));
+                return Err(RegisterError::Taken {
+                    what: "subagent provider",
+                    name,
+                });
             }
             p.push(provider);
         }
         let me = self.clone();
-        ctx.effect("remove a subagent provider", move || {
-            if let Ok(mut p) = me.providers.lock() {
-                p.retain(|q| q.name() != name);
-            }
-        })
-        .map_err(|e| e.to_string())
+        let remove = move || {
+            let mut p = me.providers.lock().unwrap_or_else(|p| p.into_inner());
+            p.retain(|q| q.name() != name);
+        };
+        Ok(ctx.effect_or_undo("remove a subagent provider", remove)?)
     }
 
     /// The provider named `name`.
@@ -540,7 +560,7 @@ impl Subagents {
         };
         if let Err(e) = agent.followup(prompt_message(&request)) {
             agent.dispose().await;
-            return Err(SubagentError::Start(e.to_string()));
+            return Err(e.into());
         }
         request
             .parent
@@ -592,7 +612,7 @@ impl Subagents {
         }
         if let Err(e) = agent.followup(prompt_message(&request)) {
             agent.dispose().await;
-            return Err(SubagentError::Start(e.to_string()));
+            return Err(e.into());
         }
         Ok(agent.id().to_owned())
     }
@@ -674,9 +694,7 @@ impl Subagents {
         };
         let mut message = Message::user_text(text);
         message.source = MessageSource::of("coordinator");
-        agent
-            .followup(message)
-            .map_err(|e| SubagentError::Start(e.to_string()))
+        Ok(agent.followup(message)?)
     }
 
     async fn resume(self: &Arc<Self>, parent: &Agent, child: &str) -> Result<Agent, SubagentError> {
@@ -701,7 +719,7 @@ impl Subagents {
             dsh_services::persistence::StoreError::NotFound(..) => {
                 SubagentError::NotFound(child.into())
             }
-            other => SubagentError::Start(other.to_string()),
+            other => SubagentError::Store(other),
         })?;
         if loaded.header.parent_session.as_deref() != Some(parent.id()) {
             return Err(SubagentError::Unauthorized {
@@ -750,12 +768,8 @@ impl Subagents {
         spec.store = Some(store);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));
         spec.on_turn_end = Some(settled_hook(parent));
-        let home = parent
-            .context()
-            .map_err(|e| SubagentError::Start(e.to_string()))?;
-        let agent = Agent::create(&home, spec)
-            .await
-            .map_err(|e| SubagentError::Start(e.to_string()))?;
+        let home = parent.context()?;
+        let agent = Agent::create(&home, spec).await?;
         if let Err(e) = self.admit(&agent, parent.id(), &label) {
             agent.dispose().await;
             return Err(e);
@@ -1028,26 +1042,21 @@ async fn compose(
     spec.name = Some(format!("subagent/{}", crate::session::short(&id)));
     let owner = match &request.owner {
         Some(owner) => owner.clone(),
-        None => request
-            .parent
-            .context()
-            .map_err(|e| SubagentError::Start(e.to_string()))?,
+        None => request.parent.context()?,
     };
-    let agent = Agent::create(&owner, spec)
-        .await
-        .map_err(|e| SubagentError::Start(e.to_string()))?;
+    let agent = Agent::create(&owner, spec).await?;
     if let (Some(schema), Some(slot)) = (schema, capture) {
         // An ad hoc registration: it keeps the child awake until disposed.
         let registered = agent
             .context()
-            .map_err(|e| SubagentError::Start(e.to_string()))
+            .map_err(SubagentError::from)
             .and_then(|ctx| {
                 let tools = ctx
                     .get::<ToolRegistry>(ToolRegistry::SERVICE)
-                    .ok_or_else(|| SubagentError::Start("no tool registry".into()))?;
+                    .ok_or(AgentError::MissingService(ToolRegistry::SERVICE))?;
                 tools
                     .register(&ctx, Arc::new(Report { schema, slot }))
-                    .map_err(SubagentError::Start)
+                    .map_err(SubagentError::from)
             });
         if let Err(e) = registered {
             agent.dispose().await;

@@ -1,4 +1,18 @@
-//! The runtime: root fiber, tree, events and services of one process.
+//! The runtime: root fiber, tree, events and services of one process, and
+//! the kernel's core that refers to itself: a [`Context`] is a runtime plus a
+//! fiber, a fiber runs plugins with a context, a runtime owns the root fiber.
+//!
+//! - this file: [`Runtime`], [`RuntimeSettings`];
+//! - [`context`]: [`Context`], the registration handle, and the handles it
+//!   gives out ([`Fiber`], [`context::Scope`], [`context::Disposer`],
+//!   [`context::WorkerSpec`] / [`context::WorkerRef`]);
+//! - [`plugin`]: the [`plugin::Plugin`] trait and the compiled-in [`plugin::Catalogue`];
+//! - `fiber`: the fiber actor — lifecycle, children in start order,
+//!   ordered teardown, supervision.
+
+pub mod context;
+pub(crate) mod fiber;
+pub mod plugin;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -6,13 +20,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::context::{Context, Fiber};
 use crate::error::{Error, Result};
 use crate::events::{Events, Target};
-use crate::fiber::{self, ChildPolicy, FiberMsg, FiberShared, Shutdown, SupervisorSpec};
+use crate::policy::{ChildPolicy, Shutdown, SupervisorSpec};
 use crate::scope::ScopeKey;
 use crate::services::{ServiceChange, ServiceChanged, Services};
 use crate::tree::{Status, Tree, TreeLimits};
+use context::{Context, Fiber};
+use fiber::{FiberMsg, FiberShared};
 
 /// Settings of a runtime.
 #[derive(Clone, Debug)]
@@ -103,7 +118,7 @@ impl Runtime {
     /// stopped this way; use [`Runtime::shutdown`]).
     pub async fn stop_node(&self, id: u64) -> Option<Vec<u64>> {
         let root = self.root_fiber().ok()?.clone();
-        crate::fiber::stop_node(self, &root, id).await
+        fiber::stop_node(self, &root, id).await
     }
 
     /// The root fiber handle.

@@ -403,7 +403,7 @@ async fn authorize(
 async fn page() -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        include_str!("web/dashboard.html"),
+        include_str!("dashboard.html"),
     )
         .into_response()
 }

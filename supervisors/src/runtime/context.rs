@@ -18,12 +18,12 @@ use crate::events::{
     Bail, BailFn, Emit, EmitFn, Events, ListenOptions, Next, Owner, Parallel, ParallelFn, Serial,
     SerialFn, Target, Waterfall, WaterfallFn,
 };
-use crate::fiber::{
-    self, ChildEntry, ChildKind, ChildPolicy, DisposeFn, FiberShared, LoadSpec, Restart, Shutdown,
-    SupervisorSpec, WorkerStart,
-};
-use crate::plugin::{ErasedPlugin, Plugin, ValidConfig};
+use crate::policy::{ChildPolicy, Restart, Shutdown, SupervisorSpec};
 use crate::runtime::Runtime;
+use crate::runtime::fiber::{
+    self, ChildEntry, ChildKind, DisposeFn, FiberShared, LoadSpec, WorkerStart,
+};
+use crate::runtime::plugin::{ErasedPlugin, Plugin, ValidConfig};
 use crate::scope::ScopeKey;
 use crate::services::{Provider, ServiceChange};
 use crate::tree::{Node, NodeInfo, NodeStats, Status, now_ms};
@@ -85,8 +85,31 @@ impl Context {
     pub fn effect(&self, label: &str, dispose: impl FnOnce() + Send + 'static) -> Result<Disposer> {
         let seq = self
             .fiber
-            .add_effect(intern(label), DisposeFn::Sync(Box::new(dispose)))?;
+            .add_effect(intern(label), DisposeFn::Sync(Box::new(dispose)))
+            .map_err(|(e, _)| e)?;
         Ok(self.disposer(seq))
+    }
+
+    /// Like [`Context::effect`] for a registration already made elsewhere
+    /// (an entry put in a table): when the fiber refuses the effect (it is
+    /// unloading), `undo` runs at once before the error returns, so nothing
+    /// is left registered with no owner to remove it.
+    pub fn effect_or_undo(
+        &self,
+        label: &str,
+        undo: impl FnOnce() + Send + 'static,
+    ) -> Result<Disposer> {
+        match self
+            .fiber
+            .add_effect(intern(label), DisposeFn::Sync(Box::new(undo)))
+        {
+            Ok(seq) => Ok(self.disposer(seq)),
+            Err((e, DisposeFn::Sync(undo))) => {
+                undo();
+                Err(e)
+            }
+            Err((e, DisposeFn::Async(_))) => Err(e),
+        }
     }
 
     /// Like [`Context::effect`] with an asynchronous disposer; unloading awaits it.
@@ -96,7 +119,10 @@ impl Context {
         Fut: Future<Output = ()> + Send + 'static,
     {
         let run = DisposeFn::Async(Box::new(move || dispose().boxed()));
-        let seq = self.fiber.add_effect(intern(label), run)?;
+        let seq = self
+            .fiber
+            .add_effect(intern(label), run)
+            .map_err(|(e, _)| e)?;
         Ok(self.disposer(seq))
     }
 
@@ -216,7 +242,7 @@ impl Context {
             Provider {
                 id,
                 version: id,
-                fiber: Arc::downgrade(&self.fiber),
+                fiber: Arc::downgrade(&self.fiber.node),
                 fiber_id: self.fiber.id,
                 fiber_name: Arc::from(self.fiber.name()),
                 value: erased,
@@ -426,16 +452,7 @@ impl Context {
                 start,
             },
         };
-        if self.fiber.add_child(entry).is_err() {
-            actor_ref.kill();
-            self.rt
-                .tree()
-                .stopped(node.info.id, Status::Failed, "owner is shutting down");
-            return Err(Error::InactiveFiber {
-                fiber: format!("{}#{}", self.fiber.name(), self.fiber.id),
-                state: self.fiber.status().as_str(),
-            });
-        }
+        self.fiber.adopt_worker(&self.rt, entry)?;
         Ok(WorkerRef {
             id: node.info.id,
             actor: actor_ref,

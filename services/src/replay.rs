@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use super::runtime::{ChunkStream, LlmAdapter, LlmRequest};
-use super::scripted::chunks_for;
-use super::{ContentBlock, FinishReason, LlmFailure, TokenUsage};
+use crate::llm::scripted::chunks_for;
+use crate::llm::{
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, TokenUsage, code,
+};
 use crate::session::{EventData, SessionEvent, TurnEndReason};
 
 /// One recorded model answer.
@@ -90,17 +91,14 @@ impl LlmAdapter for ReplayModel {
     fn stream(&self, _request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let items: Vec<Result<_, LlmFailure>> = match self.steps.get(at) {
-            None => vec![Err(LlmFailure {
-                message: format!(
+            None => vec![Err(LlmFailure::new(
+                code::REPLAY_EXHAUSTED,
+                format!(
                     "the recording has {} model steps and the replay asked for step {}",
                     self.steps.len(),
                     at + 1
                 ),
-                code: "REPLAY_EXHAUSTED".into(),
-                status: None,
-                provider_retry_after_ms: None,
-                request_id: None,
-            })],
+            ))],
             Some(RecordedStep::Failed(f)) => vec![Err(f.clone())],
             Some(RecordedStep::Answer { blocks, usage }) => {
                 let finish = if blocks

@@ -1,0 +1,185 @@
+//! Loading: a new fiber's actor is spawned under its parent; a plugin fiber
+//! applies its plugin once every injected service exists, and unloads or
+//! reloads when one goes away or is replaced.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use futures::FutureExt;
+use ractor::Actor;
+use tokio::sync::watch;
+
+use super::actor::{FiberActor, FiberState};
+use super::teardown::{TEARDOWN_CHAIN, unload};
+use super::{ChildEntry, ChildKind, FiberInner, FiberShared, LoadSpec, Phase};
+use crate::error::{Error, Result};
+use crate::events::panic_text;
+use crate::policy::ChildPolicy;
+use crate::runtime::Runtime;
+use crate::runtime::context::Context;
+use crate::scope::ScopeKey;
+use crate::tree::{NodeInfo, Status, now_ms};
+
+/// Loads, unloads or reloads a plugin fiber after its injections changed.
+pub(super) async fn reevaluate(rt: &Runtime, fiber: &Arc<FiberShared>) {
+    let Some(load) = fiber.load.clone() else {
+        return;
+    };
+    if fiber.dispose_requested.load(Ordering::Acquire) {
+        return;
+    }
+    let resolved: Option<Vec<u64>> = load
+        .plugin
+        .inject()
+        .iter()
+        .map(|name| {
+            rt.services()
+                .resolve(fiber.scope.as_ref(), name)
+                .map(|(id, _)| id)
+        })
+        .collect();
+    let loaded_with = fiber.lock().loaded_with.clone();
+    match (fiber.status(), resolved) {
+        (Status::Pending | Status::Loading, Some(ids)) => apply(rt, fiber, &load, ids).await,
+        (Status::Loading, None) => fiber.set_status(rt, Status::Pending),
+        (Status::Active, None) => {
+            unload(rt, fiber, Arc::from(Vec::new())).await;
+            fiber.lock().loaded_with = None;
+            fiber.set_status(rt, Status::Pending);
+        }
+        (Status::Active, Some(ids)) if loaded_with.as_ref() != Some(&ids) => {
+            tracing::info!(
+                fiber = fiber.id,
+                plugin = load.plugin.name(),
+                "an injected service was replaced; restarting"
+            );
+            unload(rt, fiber, Arc::from(Vec::new())).await;
+            fiber.set_status(rt, Status::Pending);
+            apply(rt, fiber, &load, ids).await;
+        }
+        _ => {}
+    }
+}
+
+async fn apply(rt: &Runtime, fiber: &Arc<FiberShared>, load: &LoadSpec, ids: Vec<u64>) {
+    fiber.set_status(rt, Status::Loading);
+    fiber.lock().loaded_with = Some(ids);
+    let ctx = Context::new(rt.clone(), fiber.clone(), fiber.scope.clone());
+    let chain: Arc<[u64]> = Arc::from(vec![fiber.id]);
+    let body = TEARDOWN_CHAIN.scope(chain, async {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            load.plugin.apply(ctx, load.config.clone())
+        })) {
+            Ok(fut) => AssertUnwindSafe(fut)
+                .catch_unwind()
+                .await
+                .map_err(|p| format!("panicked: {}", panic_text(&p)))
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(p) => Err(format!("panicked: {}", panic_text(&p))),
+        }
+    });
+    match body.await {
+        Ok(()) => {
+            fiber.set_status(rt, Status::Active);
+            rt.announce_active(fiber);
+        }
+        Err(reason) => {
+            tracing::error!(
+                fiber = fiber.id,
+                plugin = load.plugin.name(),
+                reason,
+                "plugin failed to start"
+            );
+            unload(rt, fiber, Arc::from(Vec::new())).await;
+            fiber.lock().error = Some(reason.clone());
+            fiber.set_status(rt, Status::Failed);
+            rt.tree()
+                .supervision(fiber.id, fiber.id, &reason, "apply failed");
+        }
+    }
+}
+
+/// Spawns the actor of a new fiber under `parent` and records it as the
+/// parent's newest child.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn spawn_fiber(
+    rt: &Runtime,
+    parent: Option<&Arc<FiberShared>>,
+    kind: &str,
+    name: String,
+    scope: Option<ScopeKey>,
+    load: Option<LoadSpec>,
+    policy: ChildPolicy,
+    status: Status,
+) -> Result<Arc<FiberShared>> {
+    if let Some(p) = parent {
+        p.accepting()?;
+    }
+    let id = rt.next_id();
+    let node = rt.tree().insert(
+        NodeInfo {
+            id,
+            kind: Arc::from(kind),
+            name: Arc::from(name),
+            parent: parent.map(|p| p.id),
+            started_ms: now_ms(),
+        },
+        status,
+    );
+    let (phase, _) = watch::channel(Phase {
+        status,
+        stopped: false,
+    });
+    let fiber = Arc::new(FiberShared {
+        id,
+        node,
+        parent: parent.map(Arc::downgrade),
+        scope,
+        load,
+        policy,
+        actor: OnceLock::new(),
+        inner: Mutex::new(FiberInner {
+            supervisor: rt.default_supervisor(),
+            ..FiberInner::default()
+        }),
+        phase,
+        dispose_requested: AtomicBool::new(false),
+    });
+    let args = FiberState {
+        rt: rt.clone(),
+        fiber: fiber.clone(),
+    };
+    let spawned = match parent.and_then(|p| p.cell()) {
+        Some(cell) => Actor::spawn_linked(None, FiberActor, args, cell).await,
+        None => Actor::spawn(None, FiberActor, args).await,
+    };
+    let (actor, _task) = match spawned {
+        Ok(ok) => ok,
+        Err(e) => {
+            rt.tree().stopped(id, Status::Failed, "spawn failed");
+            return Err(Error::Spawn(e.to_string()));
+        }
+    };
+    let pid = actor.get_id().pid();
+    let _ = fiber.actor.set(actor.clone());
+    if let Some(p) = parent {
+        let entry = ChildEntry {
+            node: fiber.node.clone(),
+            pid,
+            policy,
+            kind: ChildKind::Fiber(fiber.clone()),
+        };
+        if p.add_child(entry).is_err() {
+            actor.stop(Some("parent is shutting down".to_owned()));
+            rt.tree()
+                .stopped(id, Status::Disposed, "parent is shutting down");
+            fiber.phase.send_modify(|ph| ph.stopped = true);
+            return Err(Error::InactiveFiber {
+                fiber: format!("{}#{}", p.name(), p.id),
+                state: p.status().as_str(),
+            });
+        }
+    }
+    Ok(fiber)
+}

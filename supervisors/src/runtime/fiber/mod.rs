@@ -1,0 +1,363 @@
+//! Fibers: one loaded plugin (or scope) instance, run by a ractor actor.
+//!
+//! A fiber owns its effects and its children, both kept in start order. It
+//! is the supervisor of its children: their failures reach its actor as
+//! ractor supervision events and are answered with the fiber's strategy.
+//! Teardown is ordered: children in reverse start order (each drained and
+//! awaited up to its shutdown budget, then killed), then the fiber's own
+//! effects in reverse registration order.
+//!
+//! - this file: a fiber's shared record ([`FiberShared`]) and its
+//!   bookkeeping (effects, preludes, children in start order, phase);
+//! - [`load`]: spawning a fiber, applying its plugin, reloading on service changes;
+//! - [`actor`]: the actor that runs each fiber's messages;
+//! - [`teardown`]: ordered teardown and stopping one node;
+//! - [`supervise`]: restart policies, strategies and intensity.
+//!
+//! This is the only code that stops or kills another actor (drain, kill,
+//! stop); an actor elsewhere may only end itself.
+
+mod actor;
+mod load;
+mod supervise;
+mod teardown;
+
+use std::any::Any;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use ractor::{ActorCell, ActorRef};
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::policy::{ChildPolicy, SupervisorSpec};
+use crate::runtime::Runtime;
+use crate::runtime::context::Context;
+use crate::runtime::plugin::ErasedPlugin;
+use crate::scope::ScopeKey;
+use crate::tree::{Node, Status};
+
+pub(crate) use load::spawn_fiber;
+pub(crate) use teardown::{dispose_effect, shutdown_fiber, stop_node};
+
+pub(crate) enum DisposeFn {
+    Sync(Box<dyn FnOnce() + Send>),
+    Async(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>),
+}
+
+struct EffectEntry {
+    label: Arc<str>,
+    run: DisposeFn,
+}
+
+/// Starts a worker again after a failure: returns the new actor cell.
+pub(crate) type WorkerStart =
+    Arc<dyn Fn(Context) -> BoxFuture<'static, Result<(ActorCell, Arc<Node>)>> + Send + Sync>;
+
+pub(crate) enum ChildKind {
+    Fiber(Arc<FiberShared>),
+    Worker {
+        cell: ActorCell,
+        start: Option<WorkerStart>,
+    },
+}
+
+pub(crate) struct ChildEntry {
+    pub node: Arc<Node>,
+    /// The ractor pid, to match supervision events.
+    pub pid: u64,
+    pub policy: ChildPolicy,
+    pub kind: ChildKind,
+}
+
+/// What a plugin fiber loads (and re-loads on restart).
+#[derive(Clone)]
+pub(crate) struct LoadSpec {
+    pub plugin: Arc<dyn ErasedPlugin>,
+    pub config: Arc<dyn Any + Send + Sync>,
+}
+
+#[derive(Default)]
+struct FiberInner {
+    next_seq: u64,
+    effects: BTreeMap<u64, EffectEntry>,
+    /// Run first on unload, before the children stop (stop accepting input,
+    /// cancel running work).
+    preludes: Vec<EffectEntry>,
+    children: BTreeMap<u64, ChildEntry>,
+    loaded_with: Option<Vec<u64>>,
+    restarts: VecDeque<Instant>,
+    supervisor: SupervisorSpec,
+    error: Option<String>,
+    stop_order: Option<Arc<[u64]>>,
+    unannounced: Vec<(Option<ScopeKey>, String)>,
+}
+
+/// Phase published to waiters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Phase {
+    pub status: Status,
+    pub stopped: bool,
+}
+
+/// The shared part of a fiber; its actor and its contexts point here.
+pub(crate) struct FiberShared {
+    pub id: u64,
+    pub node: Arc<Node>,
+    pub parent: Option<Weak<FiberShared>>,
+    pub scope: Option<ScopeKey>,
+    pub load: Option<LoadSpec>,
+    pub policy: ChildPolicy,
+    actor: OnceLock<ActorRef<FiberMsg>>,
+    inner: Mutex<FiberInner>,
+    phase: watch::Sender<Phase>,
+    dispose_requested: AtomicBool,
+}
+
+pub(crate) enum FiberMsg {
+    /// Injected services may have changed: load, unload or reload.
+    Reevaluate,
+    /// Ordered teardown, then stop. `chain` lists the fibers whose teardown
+    /// is waiting on this one; `from_parent` is false for a direct dispose.
+    Dispose {
+        chain: Arc<[u64]>,
+        from_parent: bool,
+    },
+    /// Unload and load again with the current config.
+    Restart,
+}
+
+impl FiberShared {
+    pub fn name(&self) -> &str {
+        &self.node.info.name
+    }
+
+    pub fn status(&self) -> Status {
+        self.node.stats.status()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FiberInner> {
+        // A poisoned lock only means a panic happened while it was held;
+        // the data is plain bookkeeping and stays usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn actor(&self) -> Option<&ActorRef<FiberMsg>> {
+        self.actor.get()
+    }
+
+    pub fn cell(&self) -> Option<ActorCell> {
+        self.actor.get().map(|a| a.get_cell())
+    }
+
+    pub fn inject(&self) -> &[&'static str] {
+        self.load.as_ref().map(|l| l.plugin.inject()).unwrap_or(&[])
+    }
+
+    pub fn error(&self) -> Option<String> {
+        self.lock().error.clone()
+    }
+
+    pub fn stop_order(&self) -> Option<Arc<[u64]>> {
+        self.lock().stop_order.clone()
+    }
+
+    /// Remembers a service provided while loading, announced on activation.
+    pub fn note_provided(&self, scope: Option<ScopeKey>, name: &str) {
+        self.lock().unannounced.push((scope, name.to_owned()));
+    }
+
+    pub fn take_unannounced(&self) -> Vec<(Option<ScopeKey>, String)> {
+        std::mem::take(&mut self.lock().unannounced)
+    }
+
+    pub fn set_supervisor(&self, spec: SupervisorSpec) {
+        self.lock().supervisor = spec;
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Phase> {
+        self.phase.subscribe()
+    }
+
+    fn set_status(&self, rt: &Runtime, status: Status) {
+        rt.tree().set_status(&self.node, status);
+        self.phase.send_modify(|p| p.status = status);
+    }
+
+    fn accepting(&self) -> std::result::Result<(), Error> {
+        match self.status() {
+            Status::Pending | Status::Loading | Status::Active => Ok(()),
+            other => Err(Error::InactiveFiber {
+                fiber: format!("{}#{}", self.name(), self.id),
+                state: other.as_str(),
+            }),
+        }
+    }
+
+    /// Registers a disposer; refused once the fiber is unloading (the
+    /// disposer is handed back with the refusal, not run).
+    pub fn add_effect(
+        &self,
+        label: Arc<str>,
+        run: DisposeFn,
+    ) -> std::result::Result<u64, (Error, DisposeFn)> {
+        let mut inner = self.lock();
+        if let Err(e) = self.accepting() {
+            return Err((e, run));
+        }
+        inner.next_seq += 1;
+        let seq = inner.next_seq;
+        inner.effects.insert(seq, EffectEntry { label, run });
+        Ok(seq)
+    }
+
+    /// Registers a teardown prelude: it runs when the fiber starts unloading,
+    /// before its children are stopped (preludes run in reverse order).
+    pub fn add_prelude(&self, label: Arc<str>, run: DisposeFn) -> Result<()> {
+        let mut inner = self.lock();
+        self.accepting()?;
+        inner.preludes.push(EffectEntry { label, run });
+        Ok(())
+    }
+
+    /// Takes one effect out (the disposer was called early).
+    fn take_effect(&self, seq: u64) -> Option<EffectEntry> {
+        self.lock().effects.remove(&seq)
+    }
+
+    pub fn effect_count(&self) -> usize {
+        self.lock().effects.len()
+    }
+
+    pub fn child_count(&self) -> usize {
+        self.lock().children.len()
+    }
+
+    /// Drops one effect without running it.
+    pub(crate) fn forget_effect(&self, seq: u64) {
+        drop(self.take_effect(seq));
+    }
+
+    pub fn effect_labels(&self) -> Vec<String> {
+        self.lock()
+            .effects
+            .values()
+            .map(|e| e.label.to_string())
+            .collect()
+    }
+
+    /// Records a started child; refused once the fiber is unloading (the
+    /// caller must then stop the child it just started).
+    pub fn add_child(&self, entry: ChildEntry) -> std::result::Result<u64, ChildEntry> {
+        let mut inner = self.lock();
+        if self.accepting().is_err() {
+            return Err(entry);
+        }
+        inner.next_seq += 1;
+        let seq = inner.next_seq;
+        inner.children.insert(seq, entry);
+        Ok(seq)
+    }
+
+    /// Records a worker just spawned for this fiber as its newest child. A
+    /// fiber that no longer takes children (it is unloading) kills the
+    /// worker instead, marks it failed and refuses.
+    pub fn adopt_worker(&self, rt: &Runtime, entry: ChildEntry) -> Result<u64> {
+        match self.add_child(entry) {
+            Ok(seq) => Ok(seq),
+            Err(entry) => {
+                if let ChildKind::Worker { cell, .. } = &entry.kind {
+                    cell.kill();
+                }
+                rt.tree()
+                    .stopped(entry.node.info.id, Status::Failed, "owner is shutting down");
+                Err(Error::InactiveFiber {
+                    fiber: format!("{}#{}", self.name(), self.id),
+                    state: self.status().as_str(),
+                })
+            }
+        }
+    }
+
+    /// Moves the child recorded at `from` to start-order position `to`.
+    fn move_child_seq(&self, from: u64, to: u64) {
+        let mut inner = self.lock();
+        if !inner.children.contains_key(&to)
+            && let Some(entry) = inner.children.remove(&from)
+        {
+            inner.children.insert(to, entry);
+        }
+    }
+
+    /// Moves the child with node id `id` to start-order position `to`.
+    fn move_child(&self, id: u64, to: u64) {
+        let from = self
+            .lock()
+            .children
+            .iter()
+            .find(|(_, c)| c.node.info.id == id)
+            .map(|(s, _)| *s);
+        if let Some(from) = from {
+            self.move_child_seq(from, to);
+        }
+    }
+
+    fn child_by_actor(&self, pid: u64) -> Option<u64> {
+        self.lock()
+            .children
+            .iter()
+            .find(|(_, c)| c.pid == pid)
+            .map(|(seq, _)| *seq)
+    }
+
+    /// Drops the child with node id `id` from the children, if there.
+    fn forget_child(&self, id: u64) {
+        let gone = {
+            let mut inner = self.lock();
+            let seq = inner
+                .children
+                .iter()
+                .find_map(|(seq, c)| (c.node.info.id == id).then_some(*seq));
+            seq.and_then(|seq| inner.children.remove(&seq))
+        };
+        // Dropped outside the lock.
+        drop(gone);
+    }
+
+    pub fn children_ids(&self) -> Vec<u64> {
+        self.lock()
+            .children
+            .values()
+            .map(|c| c.node.info.id)
+            .collect()
+    }
+
+    /// Asks the fiber to tear down and stop; idempotent.
+    fn request_dispose(&self, chain: Arc<[u64]>, from_parent: bool) {
+        if self.dispose_requested.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let sent = self
+            .actor
+            .get()
+            .map(|a| {
+                a.send_message(FiberMsg::Dispose { chain, from_parent })
+                    .is_ok()
+            })
+            .unwrap_or(false);
+        if sent {
+            self.node.stats.enqueue();
+        } else {
+            self.phase.send_modify(|p| p.stopped = true);
+        }
+    }
+
+    async fn wait_stopped(&self) {
+        let mut rx = self.phase.subscribe();
+        // An Err means the sender is gone, i.e. the fiber is gone.
+        let _ = rx.wait_for(|p| p.stopped).await;
+    }
+}
