@@ -47,61 +47,10 @@ impl Actor for Driver {
         state: &mut Driving,
     ) -> Result<(), ActorProcessingErr> {
         let Driving { agent, me } = &*state;
-        loop {
-            let next = {
-                let mut inbox = agent.inbox();
-                if !inbox.accepting {
-                    None
-                } else if let Some(prompt) = inbox.followups.pop_front() {
-                    inbox.running = true;
-                    inbox.turn += 1;
-                    // Under the inbox lock: the claim is logged at the
-                    // position the queue had, right after the turn opens.
-                    log_append(agent, EventData::TurnStart { turn: inbox.turn }, None);
-                    agent.splice(0, 1, &[]);
-                    if !std::mem::replace(&mut inbox.opened, true) {
-                        for data in agent.inner.spec.opening.iter().cloned() {
-                            log_append(agent, data, None);
-                        }
-                    }
-                    let token = CancellationToken::new();
-                    if std::mem::take(&mut inbox.cancel_next) {
-                        token.cancel();
-                    }
-                    inbox.cancel = Some(token.clone());
-                    Some((prompt, inbox.turn, token))
-                } else {
-                    None
-                }
-            };
-            let Some((prompt, turn, token)) = next else {
-                break;
-            };
+        while let Some((prompt, turn, token)) = claim(agent) {
             // Boxed: an idle driver's task does not carry a turn's state.
             let summary = Box::pin(run_turn(agent, me, prompt, turn, token)).await;
-            {
-                let mut inbox = agent.inbox();
-                inbox.running = false;
-                inbox.cancel = None;
-                inbox.last = Some(Box::new(summary.clone()));
-                // Steered in after the turn's last step: the next turn's prompt.
-                let leftover: Vec<Arc<Message>> = inbox.steer.drain(..).collect();
-                for message in leftover {
-                    let start = inbox.followups.len();
-                    agent.splice(start, 0, std::slice::from_ref(&message));
-                    inbox.followups.push_back(message);
-                }
-            }
-            if let Some(hook) = &agent.inner.spec.on_turn_end {
-                let run = std::panic::AssertUnwindSafe(|| (hook.0)(agent, &summary));
-                if let Err(p) = std::panic::catch_unwind(run) {
-                    tracing::error!(
-                        agent = %agent.inner.id,
-                        "a turn-end hook panicked: {}",
-                        dsh_supervisors::events::panic_text(&p)
-                    );
-                }
-            }
+            settle(agent, summary);
         }
         // Before idle is announced: whoever waits for it finds the keeper
         // already asked to apply the awake cap.
@@ -138,6 +87,60 @@ impl Actor for Driver {
     }
 }
 
+/// Claims the next queued prompt: opens its turn (`turn/start`, the claim's
+/// splice, the spec's opening events before the first turn) under the inbox
+/// lock, so the claim is logged at the position the queue had.
+fn claim(agent: &Agent) -> Option<(Arc<Message>, u32, CancellationToken)> {
+    let mut inbox = agent.inbox();
+    if !inbox.accepting {
+        return None;
+    }
+    let prompt = inbox.followups.pop_front()?;
+    inbox.running = true;
+    inbox.turn += 1;
+    log_append(agent, EventData::TurnStart { turn: inbox.turn }, None);
+    agent.splice(0, 1, &[]);
+    if !std::mem::replace(&mut inbox.opened, true) {
+        for data in agent.inner.spec.opening.iter().cloned() {
+            log_append(agent, data, None);
+        }
+    }
+    let token = CancellationToken::new();
+    if std::mem::take(&mut inbox.cancel_next) {
+        token.cancel();
+    }
+    inbox.cancel = Some(token.clone());
+    Some((prompt, inbox.turn, token))
+}
+
+/// After a turn: it is the last one, steering that arrived after its last
+/// step becomes the next turn's prompt, and the spec's turn-end hook runs
+/// (a panic in it is logged, not propagated).
+fn settle(agent: &Agent, summary: TurnSummary) {
+    {
+        let mut inbox = agent.inbox();
+        inbox.running = false;
+        inbox.cancel = None;
+        inbox.last = Some(Box::new(summary.clone()));
+        let leftover: Vec<Arc<Message>> = inbox.steer.drain(..).collect();
+        for message in leftover {
+            let start = inbox.followups.len();
+            agent.splice(start, 0, std::slice::from_ref(&message));
+            inbox.followups.push_back(message);
+        }
+    }
+    if let Some(hook) = &agent.inner.spec.on_turn_end {
+        let run = std::panic::AssertUnwindSafe(|| (hook.0)(agent, &summary));
+        if let Err(p) = std::panic::catch_unwind(run) {
+            tracing::error!(
+                agent = %agent.inner.id,
+                "a turn-end hook panicked: {}",
+                dsh_supervisors::events::panic_text(&p)
+            );
+        }
+    }
+}
+
 /// Appends, logging (not propagating) refusals: the driver's own events are
 /// well-formed by construction, so a refusal is a bug worth a loud log.
 pub(super) fn log_append(
@@ -164,6 +167,7 @@ pub(super) async fn run_turn(
 ) -> TurnSummary {
     // A capture left over from an aborted turn must not end this one.
     me.conclude.store(false, Ordering::Release);
+    let max_steps = agent.inner.spec.max_steps;
     let mut entering = vec![prompt];
     let mut steps = 0u32;
     let mut max_tokens_hit = false;
@@ -172,95 +176,33 @@ pub(super) async fn run_turn(
         if token.is_cancelled() {
             break aborted();
         }
-        if steps >= agent.inner.spec.max_steps {
-            break TurnEndReason::Error {
-                error: Box::new(LlmFailure::new(
-                    code::STEP_LIMIT,
-                    format!(
-                        "the turn used all {} steps it may take",
-                        agent.inner.spec.max_steps
-                    ),
-                )),
-            };
+        if steps >= max_steps {
+            let why = format!("the turn used all {max_steps} steps it may take");
+            let error = Box::new(LlmFailure::new(code::STEP_LIMIT, why));
+            break TurnEndReason::Error { error };
         }
         steps += 1;
         let step = steps;
-        me.step.store(step, Ordering::Relaxed);
-        publish_step(me);
-        log_append(agent, EventData::StepStart { turn, step }, None);
-        let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
-        me.ctx.events().emit(
-            &target,
-            &AgentPreStep {
-                agent: agent.inner.id.to_string(),
-                turn,
-                step,
-            },
-        );
-        {
-            let mut inbox = agent.inbox();
-            entering.append(&mut inbox.steer);
-            entering.append(&mut inbox.inject);
-        }
-        for m in entering.drain(..) {
-            log_append(
-                agent,
-                EventData::UserMessage(m),
-                Some(SurfaceIntent::append()),
-            );
-        }
-        match run_step(agent, me, turn, step, &token).await {
+        open_step(agent, me, turn, step, &mut entering);
+        let end = run_step(agent, me, turn, step, &token).await;
+        log_append(agent, EventData::StepEnd { turn, step }, None);
+        match end {
             StepEnd::Answer {
                 text: t,
                 max_tokens,
             } => {
                 text = t;
                 max_tokens_hit |= max_tokens;
-                log_append(agent, EventData::StepEnd { turn, step }, None);
-                let steered = !agent.inbox().steer.is_empty();
-                if steered && !token.is_cancelled() {
+                if let Some(more) = goes_on(agent, me, turn, &text, &token).await {
+                    entering.extend(more);
                     continue;
                 }
-                let stopping = AgentTurnStopping {
-                    agent: agent.inner.id.to_string(),
-                    turn,
-                    text: text.clone(),
-                };
-                let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
-                if !token.is_cancelled()
-                    && let Some(more) = me.ctx.events().serial(&target, stopping).await
-                {
-                    let mut continuation = Message::user_text(more);
-                    continuation.source = MessageSource::plugin("agent/turn-stopping");
-                    entering.push(Arc::new(continuation));
-                    continue;
-                }
-                break if max_tokens_hit {
-                    TurnEndReason::MaxTokens
-                } else {
-                    TurnEndReason::Completed
-                };
+                break ended(max_tokens_hit);
             }
-            StepEnd::ToolsDone { max_tokens } => {
-                max_tokens_hit |= max_tokens;
-                log_append(agent, EventData::StepEnd { turn, step }, None);
-            }
-            StepEnd::Concluded { max_tokens } => {
-                log_append(agent, EventData::StepEnd { turn, step }, None);
-                break if max_tokens_hit || max_tokens {
-                    TurnEndReason::MaxTokens
-                } else {
-                    TurnEndReason::Completed
-                };
-            }
-            StepEnd::Aborted => {
-                log_append(agent, EventData::StepEnd { turn, step }, None);
-                break aborted();
-            }
-            StepEnd::Failed(f) => {
-                log_append(agent, EventData::StepEnd { turn, step }, None);
-                break TurnEndReason::Error { error: Box::new(f) };
-            }
+            StepEnd::ToolsDone { max_tokens } => max_tokens_hit |= max_tokens,
+            StepEnd::Concluded { max_tokens } => break ended(max_tokens_hit || max_tokens),
+            StepEnd::Aborted => break aborted(),
+            StepEnd::Failed(f) => break TurnEndReason::Error { error: Box::new(f) },
         }
     };
     log_append(
@@ -277,6 +219,72 @@ pub(super) async fn run_turn(
         steps,
         reason,
         text,
+    }
+}
+
+/// Opens a step: `step/start`, `agent/pre-step`, then the messages entering
+/// it (the turn's prompt or continuation, steered input, injected context).
+fn open_step(agent: &Agent, me: &Awake, turn: u32, step: u32, entering: &mut Vec<Arc<Message>>) {
+    me.step.store(step, Ordering::Relaxed);
+    publish_step(me);
+    log_append(agent, EventData::StepStart { turn, step }, None);
+    let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
+    me.ctx.events().emit(
+        &target,
+        &AgentPreStep {
+            agent: agent.inner.id.to_string(),
+            turn,
+            step,
+        },
+    );
+    {
+        let mut inbox = agent.inbox();
+        entering.append(&mut inbox.steer);
+        entering.append(&mut inbox.inject);
+    }
+    for m in entering.drain(..) {
+        log_append(
+            agent,
+            EventData::UserMessage(m),
+            Some(SurfaceIntent::append()),
+        );
+    }
+}
+
+/// Whether the turn goes on after an answer without tool calls, and with
+/// what: steered input arrived (it enters the next step), or an
+/// `agent/turn-stopping` listener continues the turn with a message.
+async fn goes_on(
+    agent: &Agent,
+    me: &Awake,
+    turn: u32,
+    text: &str,
+    token: &CancellationToken,
+) -> Option<Vec<Arc<Message>>> {
+    if token.is_cancelled() {
+        return None;
+    }
+    if !agent.inbox().steer.is_empty() {
+        return Some(Vec::new());
+    }
+    let stopping = AgentTurnStopping {
+        agent: agent.inner.id.to_string(),
+        turn,
+        text: text.to_owned(),
+    };
+    let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
+    let more = me.ctx.events().serial(&target, stopping).await?;
+    let mut continuation = Message::user_text(more);
+    continuation.source = MessageSource::plugin("agent/turn-stopping");
+    Some(vec![Arc::new(continuation)])
+}
+
+/// How a turn that answered ends: `max-tokens` when any step was cut.
+fn ended(max_tokens_hit: bool) -> TurnEndReason {
+    if max_tokens_hit {
+        TurnEndReason::MaxTokens
+    } else {
+        TurnEndReason::Completed
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dsh_services::approval::Approval;
 use dsh_services::llm::{LlmRuntime, Message};
+use dsh_services::persistence::SessionPersistence;
 use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
 use dsh_services::session::{EventData, SessionHeader, SessionLog};
 use dsh_services::tools::ToolRegistry;
@@ -144,47 +145,17 @@ impl Agent {
         }
         let scope = ctx.scope(key).await?;
         let sctx = scope.ctx().clone();
-        let session = &inner.session;
         // A store of the spec's own, else the one provided in scope.
         let store = spec.store.clone().or_else(|| {
-            sctx.get::<dyn dsh_services::persistence::SessionPersistence>(
-                dsh_services::persistence::PERSISTENCE_SERVICE,
-            )
+            sctx.get::<dyn SessionPersistence>(dsh_services::persistence::PERSISTENCE_SERVICE)
         });
         let stored = store.is_some();
-        if let Some(s) = &store {
-            let _ = inner.store.set(s.clone());
-        }
-        let durable = Some(inner.durable.load(Ordering::Acquire)).filter(|n| *n != NOT_STORED);
-        let setup = async {
-            if let Some(r) = spec.restriction.clone() {
-                tools.restrict(&sctx, r)?;
-            }
-            if let (Some(text), Some(prompt)) = (
-                spec.system.clone(),
-                sctx.get::<SystemPrompt>(SystemPrompt::SERVICE),
-            ) {
-                let persona = PromptSection {
-                    name: "persona".into(),
-                    order: 0,
-                    text: Text::Static(text),
-                    complete: false,
-                };
-                prompt.section(&sctx, persona)?;
-            }
-            let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
-            sctx.provide(dsh_services::session::SESSION_SERVICE, writer)?;
-            session
-                .attach_after(&sctx, store, durable)
-                .await
-                .map_err(AgentError::from)
-        };
-        if let Err(e) = setup.await {
+        if let Err(e) = self.set_up(&sctx, &tools, store).await {
             scope.dispose().await;
             return Err(e);
         }
         let awake = Arc::new(Awake {
-            ctx: sctx.clone(),
+            ctx: sctx,
             scope,
             llm,
             tools,
@@ -200,39 +171,7 @@ impl Agent {
             stored,
             sleeping: AtomicBool::new(false),
         });
-        let name = format!("driver/{}", short(&inner.id));
-        let me = Arc::new(AgentSelf(Arc::downgrade(inner)));
-        let entered = async {
-            sctx.provide(AGENT_SELF, me)?;
-            let driving = Driving {
-                agent: self.clone(),
-                me: awake.clone(),
-            };
-            let driver = sctx
-                .spawn(WorkerSpec::new("agent", name, Driver, driving))
-                .await?;
-            let _ = awake.driver.set(driver);
-            let (weak, part) = (self.downgrade(), Arc::downgrade(&awake));
-            sctx.on_teardown("stop input and cancel the turn", move || async move {
-                let sleeping = part
-                    .upgrade()
-                    .is_some_and(|p| p.sleeping.load(Ordering::Acquire));
-                if let Some(agent) = weak.upgrade().filter(|_| !sleeping) {
-                    agent.close_and_cancel().await;
-                }
-            })?;
-            let (weak, part) = (self.downgrade(), Arc::downgrade(&awake));
-            sctx.effect("leave the agents registry", move || {
-                let sleeping = part
-                    .upgrade()
-                    .is_some_and(|p| p.sleeping.load(Ordering::Acquire));
-                if let Some(agent) = weak.upgrade().filter(|_| !sleeping) {
-                    agent.finish();
-                }
-            })
-            .map_err(AgentError::from)
-        };
-        if let Err(e) = entered.await {
+        if let Err(e) = self.enter(&awake).await {
             awake.scope.dispose().await;
             return Err(e);
         }
@@ -240,10 +179,86 @@ impl Agent {
         let _ = awake
             .settled
             .set((fiber.effect_count(), fiber.child_count()));
-        sctx.runtime()
+        awake
+            .ctx
+            .runtime()
             .tree()
             .set_summary_fn(fiber.id(), self.summary_fn());
         Ok(awake)
+    }
+
+    /// What the spec registers in the new scope `sctx`: its tool
+    /// restriction, its persona as a prompt section, the session as the
+    /// scope's session writer; then the session's actor, writing to `store`.
+    async fn set_up(
+        &self,
+        sctx: &Context,
+        tools: &Arc<ToolRegistry>,
+        store: Option<Arc<dyn SessionPersistence>>,
+    ) -> Result<(), AgentError> {
+        let (inner, spec) = (&self.inner, &self.inner.spec);
+        if let Some(s) = &store {
+            let _ = inner.store.set(s.clone());
+        }
+        let durable = Some(inner.durable.load(Ordering::Acquire)).filter(|n| *n != NOT_STORED);
+        if let Some(r) = spec.restriction.clone() {
+            tools.restrict(sctx, r)?;
+        }
+        if let (Some(text), Some(prompt)) = (
+            spec.system.clone(),
+            sctx.get::<SystemPrompt>(SystemPrompt::SERVICE),
+        ) {
+            let persona = PromptSection {
+                name: "persona".into(),
+                order: 0,
+                text: Text::Static(text),
+                complete: false,
+            };
+            prompt.section(sctx, persona)?;
+        }
+        let session = &inner.session;
+        let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
+        sctx.provide(dsh_services::session::SESSION_SERVICE, writer)?;
+        session.attach_after(sctx, store, durable).await?;
+        Ok(())
+    }
+
+    /// Enters the agent into its scope: `agent/self`, the driver actor, the
+    /// teardown prelude that stops input and cancels the turn, and the
+    /// effect that takes the agent out of the registry (neither runs when
+    /// the scope stops because the agent goes to sleep).
+    async fn enter(&self, awake: &Arc<Awake>) -> Result<(), AgentError> {
+        let sctx = &awake.ctx;
+        let me = Arc::new(AgentSelf(Arc::downgrade(&self.inner)));
+        sctx.provide(AGENT_SELF, me)?;
+        let driving = Driving {
+            agent: self.clone(),
+            me: awake.clone(),
+        };
+        let name = format!("driver/{}", short(&self.inner.id));
+        let driver = sctx
+            .spawn(WorkerSpec::new("agent", name, Driver, driving))
+            .await?;
+        let _ = awake.driver.set(driver);
+        let (weak, part) = (self.downgrade(), Arc::downgrade(awake));
+        sctx.on_teardown("stop input and cancel the turn", move || async move {
+            let sleeping = part
+                .upgrade()
+                .is_some_and(|p| p.sleeping.load(Ordering::Acquire));
+            if let Some(agent) = weak.upgrade().filter(|_| !sleeping) {
+                agent.close_and_cancel().await;
+            }
+        })?;
+        let (weak, part) = (self.downgrade(), Arc::downgrade(awake));
+        sctx.effect("leave the agents registry", move || {
+            let sleeping = part
+                .upgrade()
+                .is_some_and(|p| p.sleeping.load(Ordering::Acquire));
+            if let Some(agent) = weak.upgrade().filter(|_| !sleeping) {
+                agent.finish();
+            }
+        })?;
+        Ok(())
     }
 
     /// The readable name of the agent's scope (and of its parked node).

@@ -12,7 +12,7 @@ use dsh_services::llm::{
 };
 use dsh_services::prompt::SystemPrompt;
 use dsh_services::session::{EventData, RequestContext, SurfaceIntent};
-use dsh_services::tools::ToolCall;
+use dsh_services::tools::{PipelineOutcome, ToolCall};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +38,23 @@ pub(super) enum StepEnd {
     Failed(LlmFailure),
 }
 
+/// Where a step runs: its agent, the agent's awake part, turn and step.
+#[derive(Clone, Copy)]
+struct At<'a> {
+    agent: &'a Agent,
+    me: &'a Awake,
+    turn: u32,
+    step: u32,
+}
+
+impl At<'_> {
+    fn log(&self, data: EventData, intent: Option<SurfaceIntent>) -> Option<u64> {
+        log_append(self.agent, data, intent).map(|e| e.seq)
+    }
+}
+
+/// Runs one step of the running turn; its `step/start` and entering
+/// messages are logged by the caller.
 pub(super) async fn run_step(
     agent: &Agent,
     me: &Awake,
@@ -45,159 +62,20 @@ pub(super) async fn run_step(
     step: u32,
     token: &CancellationToken,
 ) -> StepEnd {
-    let inner = &agent.inner;
-    let scope = me.ctx.scope_key();
-    let system: Option<Arc<str>> = match me.ctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
-        Some(prompt) => match prompt.assemble(&me.ctx).await {
-            Ok(text) if text.is_empty() => None,
-            Ok(text) => Some(Arc::from(text)),
-            Err(e) => {
-                return StepEnd::Failed(LlmFailure::new(code::SYSTEM_PROMPT, e.to_string()));
-            }
-        },
-        None => inner.spec.system.as_deref().map(Arc::from),
+    let at = At {
+        agent,
+        me,
+        turn,
+        step,
     };
-    let envelope = envelope(inner, me, system.as_deref());
-    // The request envelope is logged state: a full snapshot at the first
-    // request of this agent instance, then whenever it changes.
-    let (first, changed) = inner.session.with_log(|log| {
-        let logged = log.request_header();
-        let first_here = logged.is_none()
-            || !log
-                .events()
-                .iter()
-                .skip(log.first_live_seq() as usize)
-                .any(|e| matches!(e.data, EventData::RequestHeader { .. }));
-        let same = logged.is_some_and(|h| {
-            Arc::ptr_eq(h, &envelope.header) || h.as_ref() == envelope.header.as_ref()
-        });
-        (first_here, !same)
-    });
-    if first || changed {
-        let reason = if !first {
-            "change"
-        } else if inner.resumed {
-            "resume"
-        } else {
-            "initial"
-        };
-        log_append(
-            agent,
-            EventData::RequestHeader {
-                header: envelope.header.clone(),
-                reason: reason.into(),
-            },
-            None,
-        );
-        let route = RequestContext {
-            provider: inner.spec.provider.clone(),
-            model: inner.spec.model.clone(),
-            context_window: None,
-        };
-        let differs = inner
-            .session
-            .with_log(|log| log.request_context() != Some(&route));
-        if differs {
-            log_append(agent, EventData::RequestContext(route), None);
-        }
-    }
-    let schemas = envelope.schemas.clone();
-    let request = LlmRequest {
-        provider: inner.spec.provider.clone(),
-        model: inner.spec.model.clone(),
-        system,
-        messages: inner.session.derive_messages(),
-        tools: schemas,
-        temperature: inner.spec.temperature,
-        max_tokens: inner.spec.max_tokens,
-        options: Default::default(),
-    };
-    let target = dsh_supervisors::Target::Scope(scope.cloned());
-    let wrapped = AgentRequest {
-        agent: inner.id.to_string(),
-        request,
-    };
-    let request = match me
-        .ctx
-        .events()
-        .waterfall(&target, wrapped, |r: AgentRequest| async move { r.request })
-        .await
-    {
+    let request = match request(at).await {
         Ok(r) => r,
-        Err(e) => return StepEnd::Failed(LlmFailure::new(code::LISTENER_PANICKED, e.to_string())),
-    };
-    let call_token = token.child_token();
-    let stream = tokio::select! {
-        s = me.llm.stream(&me.ctx, request, call_token.clone()) => s,
-        () = token.cancelled() => return StepEnd::Aborted,
-    };
-    let mut stream = match stream {
-        Ok(s) => s,
         Err(f) => return StepEnd::Failed(f),
     };
-    let mut assembler = BlockAssembler::new();
-    let mut chunk_seqs = Vec::new();
-    loop {
-        // Cancellation first: a stream ended by the cancel itself is a cancel.
-        let next = tokio::select! {
-            biased;
-            () = token.cancelled() => None,
-            c = stream.next() => Some(c),
-        };
-        match next {
-            None => {
-                call_token.cancel();
-                keep_interrupted(agent, turn, step, &assembler, chunk_seqs);
-                return StepEnd::Aborted;
-            }
-            Some(Some(Err(_))) if token.is_cancelled() => {
-                keep_interrupted(agent, turn, step, &assembler, chunk_seqs);
-                return StepEnd::Aborted;
-            }
-            Some(None) => break,
-            Some(Some(Err(f))) => return StepEnd::Failed(f),
-            Some(Some(Ok(chunk))) => {
-                assembler.push(&chunk);
-                let done = matches!(chunk, StreamChunk::Finish { .. });
-                if let Some(e) =
-                    log_append(agent, EventData::AssistantChunk { turn, step, chunk }, None)
-                {
-                    chunk_seqs.push(e.seq);
-                }
-                if done {
-                    break;
-                }
-            }
-        }
-    }
-    let finish = assembler.finish();
-    if let FinishReason::Error { failure } | FinishReason::Aborted { failure } = finish {
-        return StepEnd::Failed(*failure);
-    }
-    let max_tokens = finish == FinishReason::MaxTokens;
-    if let Some(u) = assembler.usage() {
-        inner
-            .tokens
-            .fetch_add(u.input_tokens + u.output_tokens, Ordering::Relaxed);
-    }
-    let message = match assembler.message(MessageSource::model(
-        &inner.spec.provider,
-        &inner.spec.model,
-    )) {
-        Ok(m) => Arc::new(m),
-        Err(e) => return StepEnd::Failed(LlmFailure::new(code::MALFORMED_STREAM, e.to_string())),
+    let (message, max_tokens) = match stream(at, request, token).await {
+        Ok(answer) => answer,
+        Err(end) => return end,
     };
-    log_append(
-        agent,
-        EventData::AssistantMessage {
-            turn,
-            step,
-            message: message.clone(),
-            usage: assembler.usage(),
-            interrupted: false,
-        },
-        Some(SurfaceIntent::append_citing(chunk_seqs)),
-    );
     let calls: Vec<ToolCall> = message
         .tool_calls()
         .map(|(id, name, arguments)| ToolCall {
@@ -212,29 +90,205 @@ pub(super) async fn run_step(
             max_tokens,
         };
     }
-    let mut call_seqs = Vec::with_capacity(calls.len());
-    for c in &calls {
-        let seq = log_append(
-            agent,
-            EventData::ToolCall {
-                turn,
-                step,
-                call_id: c.id.clone(),
-                name: c.name.clone(),
-                arguments: c.arguments.clone(),
-            },
-            None,
-        )
-        .map(|e| e.seq);
-        call_seqs.push(seq);
+    run_calls(at, &calls, token).await;
+    release_step_children(me).await;
+    if token.is_cancelled() {
+        return StepEnd::Aborted;
     }
-    // Runs of concurrency-safe calls go in parallel; any other call alone.
+    if me.conclude.swap(false, Ordering::AcqRel) {
+        return StepEnd::Concluded { max_tokens };
+    }
+    StepEnd::ToolsDone { max_tokens }
+}
+
+/// The step's request: system prompt, envelope (logged when it changed) and
+/// history, after the `agent/request` waterfall.
+async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
+    let (inner, me) = (&at.agent.inner, at.me);
+    let system: Option<Arc<str>> = match me.ctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
+        Some(prompt) => match prompt.assemble(&me.ctx).await {
+            Ok(text) if text.is_empty() => None,
+            Ok(text) => Some(Arc::from(text)),
+            Err(e) => return Err(LlmFailure::new(code::SYSTEM_PROMPT, e.to_string())),
+        },
+        None => inner.spec.system.as_deref().map(Arc::from),
+    };
+    let envelope = envelope(inner, me, system.as_deref());
+    log_envelope(at, &envelope.header);
+    let request = LlmRequest {
+        provider: inner.spec.provider.clone(),
+        model: inner.spec.model.clone(),
+        system,
+        messages: inner.session.derive_messages(),
+        tools: envelope.schemas.clone(),
+        temperature: inner.spec.temperature,
+        max_tokens: inner.spec.max_tokens,
+        options: Default::default(),
+    };
+    let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
+    let wrapped = AgentRequest {
+        agent: inner.id.to_string(),
+        request,
+    };
+    me.ctx
+        .events()
+        .waterfall(&target, wrapped, |r: AgentRequest| async move { r.request })
+        .await
+        .map_err(|e| LlmFailure::new(code::LISTENER_PANICKED, e.to_string()))
+}
+
+/// The request envelope is logged state: a full `request/header` snapshot
+/// at the first request of this agent instance, then whenever it changes
+/// (with the route, when that changed too).
+fn log_envelope(at: At<'_>, header: &Arc<serde_json::Value>) {
+    let inner = &at.agent.inner;
+    let (first, changed) = inner.session.with_log(|log| {
+        let logged = log.request_header();
+        let first_here = logged.is_none()
+            || !log
+                .events()
+                .iter()
+                .skip(log.first_live_seq() as usize)
+                .any(|e| matches!(e.data, EventData::RequestHeader { .. }));
+        let same = logged.is_some_and(|h| Arc::ptr_eq(h, header) || h.as_ref() == header.as_ref());
+        (first_here, !same)
+    });
+    if !first && !changed {
+        return;
+    }
+    let reason = if !first {
+        "change"
+    } else if inner.resumed {
+        "resume"
+    } else {
+        "initial"
+    };
+    at.log(
+        EventData::RequestHeader {
+            header: header.clone(),
+            reason: reason.into(),
+        },
+        None,
+    );
+    let route = RequestContext {
+        provider: inner.spec.provider.clone(),
+        model: inner.spec.model.clone(),
+        context_window: None,
+    };
+    let differs = inner
+        .session
+        .with_log(|log| log.request_context() != Some(&route));
+    if differs {
+        at.log(EventData::RequestContext(route), None);
+    }
+}
+
+/// Streams the model's answer, logging each chunk, and commits the
+/// assembled `assistant/message`; returns it and whether the output-token
+/// ceiling cut it. A cancel mid-stream keeps the delivered prefix.
+async fn stream(
+    at: At<'_>,
+    request: LlmRequest,
+    token: &CancellationToken,
+) -> Result<(Arc<Message>, bool), StepEnd> {
+    let inner = &at.agent.inner;
+    let call_token = token.child_token();
+    let stream = tokio::select! {
+        s = at.me.llm.stream(&at.me.ctx, request, call_token.clone()) => s,
+        () = token.cancelled() => return Err(StepEnd::Aborted),
+    };
+    let mut stream = stream.map_err(StepEnd::Failed)?;
+    let mut assembler = BlockAssembler::new();
+    let mut chunk_seqs = Vec::new();
+    loop {
+        // Cancellation first: a stream ended by the cancel itself is a cancel.
+        let next = tokio::select! {
+            biased;
+            () = token.cancelled() => None,
+            c = stream.next() => Some(c),
+        };
+        match next {
+            None => {
+                call_token.cancel();
+                keep_interrupted(at.agent, at.turn, at.step, &assembler, chunk_seqs);
+                return Err(StepEnd::Aborted);
+            }
+            Some(Some(Err(_))) if token.is_cancelled() => {
+                keep_interrupted(at.agent, at.turn, at.step, &assembler, chunk_seqs);
+                return Err(StepEnd::Aborted);
+            }
+            Some(None) => break,
+            Some(Some(Err(f))) => return Err(StepEnd::Failed(f)),
+            Some(Some(Ok(chunk))) => {
+                assembler.push(&chunk);
+                let done = matches!(chunk, StreamChunk::Finish { .. });
+                let (turn, step) = (at.turn, at.step);
+                if let Some(seq) = at.log(EventData::AssistantChunk { turn, step, chunk }, None) {
+                    chunk_seqs.push(seq);
+                }
+                if done {
+                    break;
+                }
+            }
+        }
+    }
+    let finish = assembler.finish();
+    if let FinishReason::Error { failure } | FinishReason::Aborted { failure } = finish {
+        return Err(StepEnd::Failed(*failure));
+    }
+    if let Some(u) = assembler.usage() {
+        inner
+            .tokens
+            .fetch_add(u.input_tokens + u.output_tokens, Ordering::Relaxed);
+    }
+    let source = MessageSource::model(&inner.spec.provider, &inner.spec.model);
+    let message = match assembler.message(source) {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            let failure = LlmFailure::new(code::MALFORMED_STREAM, e.to_string());
+            return Err(StepEnd::Failed(failure));
+        }
+    };
+    at.log(
+        EventData::AssistantMessage {
+            turn: at.turn,
+            step: at.step,
+            message: message.clone(),
+            usage: assembler.usage(),
+            interrupted: false,
+        },
+        Some(SurfaceIntent::append_citing(chunk_seqs)),
+    );
+    Ok((message, finish == FinishReason::MaxTokens))
+}
+
+/// Logs the calls, runs them (runs of concurrency-safe calls in parallel,
+/// at most `max_parallel_tools` at once; any other call alone), and logs
+/// their results in call order, each citing its call.
+async fn run_calls(at: At<'_>, calls: &[ToolCall], token: &CancellationToken) {
+    let me = at.me;
+    let call_seqs: Vec<Option<u64>> = calls
+        .iter()
+        .map(|c| {
+            at.log(
+                EventData::ToolCall {
+                    turn: at.turn,
+                    step: at.step,
+                    call_id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                },
+                None,
+            )
+        })
+        .collect();
+    let scope = me.ctx.scope_key();
+    let safe = |c: &ToolCall| match me.tools.resolve(scope, &c.name) {
+        dsh_services::tools::Resolution::Found(t) => t.tool.is_concurrency_safe(),
+        _ => true,
+    };
     let mut i = 0;
     while i < calls.len() {
-        let safe = |c: &ToolCall| match me.tools.resolve(scope, &c.name) {
-            dsh_services::tools::Resolution::Found(t) => t.tool.is_concurrency_safe(),
-            _ => true,
-        };
         let mut j = i + 1;
         if safe(&calls[i]) {
             while j < calls.len() && safe(&calls[j]) {
@@ -245,58 +299,51 @@ pub(super) async fn run_step(
         let outcomes = if j == i + 1 {
             vec![execute(me, calls[i].clone(), token).await]
         } else {
-            // At most `max_parallel_tools` at once; results keep call order.
             let batch: Vec<_> = calls[i..j]
                 .iter()
                 .cloned()
                 .map(|c| execute(me, c, token))
                 .collect();
             futures::stream::iter(batch)
-                .buffered(inner.spec.max_parallel_tools.max(1))
+                .buffered(at.agent.inner.spec.max_parallel_tools.max(1))
                 .collect::<Vec<_>>()
                 .await
         };
         for (k, outcome) in outcomes.into_iter().enumerate() {
-            let call = &calls[i + k];
-            let message = Message {
-                id: Message::new_id(),
-                role: Role::User,
-                content: vec![ContentBlock::ToolResult {
-                    tool_call_id: call.id.clone(),
-                    content: outcome.content,
-                    is_error: Some(outcome.error.is_some()),
-                }],
-                source: MessageSource::tool(&call.id),
-            };
-            let cited = call_seqs[i + k].map(|s| vec![s]);
-            log_append(
-                agent,
-                EventData::ToolResult {
-                    turn,
-                    step,
-                    message: Arc::new(message),
-                    error: outcome.error.map(|e| dsh_services::session::ToolErrorId {
-                        name: "ToolError".into(),
-                        code: e.code,
-                    }),
-                    meta: outcome.meta,
-                },
-                Some(SurfaceIntent {
-                    surface_op: dsh_services::session::SurfaceOp::Append,
-                    source_event_seqs: cited,
-                }),
-            );
+            log_result(at, &calls[i + k], outcome, call_seqs[i + k]);
         }
         i = j;
     }
-    release_step_children(me).await;
-    if token.is_cancelled() {
-        return StepEnd::Aborted;
-    }
-    if me.conclude.swap(false, Ordering::AcqRel) {
-        return StepEnd::Concluded { max_tokens };
-    }
-    StepEnd::ToolsDone { max_tokens }
+}
+
+/// Commits one call's `tool/result`, citing its `tool/call`.
+fn log_result(at: At<'_>, call: &ToolCall, outcome: PipelineOutcome, cited: Option<u64>) {
+    let message = Message {
+        id: Message::new_id(),
+        role: Role::User,
+        content: vec![ContentBlock::ToolResult {
+            tool_call_id: call.id.clone(),
+            content: outcome.content,
+            is_error: Some(outcome.error.is_some()),
+        }],
+        source: MessageSource::tool(&call.id),
+    };
+    at.log(
+        EventData::ToolResult {
+            turn: at.turn,
+            step: at.step,
+            message: Arc::new(message),
+            error: outcome.error.map(|e| dsh_services::session::ToolErrorId {
+                name: "ToolError".into(),
+                code: e.code,
+            }),
+            meta: outcome.meta,
+        },
+        Some(SurfaceIntent {
+            surface_op: dsh_services::session::SurfaceOp::Append,
+            source_event_seqs: cited.map(|s| vec![s]),
+        }),
+    );
 }
 
 /// Commits the visible prefix of a cancelled stream as an interrupted

@@ -15,7 +15,7 @@
 //! `ralph/end`), so a killed loop resumes after its last completed round.
 
 use dsh_services::session::{EventData, SessionEvent};
-use dsh_supervisors::ScopeKey;
+use dsh_supervisors::{Context, ScopeKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -404,66 +404,18 @@ pub async fn run(
             break RalphOutcome::Cancelled { round };
         }
         let previous = history.last().map(|(_, h)| h);
-        let mut start = StartRequest::new(
-            &request.parent,
-            round_prompt(&objective, round, cap, previous),
-            request.cancel.child_token(),
-        );
-        start.owner = Some(scope.ctx().clone());
-        start.label = Some(format!("ralph round {round}"));
-        start.output_schema = Some(handoff_schema());
-        start.route = request.route.clone();
-        let run = match subagents.start(&request.provider, start).await {
-            Ok(run) => run,
-            Err(e) if request.cancel.is_cancelled() => {
-                let _ = e;
-                break RalphOutcome::Cancelled { round };
-            }
-            Err(e) => {
-                break RalphOutcome::Failed {
-                    round,
-                    error: e.to_string(),
-                };
-            }
+        let at = Place {
+            run_id: &run_id,
+            objective: &objective,
+            cap,
+            round,
         };
-        let result = run.result().await;
-        let child = run.id().to_owned();
-        run.dispose().await;
-        if result.stop_reason == StopReason::Aborted && request.cancel.is_cancelled() {
-            break RalphOutcome::Cancelled { round };
-        }
-        let handoff = match (result.stop_reason, result.structured) {
-            (StopReason::Completed, Some(v)) => {
-                Handoff::validate(&v, request.max_handoff_chars).map_err(|e| e.to_string())
+        match run_round(subagents, &request, scope.ctx(), at, previous).await {
+            Ok(done) => {
+                history.push((round, done.handoff.clone()));
+                completed.push(done);
             }
-            (reason, _) => Err(format!(
-                "the worker ended {}{}",
-                reason.as_str(),
-                result
-                    .diagnostic
-                    .map(|d| format!(": {d}"))
-                    .unwrap_or_default()
-            )),
-        };
-        match handoff {
-            Ok(h) => {
-                request.parent.record(
-                    "ralph/round",
-                    json!({"runId": run_id, "round": round, "child": child, "handoff": h}),
-                );
-                // Durable before the next round starts: a crash from here on
-                // resumes after this round.
-                if let Err(e) = request.parent.session().flush().await {
-                    tracing::warn!(round, "the round's record was not written: {e}");
-                }
-                completed.push(Round {
-                    round,
-                    child,
-                    handoff: h.clone(),
-                });
-                history.push((round, h));
-            }
-            Err(error) => break RalphOutcome::Failed { round, error },
+            Err(end) => break end,
         }
     };
     scope.dispose().await;
@@ -484,6 +436,79 @@ pub async fn run(
         rounds,
         last: history.last().map(|(_, h)| h.clone()),
         completed,
+    })
+}
+
+/// Which round of which loop.
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    run_id: &'a str,
+    objective: &'a str,
+    cap: u32,
+    round: u32,
+}
+
+/// One round: a fresh worker under the loop's scope, its handoff validated
+/// and recorded (`ralph/round`, flushed before the next round starts, so a
+/// crash from here on resumes after it). `Err` is how the loop ends instead.
+async fn run_round(
+    subagents: &Subagents,
+    request: &RalphRequest,
+    scope: &Context,
+    at: Place<'_>,
+    previous: Option<&Handoff>,
+) -> Result<Round, RalphOutcome> {
+    let round = at.round;
+    let mut start = StartRequest::new(
+        &request.parent,
+        round_prompt(at.objective, round, at.cap, previous),
+        request.cancel.child_token(),
+    );
+    start.owner = Some(scope.clone());
+    start.label = Some(format!("ralph round {round}"));
+    start.output_schema = Some(handoff_schema());
+    start.route = request.route.clone();
+    let run = match subagents.start(&request.provider, start).await {
+        Ok(run) => run,
+        Err(_) if request.cancel.is_cancelled() => return Err(RalphOutcome::Cancelled { round }),
+        Err(e) => {
+            return Err(RalphOutcome::Failed {
+                round,
+                error: e.to_string(),
+            });
+        }
+    };
+    let result = run.result().await;
+    let child = run.id().to_owned();
+    run.dispose().await;
+    if result.stop_reason == StopReason::Aborted && request.cancel.is_cancelled() {
+        return Err(RalphOutcome::Cancelled { round });
+    }
+    let handoff = match (result.stop_reason, result.structured) {
+        (StopReason::Completed, Some(v)) => {
+            Handoff::validate(&v, request.max_handoff_chars).map_err(|e| e.to_string())
+        }
+        (reason, _) => Err(format!(
+            "the worker ended {}{}",
+            reason.as_str(),
+            result
+                .diagnostic
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default()
+        )),
+    };
+    let handoff = handoff.map_err(|error| RalphOutcome::Failed { round, error })?;
+    request.parent.record(
+        "ralph/round",
+        json!({"runId": at.run_id, "round": round, "child": child, "handoff": handoff}),
+    );
+    if let Err(e) = request.parent.session().flush().await {
+        tracing::warn!(round, "the round's record was not written: {e}");
+    }
+    Ok(Round {
+        round,
+        child,
+        handoff,
     })
 }
 
