@@ -18,6 +18,206 @@ use dsh_supervisors::{
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use crate::exit::Exit;
+
+/// `dsh bench`: the options.
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Bench,
+}
+
+impl BenchArgs {
+    /// The tokio worker threads this benchmark asks for (`None`: one per core).
+    pub fn threads(&self) -> Option<usize> {
+        match &self.which {
+            Bench::W1 {
+                threads: Some(n), ..
+            } => Some((*n).max(1)),
+            _ => None,
+        }
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Bench {
+    /// Kernel costs: tree start + ordered teardown, event dispatch per mode,
+    /// supervised vs bare spawn.
+    Kernel {
+        /// Measured rounds (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
+    /// `derive_messages` cost per new message as the history grows.
+    Derive,
+    /// Session persistence: JSONL append throughput and load + derive time.
+    Persist {
+        /// Events to append and load back.
+        #[arg(long, default_value_t = 100_000)]
+        events: u64,
+        /// `jsonl`, `jsonl-zstd` or `sqlite`.
+        #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "jsonl-zstd", "sqlite"])]
+        backend: String,
+    },
+    /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
+    W1 {
+        /// Turns R.
+        #[arg(long, default_value_t = 200)]
+        turns: u32,
+        /// Steps S per turn.
+        #[arg(long, default_value_t = 5)]
+        steps: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+        /// Tokio worker threads (default: one per core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// W3: N agents created one by one, each running a 1-step turn, then
+    /// kept resident; reports memory per agent and time per agent.
+    W3 {
+        /// Agents N.
+        #[arg(long, default_value_t = 10_000)]
+        n: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+        /// Awake agents at most: above it the least recently used idle ones
+        /// hibernate (0: no hibernation, every agent stays awake).
+        #[arg(long, default_value_t = 16)]
+        max_awake: usize,
+    },
+    /// The dashboard's delta stream: N active agents with and without one
+    /// SSE subscriber; throughput and slowdown.
+    Stream {
+        /// Agents running at once.
+        #[arg(long, default_value_t = 1000)]
+        agents: u32,
+        /// Turns per agent (5 steps each).
+        #[arg(long, default_value_t = 3)]
+        turns: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+        /// Read the raw stream (every change) instead of the dashboard's
+        /// coalesced one (`?coalesce=1`).
+        #[arg(long)]
+        raw: bool,
+    },
+    /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
+    /// worker turns) through the subagent seam; then its tree is torn down.
+    W2 {
+        /// Sub-agents K.
+        #[arg(long, default_value_t = 100)]
+        k: u32,
+        /// Run in this many fresh processes (after one warm-up process) and
+        /// report the median, min and max.
+        #[arg(long, default_value_t = 1)]
+        processes: u32,
+    },
+}
+
+/// Runs the benchmark and prints its figures (the last line `RESULT {json}`).
+pub async fn bench(args: BenchArgs) -> Exit {
+    match args.which {
+        // It prints its own figures and RESULT line.
+        Bench::Kernel { rounds } => match kernel(rounds).await {
+            Ok(_) => Exit::ok(),
+            Err(e) => Exit::failed(e.to_string()),
+        },
+        Bench::Persist { events, backend } => report(persist(events, &backend).await),
+        Bench::Derive => {
+            derive_costs(&[1_000, 10_000, 100_000, 1_000_000]);
+            Exit::ok()
+        }
+        Bench::W1 {
+            turns,
+            steps,
+            processes,
+            threads,
+        } => {
+            if steps == 0 || turns == 0 {
+                return Exit::usage("--turns and --steps must be at least 1");
+            }
+            let (t, s) = (turns.to_string(), steps.to_string());
+            let mut args = vec!["bench", "w1", "--turns", &t, "--steps", &s];
+            let n = threads.map(|n| n.to_string());
+            if let Some(n) = &n {
+                args.extend(["--threads", n.as_str()]);
+            }
+            workload(&args, processes, "us_per_step", workloads::w1(turns, steps)).await
+        }
+        Bench::Stream {
+            agents,
+            turns,
+            processes,
+            raw,
+        } => {
+            if agents == 0 || turns == 0 {
+                return Exit::usage("--agents and --turns must be at least 1");
+            }
+            let (a, t) = (agents.to_string(), turns.to_string());
+            let mut args = vec!["bench", "stream", "--agents", &a, "--turns", &t];
+            if raw {
+                args.push("--raw");
+            }
+            let run = workloads::stream(agents, turns, !raw);
+            workload(&args, processes, "slowdown", run).await
+        }
+        Bench::W3 {
+            n,
+            processes,
+            max_awake,
+        } => {
+            if n == 0 {
+                return Exit::usage("--n must be at least 1");
+            }
+            let (n_text, cap_text) = (n.to_string(), max_awake.to_string());
+            let args = ["bench", "w3", "--n", &n_text, "--max-awake", &cap_text];
+            let cap = (max_awake > 0).then_some(max_awake);
+            workload(&args, processes, "bytes_per_agent", workloads::w3(n, cap)).await
+        }
+        Bench::W2 { k, processes } => {
+            if k == 0 {
+                return Exit::usage("--k must be at least 1");
+            }
+            let k_text = k.to_string();
+            let args = ["bench", "w2", "--k", &k_text];
+            workload(&args, processes, "wall_s", workloads::w2(k)).await
+        }
+    }
+}
+
+/// Runs a workload across `processes` fresh processes (median of `key`), or
+/// once here on a worker thread, as an embedding service would run it.
+async fn workload(
+    args: &[&str],
+    processes: u32,
+    key: &str,
+    run: impl std::future::Future<Output = Result<serde_json::Value, BoxError>> + Send + 'static,
+) -> Exit {
+    if processes > 1 {
+        return report(across_processes(args, processes, key).await);
+    }
+    let run = tokio::spawn(run);
+    report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+}
+
+/// Prints a workload's `RESULT` line, or says why it failed.
+fn report(result: Result<serde_json::Value, BoxError>) -> Exit {
+    match result {
+        Ok(v) => {
+            println!("RESULT {v}");
+            Exit::ok()
+        }
+        Err(e) => Exit::failed(e.to_string()),
+    }
+}
+
 /// A worker that does nothing.
 struct Nop;
 
@@ -319,7 +519,7 @@ pub async fn across_processes(
     Ok(summary)
 }
 
-/// The W1/W2/W3 workloads of `../shared/bench/WORKLOADS.md`.
+/// The W1/W2/W3 workloads (`docs/benchmarks.md` says what each does).
 pub mod workloads {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};

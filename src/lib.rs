@@ -2,13 +2,16 @@
 //!
 //! ## Code map
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
-//! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
-//! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
-//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
-//! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
+//! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
 //! - [`demo`]: the keyless demo model (a pure function of the conversation).
-//! - [`bench`]: `dsh bench …` workloads, printing per-operation costs and ratios.
-//! - `main.rs`: the CLI (`dsh check`, `dsh tree`, `dsh bench`).
+//! - [`exit`]: how a command ends (exit codes, library errors turned into them).
+//! - [`args`]: the options every agent-creating command shares (model,
+//!   policy, plugin tree, workspace, sessions store).
+//! - [`stage`]: booting the agent services and the model those options name.
+//! - the commands, each with its `…Args`: [`config`] (`dsh check`, `dsh
+//!   tree`), [`run`], [`sessions`], [`replay`], [`multi`] (`dsh workflow`,
+//!   `dsh ralph`, `dsh demo`), [`serve`], [`bench`].
+//! - `main.rs`: parses the command line and dispatches.
 //!
 //! The kernel, seams and actors are re-exported as [`kernel`], [`services`]
 //! and [`actors`] so an embedder depends on this one crate.
@@ -17,11 +20,16 @@ pub use dsh_actors as actors;
 pub use dsh_services as services;
 pub use dsh_supervisors as kernel;
 
+pub mod args;
 pub mod bench;
 pub mod catalogue;
+pub mod config;
 pub mod demo;
+pub mod exit;
 pub mod multi;
 pub mod replay;
 pub mod run;
+pub mod serve;
 pub mod sessions;
+pub mod stage;
 pub mod web;

@@ -17,77 +17,29 @@ use dsh_actors::multi_agent::{MultiAgentConfig, install};
 use dsh_actors::ralph::{self, RalphOutcome, RalphRequest};
 use dsh_actors::subagent::{SubagentStart, Subagents};
 use dsh_actors::workflow::{WorkflowEngine, WorkflowRequest, WorkflowStop, WorkflowUpdate};
-use dsh_services::llm::LlmRuntime;
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 
-use crate::catalogue::{AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig};
-use crate::demo::DemoModel;
-use crate::run::RunExit;
-use crate::sessions::{StoreChoice, open_store};
+use crate::args::{ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs};
+use crate::exit::{self, BLOCKED, CANCELLED, Exit};
+use crate::sessions::open_store;
+use crate::stage::{Needs, Route, boot};
 
-/// The model the workers use.
-#[derive(Clone, Debug)]
-pub enum ModelChoice {
-    /// The built-in keyless demo model.
-    Demo,
-    /// An OpenAI-compatible endpoint.
-    OpenAi {
-        /// `…/v1` base URL.
-        base_url: String,
-        /// Model id.
-        model: String,
-        /// Environment variable holding the key.
-        api_key_env: String,
-    },
-}
-
-impl ModelChoice {
-    /// From the flags (or $DSH_BASE_URL / $DSH_MODEL); the demo model when
-    /// `demo` is set; an error naming the choices otherwise.
-    pub fn pick(
-        demo: bool,
-        base_url: Option<String>,
-        model: Option<String>,
-        api_key_env: String,
-    ) -> Result<ModelChoice, RunExit> {
-        if demo {
-            return Ok(ModelChoice::Demo);
-        }
-        let base_url = base_url.or_else(|| std::env::var("DSH_BASE_URL").ok());
-        let model = model.or_else(|| std::env::var("DSH_MODEL").ok());
-        match (base_url, model) {
-            (Some(base_url), Some(model)) => Ok(ModelChoice::OpenAi {
-                base_url,
-                model,
-                api_key_env,
-            }),
-            (Some(_), None) => Err(fail(2, "--base-url needs --model (or DSH_MODEL)")),
-            _ => Err(fail(
-                2,
-                "no model endpoint is configured: pass --base-url URL --model ID (an \
-                 OpenAI-compatible endpoint; key in $DSH_API_KEY), or --demo-model for the \
-                 built-in keyless demo model",
-            )),
-        }
-    }
-}
-
-fn fail(code: u8, message: impl Into<String>) -> RunExit {
-    RunExit {
-        code,
-        message: Some(message.into()),
-    }
-}
-
-fn ok() -> RunExit {
-    RunExit {
-        code: 0,
-        message: None,
-    }
+/// The agent-creating options `workflow` and `ralph` share.
+#[derive(clap::Args, Debug, Default)]
+pub struct AgentArgs {
+    /// The model agents use.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// What agents may do without asking.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// A plugin tree for the services and providers.
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 /// A booted runtime with a coordinator agent.
@@ -99,67 +51,60 @@ struct Stage {
 }
 
 async fn stage(
-    model: &ModelChoice,
-    store: &StoreChoice,
-    cwd: &Path,
+    agents: &AgentArgs,
+    store: &StoreArgs,
+    workspace: &WorkspaceArgs,
     resume: Option<&str>,
     name: &str,
-) -> Result<Stage, RunExit> {
-    let cwd = cwd.canonicalize().map_err(|e| {
-        fail(
-            2,
-            format!("the workspace {} is not accessible: {e}", cwd.display()),
-        )
-    })?;
+) -> exit::Result<Stage> {
+    let cwd = workspace.resolve()?;
     let store = open_store(store)?;
     let rt = Runtime::start(RuntimeSettings::default())
         .await
-        .map_err(|e| fail(1, format!("cannot start the runtime: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot start the runtime: {e}")))?;
+    let staged = coordinate(&rt, agents, store, cwd, resume, name).await;
+    if staged.is_err() {
+        let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
+    }
+    let (coordinator, subagents, store) = staged?;
+    Ok(Stage {
+        rt,
+        coordinator,
+        subagents,
+        store,
+    })
+}
+
+/// The services, the model, and the coordinator agent (a stored session,
+/// the parent of every child; resumed from the store with `resume`).
+async fn coordinate(
+    rt: &Runtime,
+    agents: &AgentArgs,
+    store: Arc<dyn SessionPersistence>,
+    cwd: PathBuf,
+    resume: Option<&str>,
+    name: &str,
+) -> exit::Result<(Agent, Arc<Subagents>, Arc<dyn SessionPersistence>)> {
+    let needs = Needs {
+        model: &agents.model,
+        policy: &agents.policy,
+        config: &agents.config,
+        model_required: true,
+        terminal: true,
+    };
+    let Some(Route { provider, model }) = boot(rt, needs).await? else {
+        return Err(Exit::usage(crate::args::HOW_TO_CONFIGURE));
+    };
     let root = rt.root();
-    let services = AgentServicesConfig {
-        approval: Some(dsh_services::approval::ApprovalPolicy::Never),
-        ..AgentServicesConfig::default()
-    };
-    root.plugin(AgentServices, services)
-        .await
-        .map_err(|e| fail(1, e.to_string()))?;
-    let (provider, model_id) = match model {
-        ModelChoice::Demo => {
-            let llm = root
-                .get::<LlmRuntime>(LlmRuntime::SERVICE)
-                .ok_or_else(|| fail(1, "no llm service"))?;
-            llm.register(&root, &["demo"], Arc::new(DemoModel))
-                .map_err(|e| fail(1, e.to_string()))?;
-            ("demo".to_owned(), "demo".to_owned())
-        }
-        ModelChoice::OpenAi {
-            base_url,
-            model,
-            api_key_env,
-        } => {
-            root.plugin(
-                OpenAi,
-                OpenAiPluginConfig {
-                    provider: "openai".into(),
-                    base_url: base_url.clone(),
-                    api_key_env: Some(api_key_env.clone()),
-                    idle_timeout_s: None,
-                },
-            )
-            .await
-            .map_err(|e| fail(2, e.to_string()))?;
-            ("openai".to_owned(), model.clone())
-        }
-    };
     let tools = root
         .get::<ToolRegistry>(ToolRegistry::SERVICE)
-        .ok_or_else(|| fail(1, "no tool registry"))?;
+        .ok_or_else(|| Exit::failed("no tool registry"))?;
     let subagents = match root.get::<Subagents>(Subagents::SERVICE) {
         Some(s) => s,
         None => install(&root, &tools, &MultiAgentConfig::default())
-            .map_err(|e| fail(1, e.to_string()))?,
+            .map_err(|e| Exit::failed(e.to_string()))?,
     };
-    let mut spec = AgentSpec::new(&provider, &model_id, cwd.clone());
+    let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.name = Some(name.to_owned());
     spec.system = Some(format!(
         "You are a dsh worker in the directory {}. Do the task you are given and answer briefly.",
@@ -170,22 +115,17 @@ async fn stage(
     if let Some(id) = resume {
         let loaded = store
             .load(id)
-            .map_err(|e| fail(1, format!("cannot resume {id}: {e}")))?;
+            .map_err(|e| Exit::from(e).context(&format!("cannot resume {id}")))?;
         store
             .prepare_resume(id, &loaded)
-            .map_err(|e| fail(1, e.to_string()))?;
+            .map_err(|e| Exit::failed(e.to_string()))?;
         spec.durable = Some(loaded.durable);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));
     }
     let coordinator = Agent::create(&root, spec)
         .await
-        .map_err(|e| fail(1, format!("cannot create the coordinator: {e}")))?;
-    Ok(Stage {
-        rt,
-        coordinator,
-        subagents,
-        store,
-    })
+        .map_err(|e| Exit::failed(format!("cannot create the coordinator: {e}")))?;
+    Ok((coordinator, subagents, store))
 }
 
 async fn finish(stage: Stage) -> Option<String> {
@@ -210,27 +150,35 @@ fn children_of(store: &dyn SessionPersistence, parent: &str) -> Vec<String> {
     out.into_iter().map(|(_, id)| id).collect()
 }
 
-/// Options of `dsh workflow`.
-#[derive(Clone, Debug)]
-pub struct WorkflowOptions {
+/// `dsh workflow`: the options.
+#[derive(clap::Args, Debug)]
+#[command(after_help = MODEL_PRECEDENCE)]
+pub struct WorkflowArgs {
     /// The script file.
-    pub script: PathBuf,
-    /// The `args` global (JSON).
+    #[arg(value_name = "SCRIPT")]
+    pub file: PathBuf,
+    /// The `args` global, as JSON.
+    #[arg(long)]
     pub args: Option<String>,
-    /// The meta block (JSON); derived from the file name when absent.
+    /// The meta block, as JSON (default: named after the file).
+    #[arg(long)]
     pub meta: Option<String>,
-    /// Print the live tree when the children are in flight.
+    /// Print the live actor tree once the first child is in flight.
+    #[arg(long)]
     pub tree: bool,
-    /// The model.
-    pub model: ModelChoice,
-    /// Workspace.
-    pub cwd: PathBuf,
-    /// Sessions store.
-    pub store: StoreChoice,
+    /// The model, policy and plugin tree.
+    #[command(flatten)]
+    pub agents: AgentArgs,
+    /// The workspace tools work in.
+    #[command(flatten)]
+    pub workspace: WorkspaceArgs,
+    /// Where sessions are stored.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
-fn parse_json(what: &str, text: &str) -> Result<Value, RunExit> {
-    serde_json::from_str(text).map_err(|e| fail(2, format!("{what} is not valid JSON: {e}")))
+fn parse_json(what: &str, text: &str) -> exit::Result<Value> {
+    serde_json::from_str(text).map_err(|e| Exit::usage(format!("{what} is not valid JSON: {e}")))
 }
 
 /// A kebab-case name from a file stem.
@@ -252,46 +200,44 @@ fn kebab(path: &Path) -> String {
 }
 
 /// `dsh workflow <script.js>`.
-pub async fn workflow(opts: WorkflowOptions) -> RunExit {
-    let script = match std::fs::read_to_string(&opts.script) {
-        Ok(s) => s,
-        Err(e) => return fail(2, format!("cannot read {}: {e}", opts.script.display())),
+pub async fn workflow(opts: WorkflowArgs) -> Exit {
+    let prepared = (|| {
+        let script = std::fs::read_to_string(&opts.file)
+            .map_err(|e| Exit::usage(format!("cannot read {}: {e}", opts.file.display())))?;
+        let args = match &opts.args {
+            Some(a) => parse_json("--args", a)?,
+            None => Value::Null,
+        };
+        let meta = match &opts.meta {
+            Some(m) => parse_json("--meta", m)?,
+            None => json!({
+                "name": kebab(&opts.file),
+                "description": format!("workflow from {}", opts.file.display()),
+            }),
+        };
+        Ok::<_, Exit>((script, args, meta))
+    })();
+    let (script, args, meta) = match prepared {
+        Ok(p) => p,
+        Err(e) => return e,
     };
-    let args = match &opts.args {
-        Some(a) => match parse_json("--args", a) {
-            Ok(v) => v,
-            Err(e) => return e,
-        },
-        None => Value::Null,
-    };
-    let meta = match &opts.meta {
-        Some(m) => match parse_json("--meta", m) {
-            Ok(v) => v,
-            Err(e) => return e,
-        },
-        None => json!({
-            "name": kebab(&opts.script),
-            "description": format!("workflow from {}", opts.script.display()),
-        }),
-    };
-    let stage = match stage(&opts.model, &opts.store, &opts.cwd, None, "workflow").await {
+    let stage = match stage(&opts.agents, &opts.store, &opts.workspace, None, "workflow").await {
         Ok(s) => s,
         Err(e) => return e,
     };
-    let exit = run_workflow(&stage, script, meta, args, opts.tree, 0).await;
-    let exit = match exit {
+    let exit = match run_workflow(&stage, script, meta, args, opts.tree, 0).await {
         Ok((value, _)) => {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()
             );
-            ok()
+            Exit::ok()
         }
         Err(e) => e,
     };
     report_logs(&stage, "workflow");
     match finish(stage).await {
-        Some(m) if exit.code == 0 => fail(1, m),
+        Some(m) if exit.is_ok() => Exit::failed(m),
         _ => exit,
     }
 }
@@ -305,10 +251,10 @@ async fn run_workflow(
     args: Value,
     tree: bool,
     tree_at: u32,
-) -> Result<(Value, u32), RunExit> {
+) -> exit::Result<(Value, u32)> {
     let root = stage.rt.root();
     let Some(engine) = root.get::<WorkflowEngine>(WorkflowEngine::SERVICE) else {
-        return Err(fail(1, "no workflow engine is provided"));
+        return Err(Exit::failed("no workflow engine is provided"));
     };
     let started = Arc::new(AtomicU32::new(0));
     let rt = stage.rt.clone();
@@ -352,7 +298,7 @@ async fn run_workflow(
     let run = engine
         .start(request)
         .await
-        .map_err(|e| fail(2, e.to_string()))?;
+        .map_err(|e| Exit::usage(e.to_string()))?;
     let result = tokio::select! {
         r = run.result() => r,
         _ = tokio::signal::ctrl_c() => {
@@ -366,11 +312,11 @@ async fn run_workflow(
     }
     match result.stop_reason {
         WorkflowStop::Completed => Ok((result.value, result.agents_started)),
-        WorkflowStop::Cancelled => Err(fail(130, "the workflow was cancelled")),
-        WorkflowStop::Error => Err(fail(
-            1,
-            format!("the workflow failed: {}", result.error.unwrap_or_default()),
-        )),
+        WorkflowStop::Cancelled => Err(Exit::cancelled("the workflow was cancelled")),
+        WorkflowStop::Error => Err(Exit::failed(format!(
+            "the workflow failed: {}",
+            result.error.unwrap_or_default()
+        ))),
     }
 }
 
@@ -382,36 +328,44 @@ fn report_logs(stage: &Stage, what: &str) {
     }
 }
 
-/// Options of `dsh ralph`.
-#[derive(Clone, Debug)]
-pub struct RalphOptions {
-    /// The objective (absent with `resume`).
+/// `dsh ralph`: the options.
+#[derive(clap::Args, Debug)]
+#[command(after_help = MODEL_PRECEDENCE)]
+pub struct RalphArgs {
+    /// The objective (omit with --resume).
+    #[arg(required_unless_present = "resume")]
     pub objective: Option<String>,
-    /// Round cap.
+    /// Round cap (1..=256).
+    #[arg(long, default_value_t = 20)]
     pub max_rounds: u32,
     /// Continue the loop recorded in this coordinator session.
+    #[arg(long, value_name = "ID", conflicts_with = "objective")]
     pub resume: Option<String>,
-    /// The model.
-    pub model: ModelChoice,
-    /// Workspace.
-    pub cwd: PathBuf,
-    /// Sessions store.
-    pub store: StoreChoice,
+    /// The model, policy and plugin tree.
+    #[command(flatten)]
+    pub agents: AgentArgs,
+    /// The workspace tools work in.
+    #[command(flatten)]
+    pub workspace: WorkspaceArgs,
+    /// Where sessions are stored.
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 /// `dsh ralph "<objective>" --max-rounds N` / `dsh ralph --resume ID`.
-pub async fn ralph(opts: RalphOptions) -> RunExit {
+pub async fn ralph(opts: RalphArgs) -> Exit {
     if opts.max_rounds == 0 || opts.max_rounds > ralph::MAX_ROUNDS {
-        return fail(
-            2,
-            format!("--max-rounds must be between 1 and {}", ralph::MAX_ROUNDS),
-        );
+        return Exit::usage(format!(
+            "--max-rounds must be between 1 and {}",
+            ralph::MAX_ROUNDS
+        ));
     }
+    let resume_id = opts.resume.as_deref();
     let stage = match stage(
-        &opts.model,
+        &opts.agents,
         &opts.store,
-        &opts.cwd,
-        opts.resume.as_deref(),
+        &opts.workspace,
+        resume_id,
         "ralph",
     )
     .await
@@ -419,7 +373,7 @@ pub async fn ralph(opts: RalphOptions) -> RunExit {
         Ok(s) => s,
         Err(e) => return e,
     };
-    let resume = match &opts.resume {
+    let resume = match resume_id {
         None => None,
         Some(id) => {
             let events: Vec<_> = stage
@@ -441,7 +395,7 @@ pub async fn ralph(opts: RalphOptions) -> RunExit {
                 }
                 None => {
                     let _ = finish(stage).await;
-                    return fail(2, format!("session {id} holds no Ralph loop"));
+                    return Exit::usage(format!("session {id} holds no Ralph loop"));
                 }
             }
         }
@@ -449,18 +403,18 @@ pub async fn ralph(opts: RalphOptions) -> RunExit {
     let objective = opts.objective.clone().unwrap_or_default();
     if resume.is_none() && objective.trim().is_empty() {
         let _ = finish(stage).await;
-        return fail(2, "give the objective, or --resume ID");
+        return Exit::usage("give the objective, or --resume ID");
     }
     let exit = run_ralph(&stage, &objective, opts.max_rounds, resume, None).await;
     report_logs(&stage, "ralph");
-    if exit.code == 0 {
+    if exit.is_ok() {
         eprintln!(
             "resume a cut loop with: dsh ralph --resume {}",
             stage.coordinator.id()
         );
     }
     match finish(stage).await {
-        Some(m) if exit.code == 0 => fail(1, m),
+        Some(m) if exit.is_ok() => Exit::failed(m),
         _ => exit,
     }
 }
@@ -471,7 +425,7 @@ async fn run_ralph(
     max_rounds: u32,
     resume: Option<ralph::Resume>,
     tree_at_round: Option<u32>,
-) -> RunExit {
+) -> Exit {
     let rt = stage.rt.clone();
     let listener = stage.rt.root().on(move |s: &SubagentStart| {
         let label = s.info.label.clone().unwrap_or_default();
@@ -500,7 +454,7 @@ async fn run_ralph(
     }
     let result = match result {
         Ok(r) => r,
-        Err(e) => return fail(2, e.to_string()),
+        Err(e) => return Exit::usage(e.to_string()),
     };
     for r in &result.completed {
         println!(
@@ -526,11 +480,11 @@ async fn run_ralph(
         );
     }
     match result.outcome {
-        RalphOutcome::Complete | RalphOutcome::BudgetLimited => ok(),
-        RalphOutcome::Blocked => fail(3, "the worker reported a blocker"),
-        RalphOutcome::CircuitOpen => fail(3, "the loop made no progress"),
-        RalphOutcome::Failed { .. } => fail(1, result.outcome.describe()),
-        RalphOutcome::Cancelled { .. } => fail(130, "cancelled"),
+        RalphOutcome::Complete | RalphOutcome::BudgetLimited => Exit::ok(),
+        RalphOutcome::Blocked => Exit::with(BLOCKED, Some("the worker reported a blocker")),
+        RalphOutcome::CircuitOpen => Exit::with(BLOCKED, Some("the loop made no progress")),
+        RalphOutcome::Failed { .. } => Exit::failed(result.outcome.describe()),
+        RalphOutcome::Cancelled { .. } => Exit::with(CANCELLED, Some("cancelled")),
     }
 }
 
@@ -544,9 +498,30 @@ phase("summary");
 return { topics: args.topics, notes };
 "#;
 
+/// `dsh demo`: the options.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// The workspace tools work in.
+    #[command(flatten)]
+    pub workspace: WorkspaceArgs,
+    /// Where sessions are stored.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
 /// `dsh demo`: keyless, on the built-in demo model.
-pub async fn demo(store: StoreChoice, cwd: PathBuf) -> RunExit {
-    let stage = match stage(&ModelChoice::Demo, &store, &cwd, None, "demo").await {
+pub async fn demo(opts: DemoArgs) -> Exit {
+    let agents = AgentArgs {
+        model: ModelArgs {
+            demo_model: true,
+            ..ModelArgs::default()
+        },
+        policy: PolicyArgs {
+            approval: Some(dsh_services::approval::ApprovalPolicy::Never),
+        },
+        config: ConfigArgs::default(),
+    };
+    let stage = match stage(&agents, &opts.store, &opts.workspace, None, "demo").await {
         Ok(s) => s,
         Err(e) => return e,
     };
@@ -589,8 +564,8 @@ pub async fn demo(store: StoreChoice, cwd: PathBuf) -> RunExit {
     }
     println!("Inspect them with `dsh sessions list` / `dsh sessions show <id>`.");
     match finish(stage).await {
-        Some(m) => fail(1, m),
-        None if code == 0 => ok(),
-        None => fail(code, "the demo did not finish cleanly"),
+        Some(m) => Exit::failed(m),
+        None if code == 0 => Exit::ok(),
+        None => Exit::with(code, Some("the demo did not finish cleanly")),
     }
 }

@@ -14,69 +14,53 @@ use dsh_services::tools::ToolRegistry;
 use dsh_services::tools::builtin::register_builtin;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
-use crate::run::RunExit;
+use crate::args::WorkspaceArgs;
+use crate::exit::{self, Exit};
 
-/// Options of `dsh replay`.
-#[derive(Clone, Debug)]
-pub struct ReplayOptions {
-    /// The recorded log.
+/// `dsh replay`: the options.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The recorded `session.jsonl`.
     pub log: PathBuf,
-    /// Workspace the tools run in.
-    pub cwd: PathBuf,
-    /// Where to write the new session log.
+    /// Write the new session log here.
+    #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Print the comparison as JSON.
+    /// Print the verdict as JSON.
+    #[arg(long)]
     pub json: bool,
+    /// The workspace tools work in.
+    #[command(flatten)]
+    pub workspace: WorkspaceArgs,
 }
 
-/// Replays `opts.log`; exit 0 when the runs agree, 1 with the first divergence.
-pub async fn replay(opts: ReplayOptions) -> RunExit {
-    let text = match std::fs::read_to_string(&opts.log) {
-        Ok(t) => t,
-        Err(e) => return fail(2, format!("cannot read {}: {e}", opts.log.display())),
-    };
-    let (_header, events) = match jsonl::parse(&text) {
-        Ok(v) => v,
-        Err(e) => return fail(2, format!("{}: {e}", opts.log.display())),
-    };
+/// Replays `args.log`; exit 0 when the runs agree, 1 with the first
+/// divergence, 2 when the recording cannot be read.
+pub async fn replay(args: ReplayArgs) -> Exit {
+    Exit::from(replay_in(args).await)
+}
+
+async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
+    let text = std::fs::read_to_string(&opts.log)
+        .map_err(|e| Exit::usage(format!("cannot read {}: {e}", opts.log.display())))?;
+    let (_header, events) =
+        jsonl::parse(&text).map_err(|e| Exit::usage(format!("{}: {e}", opts.log.display())))?;
     let recorded = shape(&events);
     let inputs = prompts(&events);
     if inputs.is_empty() {
-        return fail(
-            2,
-            format!(
-                "{}: the recording has no user prompt to replay",
-                opts.log.display()
-            ),
-        );
+        return Err(Exit::usage(format!(
+            "{}: the recording has no user prompt to replay",
+            opts.log.display()
+        )));
     }
     let model = Arc::new(ReplayModel::from_events(&events));
-    let children = match child_recordings(&opts.log) {
-        Ok(c) => c,
-        Err(e) => return fail(2, e),
-    };
-    let cwd = match opts.cwd.canonicalize() {
-        Ok(c) => c,
-        Err(e) => {
-            return fail(
-                2,
-                format!(
-                    "the workspace {} is not accessible: {e}",
-                    opts.cwd.display()
-                ),
-            );
-        }
-    };
-    let rt = match Runtime::start(RuntimeSettings::default()).await {
-        Ok(rt) => rt,
-        Err(e) => return fail(1, format!("cannot start the runtime: {e}")),
-    };
+    let children = child_recordings(&opts.log)?;
+    let cwd = opts.workspace.resolve()?;
+    let rt = Runtime::start(RuntimeSettings::default())
+        .await
+        .map_err(|e| Exit::failed(format!("cannot start the runtime: {e}")))?;
     let outcome = drive(&rt, model, &children, cwd, opts.out.clone(), &inputs).await;
     let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
-    let (replayed, replayed_children) = match outcome {
-        Ok(v) => v,
-        Err(e) => return fail(1, e),
-    };
+    let (replayed, replayed_children) = outcome.map_err(Exit::failed)?;
     let mut verdict = compare(&recorded, &shape(&replayed)).map_err(|d| d.to_string());
     if verdict.is_ok() {
         if replayed_children.len() != children.len() {
@@ -100,32 +84,18 @@ pub async fn replay(opts: ReplayOptions) -> RunExit {
         };
         println!("{v}");
     }
-    match verdict {
-        Ok(turns) => {
-            if !opts.json {
-                println!(
-                    "replay agrees with the recording: {turns} turns, {} model steps",
-                    model_steps(&recorded)
-                );
-            }
-            RunExit {
-                code: 0,
-                message: None,
-            }
-        }
-        Err(d) => fail(1, format!("first divergence: {d}")),
+    let turns = verdict.map_err(|d| Exit::failed(format!("first divergence: {d}")))?;
+    if !opts.json {
+        println!(
+            "replay agrees with the recording: {turns} turns, {} model steps",
+            model_steps(&recorded)
+        );
     }
+    Ok(())
 }
 
 fn model_steps(shapes: &[dsh_services::session::compare::TurnShape]) -> u32 {
     shapes.iter().map(|t| t.steps).sum()
-}
-
-fn fail(code: u8, message: String) -> RunExit {
-    RunExit {
-        code,
-        message: Some(message),
-    }
 }
 
 type Events = Vec<Arc<dsh_services::session::SessionEvent>>;
@@ -134,7 +104,7 @@ type Events = Vec<Arc<dsh_services::session::SessionEvent>>;
 /// ... for `session.jsonl`), in child creation order.
 fn child_recordings(
     log: &std::path::Path,
-) -> Result<Vec<Vec<dsh_services::session::SessionEvent>>, String> {
+) -> exit::Result<Vec<Vec<dsh_services::session::SessionEvent>>> {
     let (Some(dir), Some(stem)) = (log.parent(), log.file_stem()) else {
         return Ok(Vec::new());
     };
@@ -145,9 +115,10 @@ fn child_recordings(
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            Err(e) => return Err(Exit::usage(format!("cannot read {}: {e}", path.display()))),
         };
-        let (_, events) = jsonl::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (_, events) =
+            jsonl::parse(&text).map_err(|e| Exit::usage(format!("{}: {e}", path.display())))?;
         out.push(events);
     }
     Ok(out)

@@ -4,13 +4,64 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use dsh_services::persistence::{
-    Compression, JsonlStore, SessionPersistence, SqliteStore, StoreError,
-};
+use dsh_services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
 use dsh_services::session::compare::shape;
 use dsh_services::session::{SessionHeader, SessionLog, jsonl};
 
-use crate::run::RunExit;
+use crate::args::StoreArgs;
+use crate::exit::{self, Exit};
+
+/// `dsh sessions`: the options.
+#[derive(clap::Args, Debug)]
+pub struct SessionsArgs {
+    #[command(subcommand)]
+    what: SessionsCommand,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum SessionsCommand {
+    /// Every stored session, newest first.
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A session's header, repairs and turns.
+    Show {
+        /// Session id.
+        id: String,
+    },
+    /// A new session seeded with the events through `--at` (a turn boundary).
+    Fork {
+        /// Session id.
+        id: String,
+        /// Last seq to include (default: the whole log).
+        #[arg(long)]
+        at: Option<u64>,
+    },
+    /// The session log (repaired) as JSONL on stdout.
+    Export {
+        /// Session id.
+        id: String,
+    },
+}
+
+/// Runs a `dsh sessions` subcommand.
+pub fn sessions(args: SessionsArgs) -> Exit {
+    let store = match open_store(&args.store) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let store = &*store;
+    Exit::from(match args.what {
+        SessionsCommand::List { json } => list(store, json),
+        SessionsCommand::Show { id } => show(store, &id),
+        SessionsCommand::Fork { id, at } => fork(store, &id, at),
+        SessionsCommand::Export { id } => export(store, &id),
+    })
+}
 
 /// The sessions directory: `--sessions-dir`, else `$DSH_SESSIONS_DIR`, else
 /// `$HOME/.dsh/sessions`.
@@ -21,36 +72,10 @@ pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".dsh/sessions"))
 }
 
-/// Where sessions are stored, as `dsh run` and `dsh sessions` take it.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct StoreChoice {
-    /// Where sessions are stored (default $DSH_SESSIONS_DIR or ~/.dsh/sessions).
-    #[arg(long = "sessions-dir", value_name = "DIR", global = true)]
-    pub dir: Option<PathBuf>,
-    /// Sessions in this SQLite database instead (default $DSH_SESSIONS_DB).
-    #[arg(
-        long = "sessions-db",
-        value_name = "FILE",
-        global = true,
-        conflicts_with = "dir"
-    )]
-    pub db: Option<PathBuf>,
-    /// JSONL sessions stored as Zstandard frames (`session.jsonl.zstd`).
-    #[arg(long, global = true, conflicts_with = "db")]
-    pub zstd: bool,
-}
-
-impl StoreChoice {
-    /// Whether any flag named a store.
-    pub fn named(&self) -> bool {
-        self.dir.is_some() || self.db.is_some() || self.zstd
-    }
-}
-
 /// The session store: the SQLite database `--sessions-db` (else
 /// `$DSH_SESSIONS_DB` when no JSONL flag is given), else the JSONL
 /// directory of [`sessions_dir`].
-pub fn open_store(choice: &StoreChoice) -> Result<Arc<dyn SessionPersistence>, RunExit> {
+pub fn open_store(choice: &StoreArgs) -> exit::Result<Arc<dyn SessionPersistence>> {
     let db = choice.db.clone().or_else(|| {
         (choice.dir.is_none() && !choice.zstd)
             .then(|| std::env::var_os("DSH_SESSIONS_DB").map(PathBuf::from))
@@ -59,10 +84,9 @@ pub fn open_store(choice: &StoreChoice) -> Result<Arc<dyn SessionPersistence>, R
     match db {
         Some(db) => match SqliteStore::open(&db) {
             Ok(s) => Ok(Arc::new(s)),
-            Err(e) => Err(RunExit {
-                code: 2,
-                message: Some(format!("cannot open the sessions database: {e}")),
-            }),
+            Err(e) => Err(Exit::usage(format!(
+                "cannot open the sessions database: {e}"
+            ))),
         },
         None => Ok(Arc::new(
             JsonlStore::new(sessions_dir(choice.dir.clone())).with_compression(if choice.zstd {
@@ -74,27 +98,9 @@ pub fn open_store(choice: &StoreChoice) -> Result<Arc<dyn SessionPersistence>, R
     }
 }
 
-fn fail(e: StoreError) -> RunExit {
-    let code = match e {
-        StoreError::NotFound(..)
-        | StoreError::BadId(_)
-        | StoreError::Exists(_)
-        | StoreError::Encoding { .. }
-        | StoreError::Load { .. } => 2,
-        StoreError::Io { .. } => 1,
-    };
-    RunExit {
-        code,
-        message: Some(e.to_string()),
-    }
-}
-
 /// `dsh sessions list`.
-pub fn list(store: &dyn SessionPersistence, json: bool) -> RunExit {
-    let all = match store.list() {
-        Ok(v) => v,
-        Err(e) => return fail(e),
-    };
+fn list(store: &dyn SessionPersistence, json: bool) -> exit::Result<()> {
+    let all = store.list()?;
     for entry in all {
         match entry {
             Ok(s) if json => println!("{}", serde_json::to_string(&s).unwrap_or_default()),
@@ -111,18 +117,12 @@ pub fn list(store: &dyn SessionPersistence, json: bool) -> RunExit {
             Err(e) => eprintln!("unreadable: {e}"),
         }
     }
-    RunExit {
-        code: 0,
-        message: None,
-    }
+    Ok(())
 }
 
 /// `dsh sessions show <id>`: header, repairs, and each turn's shape.
-pub fn show(store: &dyn SessionPersistence, id: &str) -> RunExit {
-    let loaded = match store.load(id) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
+fn show(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
+    let loaded = store.load(id)?;
     let h = &loaded.header;
     println!(
         "session {}  created_at={}  cwd={}",
@@ -154,53 +154,27 @@ pub fn show(store: &dyn SessionPersistence, id: &str) -> RunExit {
             text
         );
     }
-    RunExit {
-        code: 0,
-        message: None,
-    }
+    Ok(())
 }
 
 /// `dsh sessions export <id>`: the log (repaired) as JSONL on stdout.
-pub fn export(store: &dyn SessionPersistence, id: &str) -> RunExit {
-    match store.load(id) {
-        Ok(l) => {
-            print!("{}", jsonl::render(&l.header, &l.events));
-            RunExit {
-                code: 0,
-                message: None,
-            }
-        }
-        Err(e) => fail(e),
-    }
+fn export(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
+    let l = store.load(id)?;
+    print!("{}", jsonl::render(&l.header, &l.events));
+    Ok(())
 }
 
 /// `dsh sessions fork <id> [--at SEQ]`: a new session seeded with the
 /// events through `at` (default: all), which must end outside a turn.
-pub fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> RunExit {
-    let loaded = match store.load(id) {
-        Ok(l) => l,
-        Err(e) => return fail(e),
-    };
+fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> exit::Result<()> {
+    let loaded = store.load(id)?;
     let last = loaded.events.len() as u64;
-    let log = match SessionLog::from_seed(loaded.header.clone(), loaded.events, 0) {
-        Ok(l) => l,
-        Err(e) => {
-            return RunExit {
-                code: 2,
-                message: Some(format!("{id}: {e}")),
-            };
-        }
-    };
+    let log = SessionLog::from_seed(loaded.header.clone(), loaded.events, 0)
+        .map_err(|e| Exit::usage(format!("{id}: {e}")))?;
     let boundary = at.unwrap_or(last.saturating_sub(1));
-    let prefix = match log.fork_prefix(Some(boundary)) {
-        Ok(p) => p,
-        Err(e) => {
-            return RunExit {
-                code: 2,
-                message: Some(e.to_string()),
-            };
-        }
-    };
+    let prefix = log
+        .fork_prefix(Some(boundary))
+        .map_err(|e| Exit::usage(e.to_string()))?;
     let mut header = SessionHeader::new(
         dsh_services::llm::Message::new_id(),
         loaded.header.cwd.clone(),
@@ -209,14 +183,7 @@ pub fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> RunExi
     header.seed_length = Some(prefix.len() as u64);
     header.delegation_depth = loaded.header.delegation_depth;
     let prefix: Vec<_> = prefix.into_iter().map(std::sync::Arc::new).collect();
-    match store.create(&header, &prefix) {
-        Ok(_) => {
-            println!("{}", header.id);
-            RunExit {
-                code: 0,
-                message: None,
-            }
-        }
-        Err(e) => fail(e),
-    }
+    store.create(&header, &prefix)?;
+    println!("{}", header.id);
+    Ok(())
 }

@@ -8,13 +8,24 @@ fn repo() -> PathBuf {
 }
 
 fn dsh(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(args)
+    dsh_with(args, &[])
+}
+
+/// Runs `dsh` with `env` set (and no model or approval variables of the
+/// caller's), sessions in a fresh directory.
+fn dsh_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let sessions = dsh::kernel::scratch::fresh_dir("dsh-run-sessions").unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dsh"));
+    c.args(args)
         .current_dir(repo())
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
-        .output()
-        .expect("the dsh binary runs")
+        .env_remove("DSH_APPROVAL")
+        .env("DSH_SESSIONS_DIR", &sessions);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the dsh binary runs")
 }
 
 fn text(b: &[u8]) -> String {
@@ -73,10 +84,7 @@ fn without_an_endpoint_it_says_how_to_configure_one() {
     let out = dsh(&["run", "hello"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
-    assert!(
-        stderr.contains("no model endpoint is configured"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("no model is configured"), "{stderr}");
     assert!(stderr.contains("--base-url"), "{stderr}");
     let bad = dsh(&["run", "--script", "Cargo.toml", "x"]);
     assert_eq!(bad.status.code(), Some(2));
@@ -85,6 +93,61 @@ fn without_an_endpoint_it_says_how_to_configure_one() {
         "{}",
         text(&bad.stderr)
     );
+}
+
+/// The model and policy options are one set, parsed and resolved the same
+/// way by every command that creates agents.
+#[test]
+fn a_model_or_policy_flag_means_the_same_in_every_command() {
+    // The keyless demo model serves `run` as it serves `workflow`.
+    let out = dsh(&["run", "--demo-model", "--approval", "never", "actors"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("Done: actors"),
+        "{}",
+        text(&out.stdout)
+    );
+    // A bad policy in the environment is refused, naming the variable, by
+    // each command alike, before anything starts.
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-flow").unwrap();
+    let flow = dir.join("flow.js");
+    std::fs::write(&flow, "return 1;").unwrap();
+    let flow = flow.to_str().unwrap();
+    for args in [
+        &["run", "--demo-model", "x"][..],
+        &["workflow", flow, "--demo-model"][..],
+        &["ralph", "x", "--demo-model"][..],
+        &["serve", "--bind", "127.0.0.1:0"][..],
+    ] {
+        let out = dsh_with(args, &[("DSH_APPROVAL", "sometimes")]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("$DSH_APPROVAL: unknown approval policy `sometimes`"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // The flag wins over the variable.
+    let out = dsh_with(
+        &["run", "--demo-model", "--approval", "never", "x"],
+        &[("DSH_APPROVAL", "sometimes")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A plugin tree serves the providers alone.
+    let out = dsh(&["run", "--config", "demo/cordis.yml", "--demo-model", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--config serves the providers from its file"),
+        "{}",
+        text(&out.stderr)
+    );
+    // `--base-url` from the environment needs a model from somewhere.
+    let out = dsh_with(
+        &["ralph", "x"],
+        &[("DSH_BASE_URL", "http://127.0.0.1:9/v1")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--base-url needs --model"));
 }
 
 #[test]

@@ -1,0 +1,312 @@
+//! The options every command that creates agents shares, declared once and
+//! flattened into each (`run`, `workflow`, `ralph`, `serve`), so a flag means
+//! the same everywhere. Precedence for each setting: the flag, then its
+//! environment variable, then the `--config` file's entries, then the
+//! default.
+
+use std::path::PathBuf;
+
+use dsh_services::approval::ApprovalPolicy;
+
+use crate::exit::{self, Exit};
+
+/// How each model setting is chosen, shown under `--help`.
+pub const MODEL_PRECEDENCE: &str = "\
+Model: --demo-model (keyless, built in), --script FILE (keyless, scripted), or an
+OpenAI-compatible endpoint: --base-url (else $DSH_BASE_URL) with --model (else
+$DSH_MODEL); the key is read from the variable --api-key-env names. With --config
+FILE the file's provider entries serve instead of an endpoint. Each setting: flag,
+then environment variable, then the config entry, then the default.";
+
+/// Which model agents use.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Model")]
+pub struct ModelArgs {
+    /// OpenAI-compatible endpoint up to its API version, e.g.
+    /// https://api.deepseek.com/v1 [env: DSH_BASE_URL]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["demo_model", "script"])]
+    pub base_url: Option<String>,
+    /// Model id the endpoint serves [env: DSH_MODEL]
+    #[arg(long, value_name = "ID")]
+    pub model: Option<String>,
+    /// Environment variable holding the API key (the key itself is never a flag)
+    #[arg(long, value_name = "VAR", default_value = "DSH_API_KEY")]
+    pub api_key_env: String,
+    /// Use the built-in keyless demo model (a pure function of the conversation)
+    #[arg(long, conflicts_with_all = ["script", "model"])]
+    pub demo_model: bool,
+    /// Play this script with the keyless scripted model (`{"steps": [...]}`)
+    #[arg(long, value_name = "FILE", conflicts_with = "model")]
+    pub script: Option<PathBuf>,
+    /// Provider route agents use (default: the only one registered)
+    #[arg(long, value_name = "ROUTE")]
+    pub provider: Option<String>,
+}
+
+/// The model a command runs its agents on, as the flags and environment
+/// chose it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelChoice {
+    /// The built-in keyless demo model.
+    Demo,
+    /// The keyless scripted model playing a script file.
+    Script(PathBuf),
+    /// An OpenAI-compatible endpoint.
+    OpenAi {
+        /// `…/v1` base URL.
+        base_url: String,
+        /// Model id.
+        model: String,
+        /// Environment variable holding the key.
+        api_key_env: String,
+    },
+    /// The `--config` file's provider entries.
+    Config,
+}
+
+/// What to say when no model is configured.
+pub const HOW_TO_CONFIGURE: &str = concat!(
+    "no model is configured.\n",
+    "  an OpenAI-compatible endpoint:  --base-url https://api.deepseek.com/v1 --model deepseek-chat\n",
+    "    (the API key is read from $DSH_API_KEY, or the variable named by --api-key-env;\n",
+    "     DSH_BASE_URL and DSH_MODEL may stand in for the flags)\n",
+    "  the built-in keyless model:     --demo-model\n",
+    "  a keyless script:               --script demo/hello.json\n",
+    "  a plugin tree:                  --config demo/cordis.yml  (agent-services + openai or scripted entries)"
+);
+
+impl ModelArgs {
+    /// The model chosen (`None`: nothing is configured). `config` says
+    /// whether a `--config` file serves the providers; naming a model
+    /// source beside it is refused, since only one can serve.
+    pub fn choice(&self, config: bool) -> exit::Result<Option<ModelChoice>> {
+        self.choice_in(config, &|name| std::env::var(name).ok())
+    }
+
+    /// [`ModelArgs::choice`] with `env` standing for the environment.
+    fn choice_in(
+        &self,
+        config: bool,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> exit::Result<Option<ModelChoice>> {
+        let named = self.demo_model || self.script.is_some() || self.base_url.is_some();
+        if config && named {
+            return Err(Exit::usage(
+                "--config serves the providers from its file; drop --demo-model, --script or --base-url",
+            ));
+        }
+        if config {
+            return Ok(Some(ModelChoice::Config));
+        }
+        if self.demo_model {
+            return Ok(Some(ModelChoice::Demo));
+        }
+        if let Some(script) = &self.script {
+            return Ok(Some(ModelChoice::Script(script.clone())));
+        }
+        let base_url = self.base_url.clone().or_else(|| env("DSH_BASE_URL"));
+        let model = self.model.clone().or_else(|| env("DSH_MODEL"));
+        match (base_url, model) {
+            (Some(base_url), Some(model)) => Ok(Some(ModelChoice::OpenAi {
+                base_url,
+                model,
+                api_key_env: self.api_key_env.clone(),
+            })),
+            (Some(_), None) => Err(Exit::usage("--base-url needs --model (or $DSH_MODEL)")),
+            (None, _) => Ok(None),
+        }
+    }
+
+    /// The model id agents ask for on `provider`'s route: `--model`, else
+    /// `$DSH_MODEL`, else what the choice names, else `default`.
+    pub fn model_id(&self, choice: Option<&ModelChoice>) -> String {
+        if let Some(m) = self
+            .model
+            .clone()
+            .or_else(|| std::env::var("DSH_MODEL").ok())
+        {
+            return m;
+        }
+        match choice {
+            Some(ModelChoice::OpenAi { model, .. }) => model.clone(),
+            Some(ModelChoice::Demo) => "demo".into(),
+            _ => "default".into(),
+        }
+    }
+}
+
+/// What agents may do without asking, and who answers when they ask.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Policy")]
+pub struct PolicyArgs {
+    /// Approval policy for actions that ask: never, ask or always; with `ask`
+    /// the terminal answers (no terminal: asks fail closed)
+    /// [env: DSH_APPROVAL] [default: ask, or the config's `agent-services` entry]
+    #[arg(long, value_name = "POLICY")]
+    pub approval: Option<ApprovalPolicy>,
+}
+
+impl PolicyArgs {
+    /// The approval policy the flag or `$DSH_APPROVAL` sets (`None`: the
+    /// config's or the default); a bad value in the variable is refused.
+    pub fn approval(&self) -> exit::Result<Option<ApprovalPolicy>> {
+        self.approval_in(&|name| std::env::var(name).ok())
+    }
+
+    fn approval_in(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> exit::Result<Option<ApprovalPolicy>> {
+        if let Some(p) = self.approval {
+            return Ok(Some(p));
+        }
+        match env("DSH_APPROVAL") {
+            None => Ok(None),
+            Some(v) => v
+                .parse()
+                .map(Some)
+                .map_err(|e| Exit::usage(format!("$DSH_APPROVAL: {e}"))),
+        }
+    }
+}
+
+/// A plugin tree to boot the services and providers from.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Plugin tree")]
+pub struct ConfigArgs {
+    /// Boot this cordis.yml for the agent services and model providers
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Patch layers of --config, applied by entry id, in order
+    #[arg(long = "patch", value_name = "FILE", requires = "config")]
+    pub patches: Vec<PathBuf>,
+}
+
+/// The workspace tools are confined to.
+#[derive(clap::Args, Clone, Debug)]
+#[command(next_help_heading = "Workspace")]
+pub struct WorkspaceArgs {
+    /// Workspace root the tools work in (default: the current directory)
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub cwd: PathBuf,
+}
+
+impl WorkspaceArgs {
+    /// The workspace as an absolute path without symlinks.
+    pub fn resolve(&self) -> exit::Result<PathBuf> {
+        self.cwd.canonicalize().map_err(|e| {
+            Exit::usage(format!(
+                "the workspace {} is not accessible: {e}",
+                self.cwd.display()
+            ))
+        })
+    }
+}
+
+/// Where sessions are stored (every command that reads or writes them).
+#[derive(Clone, Debug, Default, clap::Args)]
+#[command(next_help_heading = "Sessions")]
+pub struct StoreArgs {
+    /// Where sessions are stored [env: DSH_SESSIONS_DIR] [default: ~/.dsh/sessions]
+    #[arg(long = "sessions-dir", value_name = "DIR", global = true)]
+    pub dir: Option<PathBuf>,
+    /// Sessions in this SQLite database instead [env: DSH_SESSIONS_DB]
+    #[arg(
+        long = "sessions-db",
+        value_name = "FILE",
+        global = true,
+        conflicts_with = "dir"
+    )]
+    pub db: Option<PathBuf>,
+    /// JSONL sessions stored as Zstandard frames (`session.jsonl.zstd`)
+    #[arg(long, global = true, conflicts_with = "db")]
+    pub zstd: bool,
+}
+
+impl StoreArgs {
+    /// Whether any flag named a store.
+    pub fn named(&self) -> bool {
+        self.dir.is_some() || self.db.is_some() || self.zstd
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn a_flag_wins_over_its_variable_and_a_variable_stands_in_for_a_missing_flag() {
+        let flags = ModelArgs {
+            base_url: Some("http://flag/v1".into()),
+            api_key_env: "DSH_API_KEY".into(),
+            ..ModelArgs::default()
+        };
+        let vars = [
+            ("DSH_BASE_URL", "http://env/v1"),
+            ("DSH_MODEL", "env-model"),
+        ];
+        let chosen = flags.choice_in(false, &env(&vars)).ok().flatten();
+        assert_eq!(
+            chosen,
+            Some(ModelChoice::OpenAi {
+                base_url: "http://flag/v1".into(),
+                model: "env-model".into(),
+                api_key_env: "DSH_API_KEY".into(),
+            })
+        );
+        let none = ModelArgs::default().choice_in(false, &env(&[]));
+        assert!(matches!(none, Ok(None)));
+        let half = ModelArgs::default().choice_in(false, &env(&[("DSH_BASE_URL", "http://x/v1")]));
+        assert!(matches!(half, Err(e) if e.code == exit::USAGE));
+    }
+
+    #[test]
+    fn a_config_serves_alone_and_a_named_model_beside_it_is_refused() {
+        let demo = ModelArgs {
+            demo_model: true,
+            ..ModelArgs::default()
+        };
+        assert!(matches!(demo.choice_in(true, &env(&[])), Err(e) if e.code == exit::USAGE));
+        assert_eq!(
+            ModelArgs::default()
+                .choice_in(true, &env(&[("DSH_BASE_URL", "http://env/v1")]))
+                .ok()
+                .flatten(),
+            Some(ModelChoice::Config)
+        );
+        assert_eq!(
+            demo.choice_in(false, &env(&[])).ok().flatten(),
+            Some(ModelChoice::Demo)
+        );
+    }
+
+    #[test]
+    fn the_approval_flag_wins_and_a_bad_variable_says_which() {
+        let flag = PolicyArgs {
+            approval: Some(ApprovalPolicy::Never),
+        };
+        let vars = [("DSH_APPROVAL", "always")];
+        assert_eq!(
+            flag.approval_in(&env(&vars)).ok().flatten(),
+            Some(ApprovalPolicy::Never)
+        );
+        assert_eq!(
+            PolicyArgs::default()
+                .approval_in(&env(&vars))
+                .ok()
+                .flatten(),
+            Some(ApprovalPolicy::Always)
+        );
+        let bad = PolicyArgs::default().approval_in(&env(&[("DSH_APPROVAL", "sometimes")]));
+        let message = bad.err().and_then(|e| e.message).unwrap_or_default();
+        assert!(message.starts_with("$DSH_APPROVAL: unknown approval policy `sometimes`"));
+    }
+}

@@ -1,0 +1,117 @@
+//! `dsh check` and `dsh tree`: a `cordis.yml` validated without starting
+//! anything, or booted, its live supervision tree printed, and shut down in
+//! order.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dsh_supervisors::tree::render;
+use dsh_supervisors::{Loader, Runtime, RuntimeSettings, Source};
+
+use crate::catalogue::default_catalogue;
+use crate::exit::{self, Exit};
+
+/// `dsh check`: the options.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The config file.
+    #[arg(default_value = "cordis.yml")]
+    pub file: PathBuf,
+    /// Patch layers applied by entry id, in order.
+    #[arg(long = "patch", value_name = "FILE")]
+    pub patches: Vec<PathBuf>,
+    /// Print the JSON schema of a plugin's config instead.
+    #[arg(long, value_name = "PLUGIN")]
+    pub schema: Option<String>,
+}
+
+/// `dsh tree`: the options.
+#[derive(clap::Args, Debug)]
+pub struct TreeArgs {
+    /// The config file.
+    #[arg(default_value = "cordis.yml")]
+    pub file: PathBuf,
+    /// Patch layers applied by entry id, in order.
+    #[arg(long = "patch", value_name = "FILE")]
+    pub patches: Vec<PathBuf>,
+    /// Print the tree as JSON (one array of nodes).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Validates the file (and its patches), or prints a plugin's schema.
+pub fn check(args: CheckArgs) -> Exit {
+    let catalogue = default_catalogue();
+    if let Some(name) = args.schema {
+        return match catalogue.schema(&name) {
+            Some(s) => {
+                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                Exit::ok()
+            }
+            None => Exit::usage(format!(
+                "unknown plugin `{name}` (known: {})",
+                catalogue.names().join(", ")
+            )),
+        };
+    }
+    let source = Source {
+        base: args.file,
+        patches: args.patches,
+    };
+    match source.plan(&catalogue) {
+        Ok(plan) => {
+            let all = plan.flatten();
+            let enabled = all.iter().filter(|(e, _)| !e.disabled).count();
+            println!(
+                "{}: ok ({} entries, {} enabled)",
+                source.base.display(),
+                all.len(),
+                enabled
+            );
+            Exit::ok()
+        }
+        Err(problems) => Exit::placed(exit::USAGE, problems.to_string()),
+    }
+}
+
+/// Boots the file, prints the live tree, and shuts it down in order.
+pub async fn tree(args: TreeArgs) -> Exit {
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+    };
+    let source = Source {
+        base: args.file,
+        patches: args.patches,
+    };
+    let exit = match Loader::boot(&rt, default_catalogue(), source).await {
+        Err(e) => Exit::from(e),
+        Ok((_loader, failures)) => {
+            let nodes = rt.tree().snapshot();
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&nodes).unwrap_or_default()
+                );
+            } else {
+                print!("{}", render(&nodes));
+            }
+            let list: Vec<String> = failures
+                .iter()
+                .map(|(id, reason)| format!("entry `{id}` failed to start: {reason}"))
+                .collect();
+            if list.is_empty() {
+                Exit::ok()
+            } else {
+                Exit::placed(exit::FAILED, list.join("\n"))
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
+        .await
+        .is_err()
+    {
+        return Exit::failed("shutdown did not finish within 60 s");
+    }
+    exit
+}

@@ -1,0 +1,168 @@
+//! How a command ends: an exit code and, for anything but success, a
+//! message for stderr. Every command returns an [`Exit`]; library errors
+//! become one here, in one place, so a kind of failure has the same code in
+//! every command.
+//!
+//! | code | meaning |
+//! |---:|---|
+//! | [`OK`] 0 | done |
+//! | [`FAILED`] 1 | the work failed (a model call, the runtime, a write); the cause is printed |
+//! | [`USAGE`] 2 | bad arguments, a bad file or config, no model configured: nothing ran |
+//! | [`BLOCKED`] 3 | a Ralph loop ended blocked or without progress (the worker's claim) |
+//! | [`CANCELLED`] 130 | cancelled (Ctrl-C) |
+
+use std::process::ExitCode;
+
+use dsh_services::persistence::StoreError;
+use dsh_supervisors::BootError;
+
+/// Done.
+pub const OK: u8 = 0;
+/// The work failed; the cause is printed.
+pub const FAILED: u8 = 1;
+/// Bad arguments, file or config, or no model configured; nothing ran.
+pub const USAGE: u8 = 2;
+/// A Ralph loop ended blocked or without progress.
+pub const BLOCKED: u8 = 3;
+/// Cancelled.
+pub const CANCELLED: u8 = 130;
+
+/// How a command ended.
+#[derive(Debug)]
+#[must_use]
+pub struct Exit {
+    /// The process exit code (one of the constants above).
+    pub code: u8,
+    /// Printed on stderr when set.
+    pub message: Option<String>,
+    /// The message already says where each problem is (`file:line: …`,
+    /// one per line): printed as it is, without the command's name.
+    placed: bool,
+}
+
+/// A command's result: the value, or how the command ends instead.
+pub type Result<T> = std::result::Result<T, Exit>;
+
+impl Exit {
+    /// Success, nothing to print.
+    pub fn ok() -> Exit {
+        Exit::with(OK, None::<String>)
+    }
+
+    /// Ends with `code` and `message`.
+    pub fn with(code: u8, message: Option<impl Into<String>>) -> Exit {
+        Exit {
+            code,
+            message: message.map(Into::into),
+            placed: false,
+        }
+    }
+
+    /// Bad arguments or input; nothing ran.
+    pub fn usage(message: impl Into<String>) -> Exit {
+        Exit::with(USAGE, Some(message))
+    }
+
+    /// The work failed.
+    pub fn failed(message: impl Into<String>) -> Exit {
+        Exit::with(FAILED, Some(message))
+    }
+
+    /// Cancelled.
+    pub fn cancelled(message: impl Into<String>) -> Exit {
+        Exit::with(CANCELLED, Some(message))
+    }
+
+    /// A problem list whose lines say where each problem is (a config's
+    /// `file:line: …`): printed as it is.
+    pub fn placed(code: u8, problems: impl Into<String>) -> Exit {
+        Exit {
+            placed: true,
+            ..Exit::with(code, Some(problems))
+        }
+    }
+
+    /// Whether the command succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.code == OK
+    }
+
+    /// The same exit with `context: ` in front of its message.
+    pub fn context(mut self, context: &str) -> Exit {
+        if let Some(m) = &self.message {
+            self.message = Some(format!("{context}: {m}"));
+        }
+        self
+    }
+
+    /// Prints the message (`dsh <command>: …`) and gives the exit code.
+    pub fn report(self, command: &str) -> ExitCode {
+        match &self.message {
+            Some(m) if self.placed => eprintln!("{m}"),
+            Some(m) => eprintln!("dsh {command}: {m}"),
+            None => {}
+        }
+        ExitCode::from(self.code)
+    }
+}
+
+impl From<Result<()>> for Exit {
+    fn from(result: Result<()>) -> Exit {
+        result.err().unwrap_or_else(Exit::ok)
+    }
+}
+
+impl From<StoreError> for Exit {
+    /// A store that cannot be read or written is a failure; a missing or
+    /// unreadable session, or a bad id, is bad input.
+    fn from(e: StoreError) -> Exit {
+        let code = match e {
+            StoreError::NotFound(..)
+            | StoreError::BadId(_)
+            | StoreError::Exists(_)
+            | StoreError::Encoding { .. }
+            | StoreError::Load { .. } => USAGE,
+            StoreError::Io { .. } => FAILED,
+        };
+        Exit::with(code, Some(e.to_string()))
+    }
+}
+
+impl From<BootError> for Exit {
+    /// An invalid config is bad input (every problem listed, each with its
+    /// place); a kernel that refuses to start it is a failure.
+    fn from(e: BootError) -> Exit {
+        match e {
+            BootError::Config(problems) => Exit::placed(USAGE, problems.to_string()),
+            BootError::Kernel(e) => Exit::failed(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_error_is_bad_input_unless_the_store_itself_failed() {
+        let missing = Exit::from(StoreError::BadId("../x".into()));
+        assert_eq!(missing.code, USAGE);
+        let io = Exit::from(StoreError::Io {
+            path: "/s".into(),
+            error: std::io::Error::other("disk full"),
+        });
+        assert_eq!(io.code, FAILED);
+        assert!(io.message.unwrap_or_default().contains("disk full"));
+    }
+
+    #[test]
+    fn context_goes_in_front_and_success_has_no_message() {
+        let e = Exit::failed("the call failed").context("cannot create the agent");
+        assert_eq!(
+            e.message.as_deref(),
+            Some("cannot create the agent: the call failed")
+        );
+        assert!(Exit::from(Ok(())).is_ok());
+        assert!(Exit::ok().message.is_none());
+    }
+}

@@ -1,0 +1,229 @@
+//! What every command that creates agents boots before its first agent: the
+//! agent services with the approval policy, and the model, from the flags
+//! ([`ModelArgs`], [`PolicyArgs`]) or from a `--config` plugin tree; then the
+//! provider route and model id its agents use, and the terminal answerer
+//! when it may ask.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
+use dsh_services::llm::LlmRuntime;
+use dsh_supervisors::{Error, Loader, Runtime, Source};
+
+use crate::args::{ConfigArgs, HOW_TO_CONFIGURE, ModelArgs, ModelChoice, PolicyArgs};
+use crate::catalogue::{
+    AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
+    default_catalogue,
+};
+use crate::demo::DemoModel;
+use crate::exit::{self, Exit};
+
+/// The provider route and model id a command's agents use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// Provider route (`openai`, `scripted`, `demo`, or a config's).
+    pub provider: String,
+    /// Model id on that route.
+    pub model: String,
+}
+
+/// What a command asks of [`boot`].
+pub struct Needs<'a> {
+    /// The model flags.
+    pub model: &'a ModelArgs,
+    /// The policy flags.
+    pub policy: &'a PolicyArgs,
+    /// The plugin tree, if any.
+    pub config: &'a ConfigArgs,
+    /// Fail when no model is configured (`serve` starts without one).
+    pub model_required: bool,
+    /// Answer approval asks on the terminal (when the policy is `ask` and
+    /// stdin is a terminal).
+    pub terminal: bool,
+}
+
+/// Boots the agent services and the model into `rt`; returns the route
+/// agents use (`None`: no model, and none was required).
+pub async fn boot(rt: &Runtime, needs: Needs<'_>) -> exit::Result<Option<Route>> {
+    let root = rt.root();
+    let choice = needs.model.choice(needs.config.config.is_some())?;
+    let approval = needs.policy.approval()?;
+    match &needs.config.config {
+        Some(file) => boot_config(rt, file, &needs.config.patches).await?,
+        None => {
+            let services = AgentServicesConfig {
+                approval,
+                ..AgentServicesConfig::default()
+            };
+            root.plugin(AgentServices, services).await.map_err(failed)?;
+            if let Some(choice) = &choice {
+                register(rt, choice).await?;
+            }
+        }
+    }
+    if let (Some(policy), Some(seam)) = (approval, root.get::<Approval>(Approval::SERVICE)) {
+        seam.set_policy(policy);
+    }
+    if needs.terminal {
+        answer_on_terminal(rt)?;
+    }
+    let Some(llm) = root.get::<LlmRuntime>(LlmRuntime::SERVICE) else {
+        return Err(Exit::usage(
+            "the config provides no `llm` service; add an `agent-services` entry",
+        ));
+    };
+    let provider = match pick_provider(&llm.providers(), needs.model.provider.as_deref())? {
+        Some(p) => p,
+        None if needs.model_required => return Err(Exit::usage(HOW_TO_CONFIGURE)),
+        None => return Ok(None),
+    };
+    Ok(Some(Route {
+        provider,
+        model: needs.model.model_id(choice.as_ref()),
+    }))
+}
+
+/// Boots a `cordis.yml` (and its patches); every entry must start.
+async fn boot_config(
+    rt: &Runtime,
+    file: &std::path::Path,
+    patches: &[std::path::PathBuf],
+) -> exit::Result<()> {
+    let source = Source {
+        base: file.to_path_buf(),
+        patches: patches.to_vec(),
+    };
+    let (_, failures) = Loader::boot(rt, default_catalogue(), source).await?;
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = failures
+        .iter()
+        .map(|(id, why)| format!("entry `{id}`: {why}"))
+        .collect();
+    Err(Exit::failed(format!(
+        "the config did not start:\n{}",
+        list.join("\n")
+    )))
+}
+
+/// Registers the chosen model's provider route (`demo`, `scripted` or
+/// `openai`).
+async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
+    let root = rt.root();
+    let started = match choice {
+        ModelChoice::Config => return Ok(()),
+        ModelChoice::Demo => {
+            let llm = root
+                .get::<LlmRuntime>(LlmRuntime::SERVICE)
+                .ok_or_else(|| Exit::failed("no llm service"))?;
+            llm.register(&root, &["demo"], Arc::new(DemoModel))
+                .map_err(failed)?;
+            return Ok(());
+        }
+        ModelChoice::Script(path) => {
+            let config = ScriptedPluginConfig {
+                provider: "scripted".into(),
+                script: path.clone(),
+            };
+            root.plugin(Scripted, config).await
+        }
+        ModelChoice::OpenAi {
+            base_url,
+            api_key_env,
+            ..
+        } => {
+            let config = OpenAiPluginConfig {
+                provider: "openai".into(),
+                base_url: base_url.clone(),
+                api_key_env: Some(api_key_env.clone()),
+                idle_timeout_s: None,
+            };
+            root.plugin(OpenAi, config).await
+        }
+    };
+    started.map(|_| ()).map_err(|e| match e {
+        // A provider that refuses its settings (an unreadable script, a
+        // missing key) is bad input.
+        Error::PluginFailed { reason, .. } => Exit::usage(reason),
+        other => failed(other),
+    })
+}
+
+/// The route agents use: `asked` when it is registered, else the only one.
+fn pick_provider(registered: &[String], asked: Option<&str>) -> exit::Result<Option<String>> {
+    match (asked, registered) {
+        (Some(p), _) if registered.iter().any(|r| r == p) => Ok(Some(p.to_owned())),
+        (Some(p), _) => Err(Exit::usage(format!(
+            "no provider `{p}` is registered (registered: {})",
+            registered.join(", ")
+        ))),
+        (None, [only]) => Ok(Some(only.clone())),
+        (None, []) => Ok(None),
+        (None, many) => Err(Exit::usage(format!(
+            "several providers are registered ({}); choose one with --provider",
+            many.join(", ")
+        ))),
+    }
+}
+
+/// With the `ask` policy and a terminal on stdin, the terminal answers:
+/// anything but `y`/`yes` rejects.
+fn answer_on_terminal(rt: &Runtime) -> exit::Result<()> {
+    let root = rt.root();
+    let asks = root
+        .get::<Approval>(Approval::SERVICE)
+        .is_some_and(|a| a.policy() == ApprovalPolicy::Ask);
+    if !asks || !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        return Ok(());
+    }
+    root.on_waterfall(|ask: ApprovalAsk, _next| async move {
+        let question = format!(
+            "\napprove `{}` {} ({})? [y/N] ",
+            ask.request.tool, ask.request.arguments, ask.request.reason
+        );
+        let answer = tokio::task::spawn_blocking(move || {
+            eprint!("{question}");
+            let _ = std::io::stderr().flush();
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map(|_| line)
+        })
+        .await;
+        match answer {
+            Ok(Ok(line)) if matches!(line.trim().to_lowercase().as_str(), "y" | "yes") => {
+                ApprovalOutcome::AllowedOnce
+            }
+            Ok(Ok(_)) => ApprovalOutcome::Rejected,
+            _ => ApprovalOutcome::Unavailable,
+        }
+    })
+    .map(|_| ())
+    .map_err(failed)
+}
+
+fn failed(e: impl std::fmt::Display) -> Exit {
+    Exit::failed(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_only_route_serves_unless_one_is_named() {
+        let one = ["openai".to_owned()];
+        assert_eq!(
+            pick_provider(&one, None).ok().flatten().as_deref(),
+            Some("openai")
+        );
+        let two = ["a".to_owned(), "b".to_owned()];
+        assert!(matches!(pick_provider(&two, None), Err(e) if e.code == exit::USAGE));
+        assert_eq!(
+            pick_provider(&two, Some("b")).ok().flatten().as_deref(),
+            Some("b")
+        );
+        assert!(matches!(pick_provider(&two, Some("c")), Err(e) if e.code == exit::USAGE));
+        assert!(matches!(pick_provider(&[], None), Ok(None)));
+    }
+}
