@@ -623,12 +623,7 @@ pub mod workloads {
             ToolSchema {
                 name: "echo".into(),
                 description: "Returns its argument.".into(),
-                parameters: serde_json::json!({
-                    "type": "object",
-                    "properties": {"i": {"type": "integer"}},
-                    "required": ["i"],
-                    "additionalProperties": false
-                }),
+                parameters: dsh_services::tools::parameters::<EchoArgs>(),
             }
         }
 
@@ -641,8 +636,26 @@ pub mod workloads {
             cx: ToolContext,
         ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
             self.calls.fetch_add(1, Ordering::Relaxed);
-            async move { Ok(ToolOutput::text(cx.args["i"].to_string())) }.boxed()
+            async move {
+                let args: EchoArgs = cx.parse()?;
+                Ok(ToolOutput::text(args.i.to_string()))
+            }
+            .boxed()
         }
+    }
+
+    // `echo`'s arguments (undescribed, as the workloads define them).
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct EchoArgs {
+        i: i64,
+    }
+
+    // `delegate`'s arguments.
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    struct DelegateArgs {
+        input: String,
     }
 
     /// Resident set figures from `/proc/self/status`, in KiB.
@@ -792,12 +805,7 @@ pub mod workloads {
             ToolSchema {
                 name: "delegate".into(),
                 description: "Runs a task on a fresh sub-agent.".into(),
-                parameters: serde_json::json!({
-                    "type": "object",
-                    "properties": {"input": {"type": "string"}},
-                    "required": ["input"],
-                    "additionalProperties": false
-                }),
+                parameters: dsh_services::tools::parameters::<DelegateArgs>(),
             }
         }
 
@@ -813,7 +821,7 @@ pub mod workloads {
                 self.calls.fetch_add(1, Ordering::Relaxed);
                 let parent = Agent::calling(&cx.ctx)
                     .ok_or_else(|| ToolError::failed("delegate runs inside an agent"))?;
-                let input = cx.args["input"].as_str().unwrap_or_default();
+                let DelegateArgs { input } = cx.parse()?;
                 let mut request = StartRequest::new(&parent, input, cx.cancel.clone());
                 request.route = Some(("bench-worker".into(), "bench".into()));
                 request.persona = Some("You are a benchmark agent.".into());

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use dsh_services::llm::{ContentBlock, ToolSchema};
-use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
@@ -20,6 +20,19 @@ pub struct RalphTool {
     pub provider: String,
     /// Default round cap and ceiling of a call's `maxRounds`.
     pub max_rounds: u32,
+}
+
+// What a `ralph` call takes. (Plain comments: the model has always been
+// sent these fields undescribed; a doc comment would become a description.)
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct RalphArgs {
+    // The fixed objective every round works on.
+    #[schemars(length(min = 1))]
+    objective: String,
+    // Round cap; defaults to, and may not exceed, this deployment's cap.
+    #[serde(rename = "maxRounds", default)]
+    #[schemars(range(min = 1, max = MAX_ROUNDS))]
+    max_rounds: Option<u32>,
 }
 
 impl RalphTool {
@@ -42,14 +55,7 @@ impl Tool for RalphTool {
                           rounds. Use it only when explicitly asked for a Ralph loop. Completion \
                           and blockers are the workers' claims, not verification."
                 .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "objective": {"type": "string", "minLength": 1},
-                    "maxRounds": {"type": "integer", "minimum": 1, "maximum": MAX_ROUNDS}
-                },
-                "required": ["objective"]
-            }),
+            parameters: parameters::<RalphArgs>(),
         }
     }
 
@@ -65,10 +71,9 @@ impl Tool for RalphTool {
         async move {
             let parent = Agent::calling(&cx.ctx)
                 .ok_or_else(|| ToolError::new("NO_AGENT", "ralph runs inside an agent"))?;
-            let objective = cx.args["objective"].as_str().unwrap_or_default();
-            let rounds = cx.args["maxRounds"]
-                .as_u64()
-                .map_or(self.max_rounds, |n| n as u32);
+            let args: RalphArgs = cx.parse()?;
+            let objective = args.objective.as_str();
+            let rounds = args.max_rounds.unwrap_or(self.max_rounds);
             if rounds > self.max_rounds.max(1) {
                 return Err(ToolError::new(
                     "INVALID_ARGS",

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use dsh_services::llm::ToolSchema;
-use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput};
+use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput, parameters};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -71,6 +71,40 @@ impl SubagentTool {
     }
 }
 
+/// What a `subagent` (or `subagent_fork`) call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct SubagentArgs {
+    /// A short (3-5 word) description of the delegated task, for display.
+    description: String,
+    /// The complete task for the subagent.
+    prompt: String,
+    /// Start a continuable subagent and return its id at once; you are told
+    /// when it finishes and can send it more work with send_message.
+    /// Defaults to false (wait for the result).
+    #[serde(default)]
+    run_in_background: Option<bool>,
+}
+
+/// What a `send_message` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct SendArgs {
+    /// The subagent id.
+    subagent_id: String,
+    /// The message to deliver.
+    message: String,
+}
+
+/// What an `interrupt_agent` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct InterruptArgs {
+    /// The agent id to interrupt.
+    agent_id: String,
+}
+
+/// `list_agents` takes nothing.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct NoArgs {}
+
 fn caller(cx: &ToolContext) -> Result<Agent, ToolError> {
     Agent::calling(&cx.ctx)
         .ok_or_else(|| ToolError::new("NO_AGENT", "this tool runs only inside an agent"))
@@ -87,23 +121,11 @@ impl Tool for SubagentTool {
         } else {
             "Give it a complete, standalone prompt: it does not see this conversation."
         };
-        let mut properties = json!({
-            "description": {
-                "type": "string",
-                "description": "A short (3-5 word) description of the delegated task, for display."
-            },
-            "prompt": {
-                "type": "string",
-                "description": "The complete task for the subagent."
-            }
-        });
-        if self.config.background {
-            properties["run_in_background"] = json!({
-                "type": "boolean",
-                "description": "Start a continuable subagent and return its id at once; \
-                                you are told when it finishes and can send it more work \
-                                with send_message. Defaults to false (wait for the result)."
-            });
+        let mut parameters = parameters::<SubagentArgs>();
+        if !self.config.background
+            && let Some(properties) = parameters["properties"].as_object_mut()
+        {
+            properties.remove("run_in_background");
         }
         ToolSchema {
             name: self.config.tool_name.clone(),
@@ -111,11 +133,7 @@ impl Tool for SubagentTool {
                 "Delegate a self-contained task to a subagent (a separate agent working in its \
                  own context). It returns its final result, not its intermediate steps. {context}"
             ),
-            parameters: json!({
-                "type": "object",
-                "properties": properties,
-                "required": ["description", "prompt"]
-            }),
+            parameters,
         }
     }
 
@@ -134,12 +152,9 @@ impl Tool for SubagentTool {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let parent = caller(&cx)?;
-            let label = cx.args["description"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let prompt = cx.args["prompt"].as_str().unwrap_or_default().to_owned();
-            let background = cx.args["run_in_background"].as_bool().unwrap_or(false);
+            let args: SubagentArgs = cx.parse()?;
+            let (label, prompt) = (args.description, args.prompt);
+            let background = args.run_in_background.unwrap_or(false);
             if background && !self.config.background {
                 return Err(ToolError::new(
                     "UNSUPPORTED",
@@ -204,14 +219,7 @@ impl Tool for SendMessage {
                           conversation as its next turn. Returns only a delivery confirmation; \
                           a failure means the message was not delivered."
                 .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "subagent_id": {"type": "string", "description": "The subagent id."},
-                    "message": {"type": "string", "description": "The message to deliver."}
-                },
-                "required": ["subagent_id", "message"]
-            }),
+            parameters: parameters::<SendArgs>(),
         }
     }
 
@@ -225,9 +233,11 @@ impl Tool for SendMessage {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let parent = caller(&cx)?;
-            let id = cx.args["subagent_id"].as_str().unwrap_or_default();
-            let text = cx.args["message"].as_str().unwrap_or_default();
-            self.0.send(&parent, id, text).await.map_err(refused)?;
+            let SendArgs {
+                subagent_id: id,
+                message,
+            } = cx.parse()?;
+            self.0.send(&parent, &id, &message).await.map_err(refused)?;
             Ok(ToolOutput::text(format!("delivered to subagent {id}")))
         }
         .boxed()
@@ -244,13 +254,7 @@ impl Tool for InterruptAgent {
             description: "Cancel a background subagent's current turn by its id. Queued \
                           messages stay; interrupting a finished agent is a no-op."
                 .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "agent_id": {"type": "string", "description": "The agent id to interrupt."}
-                },
-                "required": ["agent_id"]
-            }),
+            parameters: parameters::<InterruptArgs>(),
         }
     }
 
@@ -264,8 +268,8 @@ impl Tool for InterruptAgent {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let parent = caller(&cx)?;
-            let id = cx.args["agent_id"].as_str().unwrap_or_default();
-            self.0.interrupt(&parent, id).map_err(refused)?;
+            let InterruptArgs { agent_id: id } = cx.parse()?;
+            self.0.interrupt(&parent, &id).map_err(refused)?;
             Ok(ToolOutput::text(format!("interrupt requested for {id}")))
         }
         .boxed()
@@ -283,7 +287,7 @@ impl Tool for ListAgents {
                           working now; idle: loaded, between turns; ready: on disk only, \
                           resumable with send_message."
                 .into(),
-            parameters: json!({"type": "object", "properties": {}}),
+            parameters: parameters::<NoArgs>(),
         }
     }
 

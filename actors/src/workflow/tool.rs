@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use dsh_services::llm::{ContentBlock, ToolSchema};
-use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
@@ -14,6 +14,32 @@ use crate::agent::Agent;
 
 /// The `workflow` tool over one engine.
 pub struct WorkflowTool(pub Arc<WorkflowEngine>);
+
+/// What a `workflow` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct WorkflowArgs {
+    /// The script body.
+    script: String,
+    /// {name: kebab-case, description, whenToUse?, phases?: [{title, detail?}]}
+    #[schemars(schema_with = "meta_schema")]
+    meta: serde_json::Value,
+    /// Input exposed to the script as `args`.
+    #[serde(default)]
+    args: serde_json::Value,
+}
+
+/// The meta block as the model sees it: its two required fields (the
+/// engine validates the rest before the script runs).
+fn meta_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "description": {"type": "string"}
+        },
+        "required": ["name", "description"]
+    })
+}
 
 impl Tool for WorkflowTool {
     fn schema(&self) -> ToolSchema {
@@ -26,23 +52,7 @@ impl Tool for WorkflowTool {
                           JSON object schema is given; null when the child failed); \
                           `phase(title)`; `log(message)`. Fan out with Promise.all."
                 .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "script": {"type": "string", "description": "The script body."},
-                    "meta": {
-                        "type": "object",
-                        "description": "{name: kebab-case, description, whenToUse?, phases?: [{title, detail?}]}",
-                        "properties": {
-                            "name": {"type": "string"},
-                            "description": {"type": "string"}
-                        },
-                        "required": ["name", "description"]
-                    },
-                    "args": {"description": "Input exposed to the script as `args`."}
-                },
-                "required": ["script", "meta"]
-            }),
+            parameters: parameters::<WorkflowArgs>(),
         }
     }
 
@@ -58,9 +68,9 @@ impl Tool for WorkflowTool {
         async move {
             let parent = Agent::calling(&cx.ctx)
                 .ok_or_else(|| ToolError::new("NO_AGENT", "workflow runs inside an agent"))?;
-            let script = cx.args["script"].as_str().unwrap_or_default().to_owned();
-            let mut request = WorkflowRequest::new(&parent, script, cx.args["meta"].clone());
-            request.args = cx.args.get("args").cloned().unwrap_or_default();
+            let WorkflowArgs { script, meta, args } = cx.parse()?;
+            let mut request = WorkflowRequest::new(&parent, script, meta);
+            request.args = args;
             request.cancel = cx.cancel.clone();
             let run = self
                 .0

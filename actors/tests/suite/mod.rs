@@ -4,5 +4,6 @@ mod harness;
 mod hibernate;
 mod prompt;
 mod ralph;
+mod schemas;
 mod subagent;
 mod workflow;

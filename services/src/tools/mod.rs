@@ -41,6 +41,87 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// The parameter schema of a tool whose arguments are the struct `T`
+/// (`#[derive(Deserialize, JsonSchema)]`): an object schema with its
+/// `properties` (each described by its field's doc comment) and `required`
+/// (the fields that are not `Option` and have no default), inlined, with no
+/// `$schema`, title or struct description. An `Option` field is optional,
+/// not nullable: a `null` is refused as it would be for a missing type.
+/// The one source of a tool's parameters: the schema the model sees, the
+/// validation the pipeline runs and the struct the body parses agree.
+pub fn parameters<T: schemars::JsonSchema>() -> Value {
+    let mut settings = schemars::generate::SchemaSettings::draft2020_12();
+    settings.inline_subschemas = true;
+    settings.meta_schema = None;
+    let schema = settings.into_generator().into_root_schema_for::<T>();
+    let mut value = Value::from(schema);
+    if let Some(root) = value.as_object_mut() {
+        root.remove("title");
+        root.remove("description");
+        // A tool without arguments still names its (empty) properties:
+        // some providers refuse an object schema without them.
+        root.entry("properties")
+            .or_insert_with(|| Value::Object(Default::default()));
+    }
+    model_facing(&mut value);
+    value
+}
+
+/// Drops what generated schemas carry and models are not served: `null` as
+/// an alternative type (an optional field is omitted, not null), numeric
+/// `format`s, and `default: null`; a description taken from a doc comment
+/// has its lines joined as rustdoc joins them (paragraphs stay apart).
+fn model_facing(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::String(text)) = map.get_mut("description") {
+                *text = text
+                    .split("\n\n")
+                    .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                    .collect::<Vec<_>>()
+                    .join("\n\n");
+            }
+            if let Some(Value::Array(types)) = map.get("type") {
+                let kept: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                if kept.len() == 1 {
+                    map.insert("type".into(), kept[0].clone());
+                } else {
+                    map.insert("type".into(), Value::Array(kept));
+                }
+            }
+            if let Some(Value::Array(branches)) = map.get("anyOf") {
+                let kept: Vec<Value> = branches
+                    .iter()
+                    .filter(|b| b.get("type").is_none_or(|t| t != "null"))
+                    .cloned()
+                    .collect();
+                if let [only] = kept.as_slice()
+                    && let Value::Object(inner) = only.clone()
+                {
+                    map.remove("anyOf");
+                    for (k, val) in inner {
+                        map.entry(k).or_insert(val);
+                    }
+                }
+            }
+            let numeric = map.get("format").and_then(Value::as_str).is_some_and(|f| {
+                f.starts_with("int") || f.starts_with("uint") || f == "double" || f == "float"
+            });
+            if numeric {
+                map.remove("format");
+            }
+            if map.get("default").is_some_and(Value::is_null) {
+                map.remove("default");
+            }
+            for child in map.values_mut() {
+                model_facing(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(model_facing),
+        _ => {}
+    }
+}
+
 /// What a tool body receives.
 #[derive(Clone)]
 pub struct ToolContext {
@@ -54,6 +135,14 @@ pub struct ToolContext {
     pub ctx: Context,
     /// The workspace root the tool works in.
     pub cwd: Arc<PathBuf>,
+}
+
+impl ToolContext {
+    /// The arguments as the tool's argument struct (the pipeline has
+    /// validated them against [`parameters`] of the same struct).
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ToolError> {
+        T::deserialize(&self.args).map_err(|e| ToolError::new("INVALID_ARGS", e.to_string()))
+    }
 }
 
 /// A tool body's result.

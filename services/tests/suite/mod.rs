@@ -1,4 +1,5 @@
 mod openai;
 mod persistence;
+mod schemas;
 mod session;
 mod tools;

@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde_json::json;
 use tokio::io::AsyncReadExt;
 
 use super::fs::confine;
 use crate::llm::ToolSchema;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 /// Default and ceiling of a call's timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -22,6 +21,23 @@ const OUTPUT_CAP: usize = 30_000;
 
 /// The `bash` tool.
 pub struct Bash;
+
+/// What a `bash` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct BashArgs {
+    /// The bash command to execute.
+    command: String,
+    /// What the command does, in 5-10 words.
+    // Asked of the model so it says what it runs; the call does not need it.
+    #[allow(dead_code)]
+    description: String,
+    /// Timeout in milliseconds (default 120000, at most 600000).
+    #[serde(rename = "timeoutMs", default)]
+    timeout_ms: Option<f64>,
+    /// Working directory, relative to the workspace.
+    #[serde(default)]
+    workdir: Option<String>,
+}
 
 fn kill_group(pid: Option<u32>) {
     if let Some(pid) = pid {
@@ -50,16 +66,7 @@ impl Tool for Bash {
         ToolSchema {
             name: "bash".into(),
             description: "Execute a bash command (`bash -c`) in the workspace and return its stdout and stderr. Each call runs in a fresh shell; pass `workdir` instead of using `cd`. Non-zero exits are reported as `[exit code: N]`. Long output is truncated to its tail.".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "description": "The bash command to execute."},
-                    "description": {"type": "string", "description": "What the command does, in 5-10 words."},
-                    "timeoutMs": {"type": "number", "description": "Timeout in milliseconds (default 120000, at most 600000)."},
-                    "workdir": {"type": "string", "description": "Working directory, relative to the workspace."}
-                },
-                "required": ["command", "description"]
-            }),
+            parameters: parameters::<BashArgs>(),
         }
     }
 
@@ -68,13 +75,14 @@ impl Tool for Bash {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let command = cx.args["command"].as_str().unwrap_or_default().to_owned();
-            let dir = match cx.args["workdir"].as_str() {
+            let args: BashArgs = cx.parse()?;
+            let command = args.command;
+            let dir = match args.workdir.as_deref() {
                 Some(w) if !w.is_empty() => confine(&cx.cwd, w)?,
                 _ => confine(&cx.cwd, ".")?,
             };
-            let timeout = cx.args["timeoutMs"]
-                .as_f64()
+            let timeout = args
+                .timeout_ms
                 .filter(|t| *t > 0.0)
                 .map(|t| Duration::from_millis(t as u64).min(MAX_TIMEOUT))
                 .unwrap_or(DEFAULT_TIMEOUT);

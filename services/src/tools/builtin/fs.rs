@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 
 use crate::llm::ToolSchema;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 /// What each agent has seen of each file: (scope id, path) → content hash.
 #[derive(Default)]
@@ -126,6 +126,42 @@ async fn read_text(path: &Path) -> Result<String, ToolError> {
         .map_err(|_| ToolError::failed(format!("{} is not UTF-8 text", path.display())))
 }
 
+/// What a `read` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct ReadArgs {
+    /// Path to read, relative to the workspace.
+    file_path: String,
+    /// 1-based first line to return. Defaults to 1.
+    #[serde(default)]
+    offset: Option<f64>,
+    /// Maximum number of lines to return. Defaults to 2000.
+    #[serde(default)]
+    limit: Option<f64>,
+}
+
+/// What a `write` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct WriteArgs {
+    /// Path to write, relative to the workspace.
+    file_path: String,
+    /// Full UTF-8 text content to write.
+    content: String,
+}
+
+/// What an `edit` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct EditArgs {
+    /// Path to edit, relative to the workspace.
+    file_path: String,
+    /// Literal text to replace. Must match exactly.
+    old_string: String,
+    /// Replacement text.
+    new_string: String,
+    /// Replace every match (default: exactly one match required).
+    #[serde(default)]
+    replace_all: Option<bool>,
+}
+
 fn schema(name: &str, description: &str, parameters: serde_json::Value) -> ToolSchema {
     ToolSchema {
         name: name.into(),
@@ -168,15 +204,7 @@ impl Tool for Read {
         schema(
             "read",
             "Read a UTF-8 text file in the workspace and return line-numbered content.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "file_path": {"type": "string", "description": "Path to read, relative to the workspace."},
-                    "offset": {"type": "number", "description": "1-based first line to return. Defaults to 1."},
-                    "limit": {"type": "number", "description": "Maximum number of lines to return. Defaults to 2000."}
-                },
-                "required": ["file_path"]
-            }),
+            parameters::<ReadArgs>(),
         )
     }
 
@@ -189,12 +217,12 @@ impl Tool for Read {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let given = cx.args["file_path"].as_str().unwrap_or_default();
-            let path = confine(&cx.cwd, given)?;
+            let args: ReadArgs = cx.parse()?;
+            let path = confine(&cx.cwd, &args.file_path)?;
             let text = read_text(&path).await?;
             self.observed.record(&cx, &path, &text);
-            let offset = cx.args["offset"].as_f64().map(|o| o.max(1.0) as usize).unwrap_or(1);
-            let limit = cx.args["limit"].as_f64().map(|l| l.max(1.0) as usize).unwrap_or(2000);
+            let offset = args.offset.map(|o| o.max(1.0) as usize).unwrap_or(1);
+            let limit = args.limit.map(|l| l.max(1.0) as usize).unwrap_or(2000);
             let lines: Vec<&str> = text.lines().collect();
             let total = lines.len();
             let mut body = String::new();
@@ -222,14 +250,7 @@ impl Tool for Write {
         schema(
             "write",
             "Create or fully replace a UTF-8 text file in the workspace. Replacing an existing file requires reading it first.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "file_path": {"type": "string", "description": "Path to write, relative to the workspace."},
-                    "content": {"type": "string", "description": "Full UTF-8 text content to write."}
-                },
-                "required": ["file_path", "content"]
-            }),
+            parameters::<WriteArgs>(),
         )
     }
 
@@ -238,9 +259,8 @@ impl Tool for Write {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let given = cx.args["file_path"].as_str().unwrap_or_default();
-            let content = cx.args["content"].as_str().unwrap_or_default().to_owned();
-            let path = confine(&cx.cwd, given)?;
+            let WriteArgs { file_path, content } = cx.parse()?;
+            let path = confine(&cx.cwd, &file_path)?;
             let existed = tokio::fs::try_exists(&path).await.unwrap_or(false);
             if existed {
                 let current = read_text(&path).await?;
@@ -274,16 +294,7 @@ impl Tool for Edit {
         schema(
             "edit",
             "Edit an existing UTF-8 text file by replacing literal text. Read the file first.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "file_path": {"type": "string", "description": "Path to edit, relative to the workspace."},
-                    "old_string": {"type": "string", "description": "Literal text to replace. Must match exactly."},
-                    "new_string": {"type": "string", "description": "Replacement text."},
-                    "replace_all": {"type": "boolean", "description": "Replace every match (default: exactly one match required)."}
-                },
-                "required": ["file_path", "old_string", "new_string"]
-            }),
+            parameters::<EditArgs>(),
         )
     }
 
@@ -292,11 +303,10 @@ impl Tool for Edit {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let given = cx.args["file_path"].as_str().unwrap_or_default();
-            let old = cx.args["old_string"].as_str().unwrap_or_default();
-            let new = cx.args["new_string"].as_str().unwrap_or_default();
-            let all = cx.args["replace_all"].as_bool().unwrap_or(false);
-            let path = confine(&cx.cwd, given)?;
+            let args: EditArgs = cx.parse()?;
+            let (old, new) = (args.old_string.as_str(), args.new_string.as_str());
+            let all = args.replace_all.unwrap_or(false);
+            let path = confine(&cx.cwd, &args.file_path)?;
             let current = read_text(&path).await?;
             self.observed.check(&cx, &path, &current)?;
             if old.is_empty() {

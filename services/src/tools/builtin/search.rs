@@ -6,11 +6,10 @@ use std::time::SystemTime;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde_json::json;
 
 use super::fs::confine;
 use crate::llm::ToolSchema;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 const GLOB_CAP: usize = 100;
 const GREP_CAP: usize = 250;
@@ -67,8 +66,8 @@ fn matcher(pattern: &str) -> Result<globset::GlobMatcher, ToolError> {
         .map_err(|e| ToolError::new("INVALID_ARGS", format!("bad glob `{pattern}`: {e}")))
 }
 
-fn search_root(cx: &ToolContext) -> Result<PathBuf, ToolError> {
-    match cx.args["path"].as_str() {
+fn search_root(cx: &ToolContext, path: Option<&str>) -> Result<PathBuf, ToolError> {
+    match path {
         Some(p) if !p.is_empty() => confine(&cx.cwd, p),
         _ => confine(&cx.cwd, "."),
     }
@@ -85,19 +84,22 @@ async fn blocking<T: Send + 'static>(
 /// `glob`: files matching a pattern, newest first.
 pub struct Glob;
 
+/// What a `glob` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct GlobArgs {
+    /// Glob pattern.
+    pattern: String,
+    /// Directory to search; defaults to the workspace.
+    #[serde(default)]
+    path: Option<String>,
+}
+
 impl Tool for Glob {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "glob".into(),
             description: "Find files whose paths match a glob pattern (e.g. \"**/*.rs\"). A pattern without \"/\" matches file names at any depth. Returns up to 100 paths, newest first.".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string", "description": "Glob pattern."},
-                    "path": {"type": "string", "description": "Directory to search; defaults to the workspace."}
-                },
-                "required": ["pattern"]
-            }),
+            parameters: parameters::<GlobArgs>(),
         }
     }
 
@@ -110,9 +112,9 @@ impl Tool for Glob {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let pattern = cx.args["pattern"].as_str().unwrap_or_default().to_owned();
+            let GlobArgs { pattern, path } = cx.parse()?;
             let m = matcher(&pattern)?;
-            let root = search_root(&cx)?;
+            let root = search_root(&cx, path.as_deref())?;
             let (found, truncated) = blocking(move || {
                 let (files, truncated) = walk(&root);
                 let mut hits: Vec<(PathBuf, SystemTime)> = files
@@ -150,20 +152,25 @@ impl Tool for Glob {
 /// `grep`: lines matching a regular expression.
 pub struct Grep;
 
+/// What a `grep` call takes.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct GrepArgs {
+    /// Regular expression.
+    pattern: String,
+    /// File or directory to search; defaults to the workspace.
+    #[serde(default)]
+    path: Option<String>,
+    /// One glob filter for file names (e.g. "*.rs").
+    #[serde(default)]
+    include: Option<String>,
+}
+
 impl Tool for Grep {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "grep".into(),
             description: "Search file contents with a regular expression. Returns matching lines with line numbers, grouped by file (first 250 matches).".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string", "description": "Regular expression."},
-                    "path": {"type": "string", "description": "File or directory to search; defaults to the workspace."},
-                    "include": {"type": "string", "description": "One glob filter for file names (e.g. \"*.rs\")."}
-                },
-                "required": ["pattern"]
-            }),
+            parameters: parameters::<GrepArgs>(),
         }
     }
 
@@ -176,15 +183,16 @@ impl Tool for Grep {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let pattern = cx.args["pattern"].as_str().unwrap_or_default().to_owned();
+            let args: GrepArgs = cx.parse()?;
+            let pattern = args.pattern;
             let re = regex::Regex::new(&pattern).map_err(|e| {
                 ToolError::new("INVALID_ARGS", format!("bad regular expression: {e}"))
             })?;
-            let include = match cx.args["include"].as_str() {
+            let include = match args.include.as_deref() {
                 Some(i) if !i.is_empty() => Some(matcher(i)?),
                 _ => None,
             };
-            let root = search_root(&cx)?;
+            let root = search_root(&cx, args.path.as_deref())?;
             let cancel = cx.cancel.clone();
             let (text, count) = blocking(move || {
                 let files = if root.is_file() {

@@ -4,39 +4,46 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde_json::json;
 
 use crate::llm::ToolSchema;
 use crate::session::{EventData, SESSION_SERVICE, SessionWriter, TodoItem, TodoStatus};
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 /// The `todo_write` tool.
 pub struct TodoWrite;
+
+// What a `todo_write` call takes: the whole list. (Plain comments, not doc
+// comments: the model has always been sent these fields undescribed, and a
+// doc comment would become a description in the schema.)
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct TodoArgs {
+    // The entire task list; it replaces the previous one.
+    todos: Vec<Todo>,
+}
+
+// One task.
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Todo {
+    // The task, in one line.
+    #[schemars(length(min = 1))]
+    content: String,
+    // `pending`, `in_progress` or `completed`.
+    #[schemars(schema_with = "status_schema")]
+    status: TodoStatus,
+}
+
+fn status_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "string", "enum": ["pending", "in_progress", "completed"]})
+}
 
 impl Tool for TodoWrite {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "todo_write".into(),
             description: "Record and update a structured task list. Send the ENTIRE list every call; it replaces the previous one. Mark work being done now `in_progress` (several when work runs in parallel) and finished work `completed` as soon as it is done.".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "todos": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "content": {"type": "string", "minLength": 1},
-                                "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}
-                            },
-                            "required": ["content", "status"],
-                            "additionalProperties": false
-                        }
-                    }
-                },
-                "required": ["todos"],
-                "additionalProperties": false
-            }),
+            parameters: parameters::<TodoArgs>(),
         }
     }
 
@@ -45,8 +52,15 @@ impl Tool for TodoWrite {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let todos: Vec<TodoItem> = serde_json::from_value(cx.args["todos"].clone())
-                .map_err(|e| ToolError::new("INVALID_ARGS", e.to_string()))?;
+            let args: TodoArgs = cx.parse()?;
+            let todos: Vec<TodoItem> = args
+                .todos
+                .into_iter()
+                .map(|t| TodoItem {
+                    content: t.content,
+                    status: t.status,
+                })
+                .collect();
             let session = cx
                 .ctx
                 .get::<dyn SessionWriter>(SESSION_SERVICE)

@@ -1,0 +1,121 @@
+//! The built-in tools' parameter schemas, generated from their argument
+//! structs, are what the model has always been sent: the same properties,
+//! types, descriptions and required fields as the schemas written by hand
+//! before them.
+
+use dsh_services::tools::Tool;
+use dsh_services::tools::builtin::{Bash, Glob, Grep, TodoWrite, file_tools};
+use serde_json::{Value, json};
+
+fn parameters(tool: &dyn Tool) -> Value {
+    tool.schema().parameters
+}
+
+#[test]
+fn the_builtin_tools_send_the_schemas_they_always_did() {
+    let (read, write, edit) = file_tools();
+    let expected = [
+        (
+            parameters(&Bash),
+            json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string", "description": "The bash command to execute."},
+                    "description": {"type": "string", "description": "What the command does, in 5-10 words."},
+                    "timeoutMs": {"type": "number", "description": "Timeout in milliseconds (default 120000, at most 600000)."},
+                    "workdir": {"type": "string", "description": "Working directory, relative to the workspace."}
+                },
+                "required": ["command", "description"]
+            }),
+        ),
+        (
+            parameters(&read),
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path to read, relative to the workspace."},
+                    "offset": {"type": "number", "description": "1-based first line to return. Defaults to 1."},
+                    "limit": {"type": "number", "description": "Maximum number of lines to return. Defaults to 2000."}
+                },
+                "required": ["file_path"]
+            }),
+        ),
+        (
+            parameters(&write),
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path to write, relative to the workspace."},
+                    "content": {"type": "string", "description": "Full UTF-8 text content to write."}
+                },
+                "required": ["file_path", "content"]
+            }),
+        ),
+        (
+            parameters(&edit),
+            json!({
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string", "description": "Path to edit, relative to the workspace."},
+                    "old_string": {"type": "string", "description": "Literal text to replace. Must match exactly."},
+                    "new_string": {"type": "string", "description": "Replacement text."},
+                    "replace_all": {"type": "boolean", "description": "Replace every match (default: exactly one match required)."}
+                },
+                "required": ["file_path", "old_string", "new_string"]
+            }),
+        ),
+        (
+            parameters(&Glob),
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Glob pattern."},
+                    "path": {"type": "string", "description": "Directory to search; defaults to the workspace."}
+                },
+                "required": ["pattern"]
+            }),
+        ),
+        (
+            parameters(&Grep),
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "Regular expression."},
+                    "path": {"type": "string", "description": "File or directory to search; defaults to the workspace."},
+                    "include": {"type": "string", "description": "One glob filter for file names (e.g. \"*.rs\")."}
+                },
+                "required": ["pattern"]
+            }),
+        ),
+        (
+            parameters(&TodoWrite),
+            json!({
+                "type": "object",
+                "properties": {
+                    "todos": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "content": {"type": "string", "minLength": 1},
+                                "status": {"type": "string", "enum": ["pending", "in_progress", "completed"]}
+                            },
+                            "required": ["content", "status"],
+                            "additionalProperties": false
+                        }
+                    }
+                },
+                "required": ["todos"],
+                "additionalProperties": false
+            }),
+        ),
+    ];
+    for (got, want) in expected {
+        assert_eq!(
+            got,
+            want,
+            "\n{}",
+            serde_json::to_string_pretty(&got).unwrap()
+        );
+    }
+}
