@@ -23,7 +23,7 @@ then environment variable, then the config entry, then the default.";
 #[command(next_help_heading = "Model")]
 pub struct ModelArgs {
     /// OpenAI-compatible endpoint up to its API version, e.g.
-    /// https://api.deepseek.com/v1 [env: DSH_BASE_URL]
+    /// `https://api.deepseek.com/v1` [env: DSH_BASE_URL]
     #[arg(long, value_name = "URL", conflicts_with_all = ["demo_model", "script"])]
     pub base_url: Option<String>,
     /// Model id the endpoint serves [env: DSH_MODEL]

@@ -1,17 +1,25 @@
 //! # dsh — the facade crate and the `dsh` command
 //!
 //! ## Code map
-//! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
-//! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
-//! - [`demo`]: the keyless demo model (a pure function of the conversation).
+//! Modules in layers: each imports only modules above it in this list.
 //! - [`exit`]: how a command ends (exit codes, library errors turned into them).
 //! - [`args`]: the options every agent-creating command shares (model,
 //!   policy, plugin tree, workspace, sessions store).
+//! - [`demo`]: the keyless demo model (a pure function of the conversation).
+//! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
+//! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`stage`]: booting the agent services and the model those options name.
-//! - the commands, each with its `…Args`: [`config`] (`dsh check`, `dsh
-//!   tree`), [`run`], [`sessions`], [`replay`], [`multi`] (`dsh workflow`,
-//!   `dsh ralph`, `dsh demo`), [`serve`], [`bench`].
-//! - `main.rs`: parses the command line and dispatches.
+//! - [`config`]: `dsh check`, `dsh tree`.
+//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
+//! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
+//! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
+//! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
+//! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
+//! - [`bench`](mod@bench): `dsh bench …` workloads, printing per-operation
+//!   costs and ratios.
+//!
+//! Each command module owns its `…Args` (clap); `main.rs` parses the command
+//! line and dispatches.
 //!
 //! The kernel, seams and actors are re-exported as [`kernel`], [`services`]
 //! and [`actors`] so an embedder depends on this one crate.

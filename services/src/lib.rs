@@ -1,21 +1,27 @@
 //! # dsh-services — seams and their shared vocabulary
 //!
 //! ## Code map
+//! Modules in layers: each imports only modules above it in this list.
 //! - [`llm`]: messages, content blocks, the raw stream protocol
-//!   (`StreamChunk`), token usage, finish reasons, and the `BlockAssembler`.
-//! - [`llm`] also holds the `llm` service (provider routes, the `llm/stream`
-//!   waterfall) and the keyless scripted model.
-//! - [`tools`]: tool definitions, the scoped registry with restrictions, and
-//!   the guarded pipeline (pre-execute → guards → execute → post-execute →
-//!   finalize → `tools/result`).
+//!   (`StreamChunk`), token usage, finish reasons, failures and their codes
+//!   ([`llm::code`]), the `BlockAssembler`, the `llm` service (provider
+//!   routes, the `llm/stream` waterfall), the OpenAI-compatible adapter and
+//!   the keyless scripted model.
 //! - [`prompt`]: system prompt sections and variables (scoped, shadowing),
 //!   the `system-prompt/assemble` waterfall and rendering.
-//! - [`persistence`]: sessions on disk in dsh's JSONL format, crash repair
-//!   on load (torn tails reported, interrupted turns closed), listing.
-//! - [`approval`]: the approval seam (never / ask / always; fails closed).
 //! - [`session`]: the session event log — typed events in dsh's JSON
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
-//!   fold, forks at turn boundaries, and the `session.jsonl` reader/writer.
+//!   fold, forks at turn boundaries, the `session.jsonl` reader/writer,
+//!   compaction, structural comparison.
+//! - [`replay`]: the replay model — a provider serving a recorded session's
+//!   model output.
+//! - [`approval`]: the approval seam (never / ask / always; fails closed).
+//! - [`persistence`]: sessions on disk (JSONL, zstd frames, SQLite), crash
+//!   repair on load (torn tails reported, interrupted turns closed), listing.
+//! - [`tools`]: tool definitions (arguments as one typed struct, its schema
+//!   generated), the scoped registry with restrictions, the guarded pipeline
+//!   (pre-execute → guards → execute → post-execute → finalize →
+//!   `tools/result`), and the built-in tools.
 //!
 //! Dependency direction: `supervisors <- services <- actors <- dsh`.
 //!
@@ -23,6 +29,7 @@
 //! - Wire shapes (serde) live beside the types that own them; the JSON a
 //!   session log holds is exactly what the upstream harness writes.
 //! - A committed event is immutable (`Arc`), and derived history shares it.
+//! - A tool's parameter schema and the struct its body parses are one type.
 
 pub use dsh_supervisors as kernel;
 

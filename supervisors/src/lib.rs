@@ -3,31 +3,39 @@
 //! Cordis plugin semantics on supervised `ractor` actors, with ordered teardown.
 //!
 //! ## Code map
-//! - [`runtime`]: [`Runtime`] — one root fiber, the tree, the event bus and the
-//!   service store of a process; [`Runtime::shutdown`] drains it all in order.
-//! - [`context`]: [`Context`] — the registration handle (effects, services,
-//!   listeners, plugins, scopes, workers); [`Fiber`], [`Scope`], [`Disposer`],
-//!   [`WorkerSpec`]/[`WorkerRef`].
-//! - [`fiber`]: the fiber actor — lifecycle states, effects, children in start
-//!   order, ordered teardown, restart policies, strategies and intensity.
+//! Modules in layers: each imports only modules above it in this list
+//! (`runtime` is the core whose parts refer to each other).
+//! - [`error`]: the kernel's [`Error`] (each variant says whether a retry
+//!   can help).
+//! - [`tree`]: the registry of every supervised node, its change feed and
+//!   followers (`tree/feed`, `tree/follow`).
+//! - [`scratch`]: fresh, never-used temporary directories.
+//! - [`policy`]: restart policies, shutdown budgets, strategies, intensity.
+//! - [`scope`]: scope keys, their parent chain, scoped layers.
 //! - [`events`]: typed events in the five Cordis modes and scope-filtered dispatch.
 //! - [`services`]: capabilities by name, resolved through scope layers.
-//! - [`scope`]: scope keys, their parent chain, scoped registry layers.
-//! - [`tree`]: the registry of every supervised node and its change feed.
-//! - [`plugin`]: the [`Plugin`] trait and the compiled-in [`Catalogue`].
-//! - [`config`]: `cordis.yml` — parsing with line numbers, `${ENV}`
-//!   interpolation, patch layers, validation against plugin schemas.
-//! - [`scratch`]: fresh, never-used temporary directories.
+//! - [`runtime`]: [`Runtime`] (root fiber, tree, bus, services; ordered
+//!   shutdown) and the core it holds: `runtime::context` ([`Context`], the
+//!   registration handle, and [`Fiber`], [`Scope`], [`Disposer`],
+//!   [`WorkerSpec`]/[`WorkerRef`]), `runtime::plugin` ([`Plugin`],
+//!   [`Catalogue`]), `runtime::fiber` (the fiber actor: load, teardown,
+//!   supervision).
+//! - [`registry`]: scoped registrations (tools, prompt sections, routes)
+//!   removed with their owner; [`registry::RegisterError`].
+//! - [`config`]: `cordis.yml` — the YAML layer with line numbers, `${ENV}`
+//!   interpolation, patch layers, validation against plugin schemas, diffs.
 //! - [`loader`]: boots a validated plan into fibers; reloads changed entries
 //!   with rollback; watches the files.
 //!
 //! ## Invariants
-//! - Only `fiber` calls ractor's stop/kill/drain on supervised actors.
+//! - Only `runtime::fiber` stops, kills or drains another actor; any other
+//!   actor may only end itself.
 //! - Whatever a context creates is a child of that context's fiber; nothing
 //!   owned lives outside the tree.
 //! - A fiber tears down children in reverse start order, each awaited up to
 //!   its shutdown budget and then killed, and only then its own effects, in
 //!   reverse registration order; each disposer runs at most once.
+//! - A registration an unloading owner refuses leaves nothing behind.
 //! - User code (apply, disposers, listeners, worker handlers) runs behind a
 //!   panic boundary; a panic becomes a supervision event, never a crash.
 

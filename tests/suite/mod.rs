@@ -1,3 +1,4 @@
+mod architecture;
 mod cli;
 mod conformance;
 mod dashboard;

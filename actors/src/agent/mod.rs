@@ -23,7 +23,7 @@
 //! - this file: the [`Agent`] handle and what it reads (id, session,
 //!   progress, status, waiting for idle), the errors, and the shared state
 //!   below;
-//! - [`spec`]: [`AgentSpec`], how an agent is built;
+//! - `spec`: [`AgentSpec`], how an agent is built;
 //! - [`events`]: what an agent emits and the waterfalls it runs;
 //! - `inbox`: input (`followup`, `steer`, `inject`, `cancel`);
 //! - `lifecycle`: create, hibernate, wake, dispose;
@@ -33,10 +33,32 @@
 //! - `envelope`, `template`: the request envelope, and what agents of one
 //!   template share;
 //! - `summary`: what the tree shows for an agent;
-//! - [`keeper`]: the [`Agents`] registry and its keeper actor.
+//! - `keeper`: the [`Agents`] registry and its keeper actor.
 //!
 //! ## Shared state and what guards it
-//! TABLE
+//! An [`Agent`] handle is an `Arc<Inner>` (what lives as long as the agent,
+//! awake or hibernated); `Awake` exists only while its actors run.
+//!
+//! | field | written by | guarded by |
+//! |---|---|---|
+//! | `Inner::inbox`: queues, `turn`, `running`, `cancel`, `accepting`, `last`, `opened`, `cancel_next`, `fresh` | input (`followup`, `steer`, `inject`, `cancel`); the driver claiming and settling a turn; teardown (`close_and_cancel`, `finish`, `abandon`) | the inbox mutex; a splice is logged while it is held, so the logged positions are the queue's |
+//! | `Inner::idle` | cleared by input, set by the driver and `finish`, each under the inbox lock | a `SeqCst` flag and a `Notify`; a waiter registers before it checks, so no wake-up is lost |
+//! | `Inner::life` (`Awake`, `Asleep`, `Gone`) | `set_awake` (create, wake), `hibernate`, `finish` | the life mutex; it changes only inside a transition |
+//! | `Inner::transitioning` | `transition()` (compare-exchange), its guard's drop | `AcqRel` atomic; one sleep, wake or disposal at a time; waiters wait on `idle.changed` |
+//! | `Inner::ending`: owner hook, disposal callbacks | `create` (the hook), `on_disposed`, `finish` (takes both) | the ending mutex; `on_disposed` checks `Gone` under it, so a callback is run or found, never lost |
+//! | `Inner::durable` | `hibernate` (what the session actor wrote), `write_tail` | `Release`/`Acquire`; only transitions write it |
+//! | `Inner::store` | the first build that has a store | `OnceLock` |
+//! | `Inner::tokens`, `used`, `used_ms` | the step that got usage; `touch` on input and idle | `Relaxed`: figures and the keeper's LRU order, which tolerate a stale read |
+//! | `Awake::sleeping` | `hibernate`, under the inbox lock (cleared when the flush fails) | `Release`/`Acquire`; input that sees it asks the keeper to wake the agent instead of telling the driver |
+//! | `Awake::driver`, `settled` | the build, once | `OnceLock` |
+//! | `Awake::conclude` | a structured-output tool sets it; the driver clears it at turn start and takes it after the step's results | `Release` store, `AcqRel` swap |
+//! | `Awake::step_children` | `adopt_for_step` (tool bodies); the step takes them once its results are in | mutex |
+//! | `Awake::envelope` | the step, when the registry's generation or the system text changed | mutex |
+//! | `Awake::step`, `published_ms` | the driver | `Relaxed` (read for display) |
+//!
+//! Locks nest only in this order: `ending` → `life` → `inbox` →
+//! `step_children` (and, under the inbox lock, the session log's own lock,
+//! to log a splice).
 
 mod driver;
 mod envelope;

@@ -2,7 +2,7 @@
 //!
 //! Live nodes sit in a concurrent map; stopped nodes move to a bounded ring
 //! so memory stays flat however many short-lived actors come and go. The
-//! feed ([`feed`]) gives each subscriber a bounded queue: one that falls
+//! feed (`feed`) gives each subscriber a bounded queue: one that falls
 //! behind is told how many changes it missed (and must take a fresh
 //! snapshot).
 

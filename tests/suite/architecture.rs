@@ -1,0 +1,352 @@
+//! The architecture invariants ARCHITECTURE.md states, checked against the
+//! source: each crate's modules form the layers its code map lists (no
+//! import circles, and the map names every module), only the fiber stops
+//! other actors, no public library function returns `Result<_, String>`,
+//! the agent's functions stay short, and no test reads outside the
+//! repository.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every `.rs` file under `dir`, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A file's text without its `#[cfg(test)]` module (tests may reach
+/// anywhere) and without comments.
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => &text,
+    };
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(at) if !l[..at].contains('"') => &l[..at],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The module order of a crate's code map: the `- [`name`]` bullets under
+/// `## Code map` in its root file's docs.
+fn code_map(root: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(root).unwrap();
+    let mut in_map = false;
+    let mut order = Vec::new();
+    for line in text.lines() {
+        let Some(doc) = line.strip_prefix("//!") else {
+            continue;
+        };
+        let doc = doc.trim_start();
+        if doc.starts_with("## ") {
+            in_map = doc == "## Code map";
+            continue;
+        }
+        if in_map && let Some(rest) = doc.strip_prefix("- [`") {
+            let name: String = rest.chars().take_while(|c| *c != '`').collect();
+            order.push(name);
+        }
+    }
+    order
+}
+
+/// The modules a crate root declares (`mod x;` / `pub mod x;`).
+fn declared(root: &Path) -> BTreeSet<String> {
+    std::fs::read_to_string(root)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_owned)
+        })
+        .collect()
+}
+
+/// The top-level module a crate-root item re-exported by `pub use m::…`
+/// comes from (so `crate::Context` counts as a use of `runtime`).
+fn reexports(root: &Path) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(root).unwrap();
+    let mut out = BTreeMap::new();
+    for stmt in text.split(';') {
+        let stmt = stmt.trim();
+        let Some(path) = stmt.strip_prefix("pub use ") else {
+            continue;
+        };
+        let module: String = path.chars().take_while(|c| *c != ':').collect();
+        let items = match (path.find('{'), path.rfind("::")) {
+            (Some(open), _) => &path[open + 1..path.len() - 1],
+            (None, Some(at)) => &path[at + 2..],
+            _ => continue,
+        };
+        for item in items.split(',') {
+            let item = item.trim();
+            if !item.is_empty() {
+                out.insert(item.to_owned(), module.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Identifiers following `prefix` in `text` (`crate::` → the names after it).
+fn after<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.match_indices(prefix)
+        .filter(|(at, _)| {
+            text[..*at]
+                .chars()
+                .next_back()
+                .is_none_or(|c| !c.is_alphanumeric() && c != '_')
+        })
+        .map(|(at, _)| {
+            let rest = &text[at + prefix.len()..];
+            let end = rest
+                .find(|c: char| !c.is_alphanumeric() && c != '_')
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect()
+}
+
+/// Which top-level modules each top-level module of the crate at `src`
+/// uses, through `crate::m`, a top-level file's `super::m`, a `use crate::{…}`
+/// group, or an item re-exported at the crate root.
+fn module_uses(src: &Path, root: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let modules = declared(root);
+    let items = reexports(root);
+    let mut uses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files(src) {
+        let rel = file.strip_prefix(src).unwrap();
+        let top = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        if !modules.contains(&top) {
+            continue; // the crate root, main.rs
+        }
+        let text = code(&file);
+        let mut names: Vec<String> = after(&text, "crate::")
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        for group in text.match_indices("crate::{") {
+            let rest = &text[group.0 + "crate::{".len()..];
+            let body = &rest[..rest.find('}').unwrap_or(rest.len())];
+            names.extend(
+                body.split(',')
+                    .map(|n| n.trim().split("::").next().unwrap_or_default().to_owned()),
+            );
+        }
+        if rel.components().count() == 1 {
+            names.extend(after(&text, "super::").into_iter().map(str::to_owned));
+        }
+        let entry = uses.entry(top.clone()).or_default();
+        for name in names {
+            let module = if modules.contains(&name) {
+                Some(name)
+            } else {
+                items.get(&name).cloned()
+            };
+            if let Some(m) = module.filter(|m| *m != top) {
+                entry.insert(m);
+            }
+        }
+    }
+    uses
+}
+
+#[test]
+fn each_crate_is_layered_as_its_code_map_lists() {
+    let crates = [
+        ("supervisors/src", "lib.rs"),
+        ("services/src", "lib.rs"),
+        ("actors/src", "lib.rs"),
+        ("src", "lib.rs"),
+    ];
+    for (dir, root) in crates {
+        let src = repo().join(dir);
+        let root = src.join(root);
+        let order = code_map(&root);
+        let modules = declared(&root);
+        let listed: BTreeSet<String> = order.iter().cloned().collect();
+        assert_eq!(
+            listed, modules,
+            "{dir}: the code map must name every module, once each ({order:?})"
+        );
+        let rank: BTreeMap<&str, usize> = order
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.as_str(), i))
+            .collect();
+        for (module, used) in module_uses(&src, &root) {
+            for other in used {
+                assert!(
+                    rank[other.as_str()] < rank[module.as_str()],
+                    "{dir}: `{module}` uses `{other}`, which the code map lists after it \
+                     (an upward import, or a circle)"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn only_the_fiber_stops_kills_or_drains_another_actor() {
+    let fiber = repo().join("supervisors/src/runtime/fiber");
+    let mut offenders = Vec::new();
+    for dir in ["supervisors/src", "services/src", "actors/src", "src"] {
+        for file in rust_files(&repo().join(dir)) {
+            if file.starts_with(&fiber) {
+                continue;
+            }
+            let text = code(&file);
+            for (n, line) in text.lines().enumerate() {
+                let others = [
+                    ".kill()",
+                    ".kill_and_wait(",
+                    ".drain(",
+                    ".drain_and_wait(",
+                    ".stop_and_wait(",
+                ];
+                let touches_another =
+                    others.iter().any(|p| line.contains(p)) || stops_another(line);
+                // `drain(..)` on a collection is not an actor's drain.
+                if touches_another && !line.contains(".drain(..") {
+                    offenders.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+/// `x.stop(None)` / `x.stop(Some(…))` on an actor that is not the caller
+/// itself (`me`, `myself`). The kernel benchmark's bare `ractor` actor is the
+/// one exception: it measures an actor outside the tree, on purpose.
+fn stops_another(line: &str) -> bool {
+    ["stop(None", "stop(Some("].iter().any(|call| {
+        line.match_indices(&format!(".{call}")).any(|(at, _)| {
+            let receiver: String = line[..at]
+                .chars()
+                .rev()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect::<String>()
+                .chars()
+                .rev()
+                .collect();
+            !matches!(receiver.as_str(), "me" | "myself" | "bare")
+        })
+    })
+}
+
+#[test]
+fn no_public_library_function_returns_a_string_error() {
+    let mut offenders = Vec::new();
+    for dir in ["supervisors/src", "services/src", "actors/src"] {
+        for file in rust_files(&repo().join(dir)) {
+            let text = code(&file);
+            for (at, _) in text.match_indices("pub ") {
+                let rest = &text[at..];
+                let head = rest.trim_start_matches("pub ").trim_start_matches("async ");
+                if !head.starts_with("fn ") {
+                    continue;
+                }
+                let end = rest.find(['{', ';']).unwrap_or(rest.len());
+                let signature: String =
+                    rest[..end].split_whitespace().collect::<Vec<_>>().join(" ");
+                if let Some(ret) = signature.split("->").nth(1)
+                    && ret.contains("Result<")
+                    && ret.trim_end().ends_with("String>")
+                {
+                    offenders.push(format!("{}: {signature}", file.display()));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
+
+#[test]
+fn the_agent_module_has_no_function_over_a_hundred_lines() {
+    let mut long = Vec::new();
+    for file in rust_files(&repo().join("actors/src/agent")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let trimmed = line.trim_start();
+            let is_fn = [
+                "fn ",
+                "pub fn ",
+                "async fn ",
+                "pub async fn ",
+                "pub(super) fn ",
+                "pub(super) async fn ",
+            ]
+            .iter()
+            .any(|p| trimmed.starts_with(p));
+            if !is_fn || line.trim_end().ends_with(';') {
+                continue;
+            }
+            let indent = line.len() - trimmed.len();
+            let closing = format!("{}}}", " ".repeat(indent));
+            let end = lines[i + 1..]
+                .iter()
+                .position(|l| l.starts_with(&closing) && !l[indent..].starts_with("} else"))
+                .map_or(lines.len(), |p| i + 1 + p);
+            if end - i + 1 > 100 {
+                long.push(format!(
+                    "{}:{} ({} lines)",
+                    file.display(),
+                    i + 1,
+                    end - i + 1
+                ));
+            }
+        }
+    }
+    assert!(long.is_empty(), "{}", long.join("\n"));
+}
+
+#[test]
+fn no_test_reads_outside_the_repository() {
+    let mut offenders = Vec::new();
+    for dir in [
+        "tests",
+        "supervisors/tests",
+        "services/tests",
+        "actors/tests",
+        "src",
+    ] {
+        for file in rust_files(&repo().join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let needle = ["..", "/shared"].concat();
+            if text.contains(&needle) {
+                offenders.push(file.display().to_string());
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
