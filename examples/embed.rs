@@ -7,7 +7,7 @@
 //! (each cancelled turn ends, its session is flushed, its actors stop) before
 //! the process exits.
 //!
-//! Run: `cargo run --release --example embed` (keyless: the built-in demo
+//! Run: `cargo run --release --bin dsh-embed-example` (keyless: the built-in demo
 //! model), or with `DSH_BASE_URL`/`DSH_MODEL`/`DSH_API_KEY` for a real
 //! OpenAI-compatible endpoint. `PORT` picks the port (default: any free one).
 

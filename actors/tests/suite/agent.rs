@@ -677,14 +677,23 @@ async fn a_panicking_observer_is_isolated_and_routes_register_all_or_nothing() {
         .session()
         .observe(Arc::new(|_| panic!("observer down")));
     let s = seen.clone();
-    agent.session().observe(Arc::new(move |_| {
+    // An observer sees an event only once it is committed: it is in the
+    // log at its seq when the observer runs.
+    let uncommitted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (u, session) = (uncommitted.clone(), agent.session().clone());
+    agent.session().observe(Arc::new(move |e| {
         s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let logged = session.events_from(e.seq).first().cloned();
+        if logged.is_none_or(|l| !Arc::ptr_eq(&l, e)) {
+            u.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }));
     agent.run("go", WAIT).await.unwrap();
     assert_eq!(
         seen.load(std::sync::atomic::Ordering::SeqCst) as u64,
         agent.session().next_seq()
     );
+    assert_eq!(uncommitted.load(std::sync::atomic::Ordering::SeqCst), 0);
     // Provider routes: a registration naming a taken route changes nothing.
     let err = h
         .llm
