@@ -170,6 +170,21 @@ impl PolicyArgs {
     }
 }
 
+/// Everything a command that creates agents takes to boot them: the model,
+/// the policy, and optionally a plugin tree serving both.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AgentArgs {
+    /// The model agents use.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// What agents may do without asking.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// A plugin tree for the services and providers.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
 /// A plugin tree to boot the services and providers from.
 #[derive(clap::Args, Clone, Debug, Default)]
 #[command(next_help_heading = "Plugin tree")]

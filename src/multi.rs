@@ -23,24 +23,12 @@ use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 
-use crate::args::{ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs};
+use crate::args::{
+    AgentArgs, ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs,
+};
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
 use crate::sessions::open_store;
-use crate::stage::{Needs, Route, boot};
-
-/// The agent-creating options `workflow` and `ralph` share.
-#[derive(clap::Args, Debug, Default)]
-pub struct AgentArgs {
-    /// The model agents use.
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// What agents may do without asking.
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-    /// A plugin tree for the services and providers.
-    #[command(flatten)]
-    pub config: ConfigArgs,
-}
+use crate::stage::{Route, route};
 
 /// A booted runtime with a coordinator agent.
 struct Stage {
@@ -85,16 +73,7 @@ async fn coordinate(
     resume: Option<&str>,
     name: &str,
 ) -> exit::Result<(Agent, Arc<Subagents>, Arc<dyn SessionPersistence>)> {
-    let needs = Needs {
-        model: &agents.model,
-        policy: &agents.policy,
-        config: &agents.config,
-        model_required: true,
-        terminal: true,
-    };
-    let Some(Route { provider, model }) = boot(rt, needs).await? else {
-        return Err(Exit::usage(crate::args::HOW_TO_CONFIGURE));
-    };
+    let Route { provider, model } = route(rt, agents).await?;
     let root = rt.root();
     let tools = root
         .get::<ToolRegistry>(ToolRegistry::SERVICE)

@@ -13,10 +13,10 @@ use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
-use crate::args::{ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs};
+use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
 use crate::exit::{self, Exit};
 use crate::sessions::open_store;
-use crate::stage::{Needs, Route, boot};
+use crate::stage::{Route, route};
 
 /// `dsh run`: the options.
 #[derive(clap::Args, Debug)]
@@ -42,15 +42,9 @@ pub struct RunArgs {
     /// Continue a stored session (its id, as `dsh sessions list` shows).
     #[arg(long, value_name = "ID")]
     pub resume: Option<String>,
-    /// The model agents use.
+    /// The model, policy and plugin tree.
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// What agents may do without asking.
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-    /// A plugin tree for the services and providers.
-    #[command(flatten)]
-    pub config: ConfigArgs,
+    pub agents: AgentArgs,
     /// The workspace tools work in.
     #[command(flatten)]
     pub workspace: WorkspaceArgs,
@@ -253,16 +247,7 @@ pub async fn run(args: RunArgs) -> Exit {
 }
 
 async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
-    let needs = Needs {
-        model: &args.model,
-        policy: &args.policy,
-        config: &args.config,
-        model_required: true,
-        terminal: true,
-    };
-    let Some(Route { provider, model }) = boot(rt, needs).await? else {
-        return Err(Exit::usage(crate::args::HOW_TO_CONFIGURE));
-    };
+    let Route { provider, model } = route(rt, &args.agents).await?;
     let root = rt.root();
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(args.system.clone().unwrap_or_else(|| system_prompt(&cwd)));

@@ -3,9 +3,9 @@
 
 use dsh_supervisors::{Error, Runtime, RuntimeSettings};
 
-use crate::args::{ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs};
+use crate::args::{AgentArgs, MODEL_PRECEDENCE};
 use crate::exit::{self, Exit};
-use crate::stage::{Needs, boot};
+use crate::stage::boot;
 use crate::web::{Web, WebConfig, WebServer};
 
 /// `dsh serve`: the options.
@@ -21,15 +21,9 @@ pub struct ServeArgs {
     /// Enable the endpoints that create and steer agents.
     #[arg(long)]
     pub mutations: bool,
-    /// The model agents use.
+    /// The model, policy and plugin tree.
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// What agents may do without asking.
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-    /// A plugin tree for the services and providers.
-    #[command(flatten)]
-    pub config: ConfigArgs,
+    pub agents: AgentArgs,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -44,14 +38,8 @@ pub async fn serve(args: ServeArgs) -> Exit {
 }
 
 async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
-    let needs = Needs {
-        model: &args.model,
-        policy: &args.policy,
-        config: &args.config,
-        model_required: false,
-        terminal: false,
-    };
-    boot(rt, needs).await?;
+    // No model configured is fine: the API serves the tree without one.
+    boot(rt, &args.agents, false).await?;
     let root = rt.root();
     // A config's own `web` entry serves; else one from the flags.
     let web = match root.get::<WebServer>(WebServer::SERVICE) {

@@ -1,8 +1,7 @@
 //! What every command that creates agents boots before its first agent: the
 //! agent services with the approval policy, and the model, from the flags
-//! ([`ModelArgs`], [`PolicyArgs`]) or from a `--config` plugin tree; then the
-//! provider route and model id its agents use, and the terminal answerer
-//! when it may ask.
+//! ([`AgentArgs`]) or from a `--config` plugin tree; then the provider route
+//! and model id its agents use, and the terminal answerer when it may ask.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -11,7 +10,7 @@ use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPol
 use dsh_services::llm::LlmRuntime;
 use dsh_supervisors::{Error, Loader, Runtime, Source};
 
-use crate::args::{ConfigArgs, HOW_TO_CONFIGURE, ModelArgs, ModelChoice, PolicyArgs};
+use crate::args::{AgentArgs, HOW_TO_CONFIGURE, ModelChoice};
 use crate::catalogue::{
     AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
     default_catalogue,
@@ -28,29 +27,26 @@ pub struct Route {
     pub model: String,
 }
 
-/// What a command asks of [`boot`].
-pub struct Needs<'a> {
-    /// The model flags.
-    pub model: &'a ModelArgs,
-    /// The policy flags.
-    pub policy: &'a PolicyArgs,
-    /// The plugin tree, if any.
-    pub config: &'a ConfigArgs,
-    /// Fail when no model is configured (`serve` starts without one).
-    pub model_required: bool,
-    /// Answer approval asks on the terminal (when the policy is `ask` and
-    /// stdin is a terminal).
-    pub terminal: bool,
+/// For a command run in a terminal (`run`, `workflow`, `ralph`): boots the
+/// agent services and the model into `rt`, answers approval asks on the
+/// terminal (with the `ask` policy and stdin a terminal), and returns the
+/// route agents use; no model configured is an error saying how to
+/// configure one.
+pub async fn route(rt: &Runtime, args: &AgentArgs) -> exit::Result<Route> {
+    boot(rt, args, true)
+        .await?
+        .ok_or_else(|| Exit::usage(HOW_TO_CONFIGURE))
 }
 
 /// Boots the agent services and the model into `rt`; returns the route
-/// agents use (`None`: no model, and none was required).
-pub async fn boot(rt: &Runtime, needs: Needs<'_>) -> exit::Result<Option<Route>> {
+/// agents use (`None`: no model is configured, which `serve` allows).
+/// `terminal`: answer approval asks on the terminal.
+pub async fn boot(rt: &Runtime, args: &AgentArgs, terminal: bool) -> exit::Result<Option<Route>> {
     let root = rt.root();
-    let choice = needs.model.choice(needs.config.config.is_some())?;
-    let approval = needs.policy.approval()?;
-    match &needs.config.config {
-        Some(file) => boot_config(rt, file, &needs.config.patches).await?,
+    let choice = args.model.choice(args.config.config.is_some())?;
+    let approval = args.policy.approval()?;
+    match &args.config.config {
+        Some(file) => boot_config(rt, file, &args.config.patches).await?,
         None => {
             let services = AgentServicesConfig {
                 approval,
@@ -65,7 +61,7 @@ pub async fn boot(rt: &Runtime, needs: Needs<'_>) -> exit::Result<Option<Route>>
     if let (Some(policy), Some(seam)) = (approval, root.get::<Approval>(Approval::SERVICE)) {
         seam.set_policy(policy);
     }
-    if needs.terminal {
+    if terminal {
         answer_on_terminal(rt)?;
     }
     let Some(llm) = root.get::<LlmRuntime>(LlmRuntime::SERVICE) else {
@@ -73,14 +69,12 @@ pub async fn boot(rt: &Runtime, needs: Needs<'_>) -> exit::Result<Option<Route>>
             "the config provides no `llm` service; add an `agent-services` entry",
         ));
     };
-    let provider = match pick_provider(&llm.providers(), needs.model.provider.as_deref())? {
-        Some(p) => p,
-        None if needs.model_required => return Err(Exit::usage(HOW_TO_CONFIGURE)),
-        None => return Ok(None),
+    let Some(provider) = pick_provider(&llm.providers(), args.model.provider.as_deref())? else {
+        return Ok(None);
     };
     Ok(Some(Route {
         provider,
-        model: needs.model.model_id(choice.as_ref()),
+        model: args.model.model_id(choice.as_ref()),
     }))
 }
 

@@ -123,7 +123,9 @@ impl SubagentProvider for Fork {
     }
 }
 
-/// Why a start or a control operation was refused.
+/// Why a start or a control operation was refused. Only `Cancelled` and a
+/// `Store` failure of the filesystem may go differently on a retry; the
+/// others are fatal for the request as it is (nothing was left behind).
 #[derive(Debug, thiserror::Error)]
 pub enum SubagentError {
     /// No provider of that name is registered.

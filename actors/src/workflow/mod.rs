@@ -93,7 +93,8 @@ impl WorkflowMeta {
     }
 }
 
-/// Why a run could not start.
+/// Why a run could not start. Fatal for the request as it is: the meta
+/// block, the limits or the provider must change (nothing was started).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum WorkflowError {
     /// The meta block is malformed.

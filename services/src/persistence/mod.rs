@@ -21,13 +21,15 @@ use crate::session::{
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// No session with this id.
+    /// No session with this id. Fatal for this id.
     #[error("no session `{0}` in {1}")]
     NotFound(String, String),
-    /// A session with this id already exists (where it is).
+    /// A session with this id already exists (where it is). Fatal: pick
+    /// another id.
     #[error("a session already exists at {0}")]
     Exists(String),
-    /// The session is stored in the other JSONL encoding.
+    /// The session is stored in the other JSONL encoding. Fatal: open the
+    /// store with the matching compression.
     #[error(
         "{path} is a {found} session log; this store reads {wanted} logs (choose the matching compression or another root)"
     )]
@@ -39,10 +41,11 @@ pub enum StoreError {
         /// The store's encoding.
         wanted: &'static str,
     },
-    /// The id cannot name a directory.
+    /// The id cannot name a directory. Fatal.
     #[error("`{0}` is not a usable session id")]
     BadId(String),
-    /// The file is not a loadable log.
+    /// The file is not a loadable log (its line says where). Fatal until
+    /// the file is repaired; nothing was changed.
     #[error("{path}: {error}")]
     Load {
         /// The file.
@@ -50,7 +53,8 @@ pub enum StoreError {
         /// What is wrong.
         error: LoadError,
     },
-    /// The filesystem refused.
+    /// The filesystem refused (a full disk, permissions). Retryable once the
+    /// cause is fixed: a failed append left the file as it was.
     #[error("{path}: {error}")]
     Io {
         /// The file or directory.

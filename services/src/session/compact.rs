@@ -41,13 +41,14 @@ impl std::fmt::Debug for CompactLog {
 /// Why a compact log could not be made or restored.
 #[derive(Debug, thiserror::Error)]
 pub enum CompactError {
-    /// Compression or decompression failed.
+    /// Compression or decompression failed. Fatal for this log: it stays
+    /// (or is restored) uncompressed where it can.
     #[error("zstd: {0}")]
     Zstd(String),
-    /// The restored lines did not parse (a bug: they were rendered here).
+    /// The restored lines did not parse (a bug: they were rendered here). Fatal.
     #[error("the compact log does not parse: {0}")]
     Parse(String),
-    /// The restored events were refused by the log.
+    /// The restored events were refused by the log. Fatal.
     #[error(transparent)]
     Session(#[from] SessionError),
 }

@@ -13,7 +13,9 @@ use super::event::{CARRIED_TYPES, EventData, EventError, SessionEvent, SurfaceOp
 use super::log::{SESSION_FORMAT_VERSION, SessionHeader};
 use crate::llm::StreamChunk;
 
-/// Why a log could not be loaded.
+/// Why a log could not be loaded. None is retryable as it is: the file
+/// must change (a torn tail is repaired by `persistence`'s load, which keeps
+/// every good line).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LoadError {
     /// The text holds no header line.

@@ -62,7 +62,8 @@ impl SessionHeader {
 /// Why an append (or a seed) was refused. Nothing was written.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SessionError {
-    /// The surface metadata is missing, misplaced or inconsistent.
+    /// The surface metadata is missing, misplaced or inconsistent. Fatal: a
+    /// bug in the appender, the event was not appended.
     #[error("event {seq} (`{kind}`): {reason}")]
     Surface {
         /// The seq the event would have had.
@@ -72,7 +73,7 @@ pub enum SessionError {
         /// What is wrong.
         reason: String,
     },
-    /// A seed event does not sit at its position.
+    /// A seed event does not sit at its position. Fatal: the seed is corrupt.
     #[error("seed event at position {position} has seq {seq}; seqs must be contiguous from 0")]
     Discontiguous {
         /// Position in the seed.
@@ -80,7 +81,8 @@ pub enum SessionError {
         /// The seq it carries.
         seq: u64,
     },
-    /// A fork boundary falls inside an open turn or outside the log.
+    /// A fork boundary falls inside an open turn or outside the log. Fatal
+    /// for this boundary; a turn boundary works.
     #[error("cannot fork at seq {boundary}: {reason}")]
     Fork {
         /// Requested boundary.
