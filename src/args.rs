@@ -117,9 +117,13 @@ impl ModelArgs {
         }
     }
 
-    /// The model id agents ask for on `provider`'s route: `--model`, else
-    /// `$DSH_MODEL`, else what the choice names, else `default`.
+    /// The model id agents ask for on `provider`'s route: `demo` for the
+    /// demo model; else `--model`, else `$DSH_MODEL`, else what the choice
+    /// names, else `default`.
     pub fn model_id(&self, choice: Option<&ModelChoice>) -> String {
+        if choice == Some(&ModelChoice::Demo) {
+            return "demo".into();
+        }
         if let Some(m) = self
             .model
             .clone()
@@ -239,9 +243,14 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
-    /// Whether any flag named a store.
+    /// Whether a flag or a variable (`$DSH_SESSIONS_DIR`, `$DSH_SESSIONS_DB`)
+    /// names a store, which then wins over a config's `session-store`.
     pub fn named(&self) -> bool {
-        self.dir.is_some() || self.db.is_some() || self.zstd
+        self.dir.is_some()
+            || self.db.is_some()
+            || self.zstd
+            || std::env::var_os("DSH_SESSIONS_DIR").is_some()
+            || std::env::var_os("DSH_SESSIONS_DB").is_some()
     }
 }
 
@@ -301,6 +310,8 @@ mod tests {
             demo.choice_in(false, &env(&[])).ok().flatten(),
             Some(ModelChoice::Demo)
         );
+        // The demo model's id is its own, whatever `$DSH_MODEL` says.
+        assert_eq!(demo.model_id(Some(&ModelChoice::Demo)), "demo");
     }
 
     #[test]

@@ -8,9 +8,9 @@
 //! - [`demo`]: the keyless demo model (a pure function of the conversation).
 //! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
+//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`stage`]: booting the agent services and the model those options name.
 //! - [`config`]: `dsh check`, `dsh tree`.
-//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.

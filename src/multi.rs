@@ -27,8 +27,7 @@ use crate::args::{
     AgentArgs, ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs,
 };
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
-use crate::sessions::open_store;
-use crate::stage::{Route, route};
+use crate::stage::{Route, route, store};
 
 /// A booted runtime with a coordinator agent.
 struct Stage {
@@ -40,17 +39,16 @@ struct Stage {
 
 async fn stage(
     agents: &AgentArgs,
-    store: &StoreArgs,
+    store_args: &StoreArgs,
     workspace: &WorkspaceArgs,
     resume: Option<&str>,
     name: &str,
 ) -> exit::Result<Stage> {
     let cwd = workspace.resolve()?;
-    let store = open_store(store)?;
     let rt = Runtime::start(RuntimeSettings::default())
         .await
         .map_err(|e| Exit::failed(format!("cannot start the runtime: {e}")))?;
-    let staged = coordinate(&rt, agents, store, cwd, resume, name).await;
+    let staged = coordinate(&rt, agents, store_args, cwd, resume, name).await;
     if staged.is_err() {
         let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
     }
@@ -68,12 +66,14 @@ async fn stage(
 async fn coordinate(
     rt: &Runtime,
     agents: &AgentArgs,
-    store: Arc<dyn SessionPersistence>,
+    store_args: &StoreArgs,
     cwd: PathBuf,
     resume: Option<&str>,
     name: &str,
 ) -> exit::Result<(Agent, Arc<Subagents>, Arc<dyn SessionPersistence>)> {
     let Route { provider, model } = route(rt, agents).await?;
+    // After the boot: a `--config` file's `session-store` may provide it.
+    let store = store(rt, store_args)?;
     let root = rt.root();
     let tools = root
         .get::<ToolRegistry>(ToolRegistry::SERVICE)

@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentError, AgentSpec};
 use dsh_services::llm::{ContentBlock, StreamChunk};
-use dsh_services::persistence::{JsonlStore, PERSISTENCE_SERVICE, SessionPersistence};
+use dsh_services::persistence::{JsonlStore, SessionPersistence};
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
 use crate::exit::{self, Exit};
-use crate::sessions::open_store;
-use crate::stage::{Route, route};
+use crate::stage::{Route, route, store};
 
 /// `dsh run`: the options.
 #[derive(clap::Args, Debug)]
@@ -252,14 +251,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(args.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
     spec.max_steps = args.max_steps;
-    // A store named on the command line wins; else the config's
-    // `session-store` plugin; else the default sessions directory.
-    let provided = root.get::<dyn SessionPersistence>(PERSISTENCE_SERVICE);
-    let store = match provided.filter(|_| !args.store.named()) {
-        Some(s) => s,
-        None => open_store(&args.store)?,
-    };
-    place_session(store, args, &mut spec)?;
+    place_session(store(rt, &args.store)?, args, &mut spec)?;
     let agent = Agent::create(&root, spec)
         .await
         .map_err(|e| Exit::failed(format!("cannot create the agent: {e}")))?;

@@ -5,7 +5,7 @@ use dsh_supervisors::{Error, Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, MODEL_PRECEDENCE};
 use crate::exit::{self, Exit};
-use crate::stage::boot;
+use crate::stage::{Purpose, boot};
 use crate::web::{Web, WebConfig, WebServer};
 
 /// `dsh serve`: the options.
@@ -39,7 +39,7 @@ pub async fn serve(args: ServeArgs) -> Exit {
 
 async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
     // No model configured is fine: the API serves the tree without one.
-    boot(rt, &args.agents, false).await?;
+    boot(rt, &args.agents, Purpose::Serve).await?;
     let root = rt.root();
     // A config's own `web` entry serves; else one from the flags.
     let web = match root.get::<WebServer>(WebServer::SERVICE) {

@@ -10,13 +10,16 @@ use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPol
 use dsh_services::llm::LlmRuntime;
 use dsh_supervisors::{Error, Loader, Runtime, Source};
 
-use crate::args::{AgentArgs, HOW_TO_CONFIGURE, ModelChoice};
+use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
+
+use crate::args::{AgentArgs, HOW_TO_CONFIGURE, ModelChoice, StoreArgs};
 use crate::catalogue::{
     AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
     default_catalogue,
 };
 use crate::demo::DemoModel;
 use crate::exit::{self, Exit};
+use crate::sessions::open_store;
 
 /// The provider route and model id a command's agents use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,21 +30,31 @@ pub struct Route {
     pub model: String,
 }
 
-/// For a command run in a terminal (`run`, `workflow`, `ralph`): boots the
-/// agent services and the model into `rt`, answers approval asks on the
-/// terminal (with the `ask` policy and stdin a terminal), and returns the
-/// route agents use; no model configured is an error saying how to
-/// configure one.
+/// Who boots: a command that runs agents itself, or a server that creates
+/// them on request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// `run`, `workflow`, `ralph`: a route is required, and approval asks
+    /// are answered on the terminal (with the `ask` policy and stdin a
+    /// terminal).
+    Run,
+    /// `serve`: the API serves the tree with or without a model; a config
+    /// may hold no agent services or several routes (a request names one).
+    Serve,
+}
+
+/// For a command that runs agents itself: boots the agent services and the
+/// model into `rt` and returns the route agents use; no model configured is
+/// an error saying how to configure one.
 pub async fn route(rt: &Runtime, args: &AgentArgs) -> exit::Result<Route> {
-    boot(rt, args, true)
+    boot(rt, args, Purpose::Run)
         .await?
         .ok_or_else(|| Exit::usage(HOW_TO_CONFIGURE))
 }
 
 /// Boots the agent services and the model into `rt`; returns the route
-/// agents use (`None`: no model is configured, which `serve` allows).
-/// `terminal`: answer approval asks on the terminal.
-pub async fn boot(rt: &Runtime, args: &AgentArgs, terminal: bool) -> exit::Result<Option<Route>> {
+/// agents use (`None`: none is configured, or, serving, none is implied).
+pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Result<Option<Route>> {
     let root = rt.root();
     let choice = args.model.choice(args.config.config.is_some())?;
     let approval = args.policy.approval()?;
@@ -61,9 +74,11 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, terminal: bool) -> exit::Resul
     if let (Some(policy), Some(seam)) = (approval, root.get::<Approval>(Approval::SERVICE)) {
         seam.set_policy(policy);
     }
-    if terminal {
-        answer_on_terminal(rt)?;
+    if purpose == Purpose::Serve {
+        // Each request names its route (or takes the only one); nothing to pick.
+        return Ok(None);
     }
+    answer_on_terminal(rt)?;
     let Some(llm) = root.get::<LlmRuntime>(LlmRuntime::SERVICE) else {
         return Err(Exit::usage(
             "the config provides no `llm` service; add an `agent-services` entry",
@@ -76,6 +91,17 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, terminal: bool) -> exit::Resul
         provider,
         model: args.model.model_id(choice.as_ref()),
     }))
+}
+
+/// Where sessions go: a store named on the command line wins; else the one a
+/// `--config` file's `session-store` entry provides; else the default
+/// sessions directory.
+pub fn store(rt: &Runtime, args: &StoreArgs) -> exit::Result<Arc<dyn SessionPersistence>> {
+    let provided = rt.root().get::<dyn SessionPersistence>(PERSISTENCE_SERVICE);
+    match provided.filter(|_| !args.named()) {
+        Some(s) => Ok(s),
+        None => open_store(args),
+    }
 }
 
 /// Boots a `cordis.yml` (and its patches); every entry must start.

@@ -30,14 +30,17 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// A file's text without its `#[cfg(test)]` module (tests may reach
-/// anywhere) and without comments.
+/// A file's text without its `#[cfg(test)] mod …` blocks (tests may reach
+/// anywhere) and without line comments.
 fn code(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap();
-    let text = match text.find("#[cfg(test)]\nmod tests") {
-        Some(at) => &text[..at],
-        None => &text,
-    };
+    let mut text = std::fs::read_to_string(path).unwrap();
+    while let Some(at) = text.find("#[cfg(test)]\nmod ") {
+        let open = text[at..].find('{').map(|o| at + o);
+        let end = open
+            .and_then(|o| matching(&text, o))
+            .map_or(text.len(), |c| c + 1);
+        text.replace_range(at..end, "");
+    }
     text.lines()
         .map(|l| match l.find("//") {
             Some(at) if !l[..at].contains('"') => &l[..at],
@@ -45,6 +48,24 @@ fn code(path: &Path) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The index of the `}` that closes the `{` at `open`.
+fn matching(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The module order of a crate's code map: the `- [`name`]` bullets under
@@ -128,41 +149,77 @@ fn after<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The first names of the paths in a `use` group body (`a::{B}, c::D, e`
+/// → `a`, `c`, `e`), nested groups skipped.
+fn group_heads(body: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in body.char_indices().chain([(body.len(), ',')]) {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                let item = body[start..i].trim();
+                let head = item.split("::").next().unwrap_or_default().trim();
+                if !head.is_empty() {
+                    heads.push(head.to_owned());
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
 /// Which top-level modules each top-level module of the crate at `src`
-/// uses, through `crate::m`, a top-level file's `super::m`, a `use crate::{…}`
-/// group, or an item re-exported at the crate root.
+/// uses: `crate::m` (and each path of a `use crate::{…}` group), `super::`
+/// chains that climb to the crate root (`super::m` in `m2.rs` or
+/// `m2/mod.rs`, `super::super::m` in `m2/x.rs`, …), and items re-exported
+/// at the crate root (`crate::Context` counts as a use of `runtime`).
 fn module_uses(src: &Path, root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let modules = declared(root);
     let items = reexports(root);
     let mut uses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in rust_files(src) {
         let rel = file.strip_prefix(src).unwrap();
-        let top = rel
+        let parts: Vec<String> = rel
             .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let top = parts[0].trim_end_matches(".rs").to_owned();
         if !modules.contains(&top) {
             continue; // the crate root, main.rs
         }
+        // How deep the file's module is: `m.rs` and `m/mod.rs` are 1,
+        // `m/x.rs` and `m/x/mod.rs` are 2, …
+        let depth = parts.len() - usize::from(parts.last().is_some_and(|f| f == "mod.rs"));
         let text = code(&file);
         let mut names: Vec<String> = after(&text, "crate::")
             .into_iter()
             .map(str::to_owned)
             .collect();
-        for group in text.match_indices("crate::{") {
-            let rest = &text[group.0 + "crate::{".len()..];
-            let body = &rest[..rest.find('}').unwrap_or(rest.len())];
-            names.extend(
-                body.split(',')
-                    .map(|n| n.trim().split("::").next().unwrap_or_default().to_owned()),
-            );
+        for (at, _) in text.match_indices("crate::{") {
+            let open = at + "crate::".len();
+            if let Some(close) = matching(&text, open) {
+                names.extend(group_heads(&text[open + 1..close]));
+            }
         }
-        if rel.components().count() == 1 {
-            names.extend(after(&text, "super::").into_iter().map(str::to_owned));
+        let climb = "super::".repeat(depth);
+        for (at, _) in text.match_indices(&climb) {
+            let rest = &text[at + climb.len()..];
+            if rest.starts_with("super::") {
+                continue;
+            }
+            if let Some(group) = rest.strip_prefix('{') {
+                let close = matching(rest, 0).unwrap_or(rest.len());
+                names.extend(group_heads(&group[..close.saturating_sub(1)]));
+            } else {
+                let end = rest
+                    .find(|c: char| !c.is_alphanumeric() && c != '_')
+                    .unwrap_or(rest.len());
+                names.push(rest[..end].to_owned());
+            }
         }
         let entry = uses.entry(top.clone()).or_default();
         for name in names {
@@ -244,12 +301,17 @@ fn only_the_fiber_stops_kills_or_drains_another_actor() {
     assert!(offenders.is_empty(), "{}", offenders.join("\n"));
 }
 
-/// `x.stop(None)` / `x.stop(Some(…))` on an actor that is not the caller
-/// itself (`me`, `myself`). The kernel benchmark's bare `ractor` actor is the
-/// one exception: it measures an actor outside the tree, on purpose.
+/// `x.stop(reason)` (ractor's stop takes a reason; a stop without
+/// arguments is some other handle's, like the script host's) on an actor
+/// that is not the caller itself (`me`, `myself`). The kernel benchmark's
+/// bare `ractor` actor (`bare`) is the one exception: it measures an actor
+/// outside the tree, on purpose.
 fn stops_another(line: &str) -> bool {
-    ["stop(None", "stop(Some("].iter().any(|call| {
-        line.match_indices(&format!(".{call}")).any(|(at, _)| {
+    [".stop("].iter().any(|call| {
+        line.match_indices(call).any(|(at, _)| {
+            if line[at + call.len()..].starts_with(')') {
+                return false;
+            }
             let receiver: String = line[..at]
                 .chars()
                 .rev()
@@ -263,26 +325,57 @@ fn stops_another(line: &str) -> bool {
     })
 }
 
+/// Whether a signature (from `fn` to its body or `;`) returns a
+/// `Result` whose error is `String`.
+fn returns_string_error(signature: &str) -> bool {
+    let Some(ret) = signature.split("->").nth(1) else {
+        return false;
+    };
+    let ret = ret.split(" where ").next().unwrap_or(ret).trim();
+    ret.contains("Result<") && ret.ends_with("String>")
+}
+
 #[test]
 fn no_public_library_function_returns_a_string_error() {
     let mut offenders = Vec::new();
     for dir in ["supervisors/src", "services/src", "actors/src"] {
         for file in rust_files(&repo().join(dir)) {
             let text = code(&file);
-            for (at, _) in text.match_indices("pub ") {
-                let rest = &text[at..];
-                let head = rest.trim_start_matches("pub ").trim_start_matches("async ");
-                if !head.starts_with("fn ") {
+            // Spans of public traits: every method there is public.
+            let traits: Vec<(usize, usize)> = text
+                .match_indices("pub trait ")
+                .filter_map(|(at, _)| {
+                    let open = at + text[at..].find('{')?;
+                    Some((open, matching(&text, open)?))
+                })
+                .collect();
+            for (at, _) in text.match_indices("fn ") {
+                let before = text[..at].trim_end();
+                let public = before.ends_with("pub")
+                    || before.ends_with("pub async")
+                    || traits.iter().any(|(o, c)| *o < at && at < *c);
+                let is_item = text[..at]
+                    .chars()
+                    .next_back()
+                    .is_none_or(|c| c.is_whitespace());
+                if !public || !is_item {
                     continue;
                 }
+                let rest = &text[at..];
                 let end = rest.find(['{', ';']).unwrap_or(rest.len());
                 let signature: String =
                     rest[..end].split_whitespace().collect::<Vec<_>>().join(" ");
-                if let Some(ret) = signature.split("->").nth(1)
-                    && ret.contains("Result<")
-                    && ret.trim_end().ends_with("String>")
-                {
+                if returns_string_error(&signature) {
                     offenders.push(format!("{}: {signature}", file.display()));
+                }
+            }
+            for (at, _) in text.match_indices("pub type ") {
+                let rest = &text[at..];
+                let end = rest.find(';').unwrap_or(rest.len());
+                let alias: String = rest[..end].split_whitespace().collect::<Vec<_>>().join(" ");
+                let target = alias.split('=').nth(1).unwrap_or_default().trim();
+                if target.starts_with("Result<") && target.ends_with("String>") {
+                    offenders.push(format!("{}: {alias}", file.display()));
                 }
             }
         }

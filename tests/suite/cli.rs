@@ -7,9 +7,11 @@ use dsh::kernel::scratch::fresh_dir;
 
 fn dsh(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
         .args(args)
         .current_dir(dir)
-        .env_remove("DSH_MODEL")
         .output()
         .expect("the dsh binary runs")
 }

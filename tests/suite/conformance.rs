@@ -28,6 +28,9 @@ fn workspace() -> PathBuf {
 
 fn replay(log: &Path, cwd: &Path, out: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
         .args([
             "replay",
             log.to_str().unwrap(),

@@ -14,12 +14,13 @@ fn workdir() -> PathBuf {
 
 fn dsh(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
         .args(args)
         .arg("--sessions-dir")
         .arg(dir.join("sessions"))
         .current_dir(dir)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
         .env_remove("DSH_SESSIONS_DB")
         .output()
         .expect("the dsh binary runs")
@@ -283,6 +284,9 @@ fn a_killed_ralph_loop_resumes_after_its_last_completed_round() {
     let server = endpoint();
     server.stall.store(2, Ordering::SeqCst);
     let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
         .args([
             "ralph",
             "Write NOTES.md",
@@ -315,6 +319,9 @@ fn a_killed_ralph_loop_resumes_after_its_last_completed_round() {
     let id = coordinator["id"].as_str().unwrap().to_owned();
     server.stall.store(0, Ordering::SeqCst);
     let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
         .args(["ralph", "--resume", &id, "--model", "m", "--base-url"])
         .arg(&server.url)
         .arg("--sessions-dir")

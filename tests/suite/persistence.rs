@@ -17,6 +17,9 @@ fn temp(name: &str) -> PathBuf {
 
 fn dsh() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dsh"));
+    c.env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL");
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
     c
 }

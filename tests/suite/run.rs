@@ -150,6 +150,59 @@ fn a_model_or_policy_flag_means_the_same_in_every_command() {
     assert!(text(&out.stderr).contains("--base-url needs --model"));
 }
 
+/// A `--config` file's `session-store` serves `workflow` as it serves
+/// `run`; a store named by a flag or a variable wins over it.
+#[test]
+fn a_configured_session_store_serves_every_command_unless_one_is_named() {
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-store").unwrap();
+    let configured = dir.join("configured");
+    let config = dir.join("cordis.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - {{ id: services, name: agent-services, config: {{ approval: never }} }}\n  \
+             - {{ id: model, name: scripted, config: {{ script: {} }} }}\n  \
+             - {{ id: store, name: session-store, config: {{ backend: jsonl, path: {} }} }}\n",
+            repo().join("demo/hello.json").display(),
+            configured.display()
+        ),
+    )
+    .unwrap();
+    let flow = dir.join("flow.js");
+    std::fs::write(&flow, "return 1;").unwrap();
+    let bare = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .args(args)
+            .current_dir(repo())
+            .env_remove("DSH_BASE_URL")
+            .env_remove("DSH_MODEL")
+            .env_remove("DSH_APPROVAL")
+            .env_remove("DSH_SESSIONS_DIR")
+            .env_remove("DSH_SESSIONS_DB")
+            .output()
+            .unwrap()
+    };
+    let config = config.to_str().unwrap();
+    let out = bare(&["run", "--config", config, "hi"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = bare(&["workflow", flow.to_str().unwrap(), "--config", config]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stored = std::fs::read_dir(&configured).unwrap().count();
+    assert_eq!(
+        stored, 2,
+        "the run's session and the workflow coordinator's"
+    );
+    // A store named by its variable wins over the configured one.
+    let named = dir.join("named");
+    let out = dsh_with(
+        &["workflow", flow.to_str().unwrap(), "--config", config],
+        &[("DSH_SESSIONS_DIR", named.to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read_dir(&named).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&configured).unwrap().count(), 2);
+}
+
 #[test]
 fn a_provider_failure_exits_non_zero_with_the_cause() {
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run").unwrap();

@@ -71,10 +71,99 @@ async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
     rt.shutdown().await;
 }
 
+/// `dsh serve --config` serves whatever tree the file boots: one with no
+/// agent services, or with several model routes, needs no route picked;
+/// with the keyless model from the flags, the API creates an agent on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-serve").unwrap();
+    let web_only = dir.join("web.yml");
+    std::fs::write(
+        &web_only,
+        "plugins:\n  - id: web\n    name: web\n    config: { bind: \"127.0.0.1:0\" }\n",
+    )
+    .unwrap();
+    let two_routes = dir.join("two.yml");
+    let script = dir.join("s.json");
+    std::fs::write(&script, r#"{"steps": [{"text": "hi"}]}"#).unwrap();
+    std::fs::write(
+        &two_routes,
+        format!(
+            "plugins:\n  - {{ id: services, name: agent-services }}\n  \
+             - {{ id: a, name: scripted, config: {{ provider: a, script: {s} }} }}\n  \
+             - {{ id: b, name: scripted, config: {{ provider: b, script: {s} }} }}\n",
+            s = script.display()
+        ),
+    )
+    .unwrap();
+    let cases: [Vec<String>; 3] = [
+        vec!["--config".into(), web_only.display().to_string()],
+        vec![
+            "--config".into(),
+            two_routes.display().to_string(),
+            "--bind".into(),
+            "127.0.0.1:0".into(),
+        ],
+        vec![
+            "--demo-model".into(),
+            "--mutations".into(),
+            "--bind".into(),
+            "127.0.0.1:0".into(),
+        ],
+    ];
+    for args in cases {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .env_remove("DSH_BASE_URL")
+            .env_remove("DSH_MODEL")
+            .env_remove("DSH_APPROVAL")
+            .env("DSH_SESSIONS_DIR", dir.join("sessions"))
+            .arg("serve")
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_or_default();
+        let base = line
+            .strip_prefix("dsh serve: listening on ")
+            .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"))
+            .to_owned();
+        let c = client();
+        let r = c.get(format!("{base}/api/tree")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{args:?}");
+        if args.contains(&"--demo-model".to_owned()) {
+            let r = c
+                .post(format!("{base}/api/agents"))
+                .json(&serde_json::json!({"prompt": "Write one line about teardown."}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201, "{args:?}");
+        }
+        let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = tokio::time::timeout(WAIT, child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(status.success(), "{args:?}: {status:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dsh_serve_requires_its_token_and_exits_cleanly_on_sigterm() {
     use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
         .args([
             "serve",
             "--bind",

@@ -42,8 +42,8 @@
 //! | field | written by | guarded by |
 //! |---|---|---|
 //! | `Inner::inbox`: queues, `turn`, `running`, `cancel`, `accepting`, `last`, `opened`, `cancel_next`, `fresh` | input (`followup`, `steer`, `inject`, `cancel`); the driver claiming and settling a turn; teardown (`close_and_cancel`, `finish`, `abandon`) | the inbox mutex; a splice is logged while it is held, so the logged positions are the queue's |
-//! | `Inner::idle` | cleared by input, set by the driver and `finish`, each under the inbox lock | a `SeqCst` flag and a `Notify`; a waiter registers before it checks, so no wake-up is lost |
-//! | `Inner::life` (`Awake`, `Asleep`, `Gone`) | `set_awake` (create, wake), `hibernate`, `finish` | the life mutex; it changes only inside a transition |
+//! | `Inner::idle` | cleared by input and set by the driver, under the inbox lock; set by `finish` after input is closed | a `SeqCst` flag and a `Notify`; a waiter registers before it checks, so no wake-up is lost |
+//! | `Inner::life` (`Awake`, `Asleep`, `Gone`) | `set_awake` (in `create`, before anyone else holds the agent; in `wake`), `hibernate`, `finish` (at disposal, from `dispose` or the owner's teardown) | the life mutex; sleep, wake and disposal also take turns (`transitioning`) |
 //! | `Inner::transitioning` | `transition()` (compare-exchange), its guard's drop | `AcqRel` atomic; one sleep, wake or disposal at a time; waiters wait on `idle.changed` |
 //! | `Inner::ending`: owner hook, disposal callbacks | `create` (the hook), `on_disposed`, `finish` (takes both) | the ending mutex; `on_disposed` checks `Gone` under it, so a callback is run or found, never lost |
 //! | `Inner::durable` | `hibernate` (what the session actor wrote), `write_tail` | `Release`/`Acquire`; only transitions write it |
@@ -57,8 +57,11 @@
 //! | `Awake::step`, `published_ms` | the driver | `Relaxed` (read for display) |
 //!
 //! Locks nest only in this order: `ending` → `life` → `inbox` →
-//! `step_children` (and, under the inbox lock, the session log's own lock,
-//! to log a splice).
+//! `step_children` and the scope fiber's own lock (`may_sleep` counts its
+//! effects and children). Under the inbox lock a splice or a turn's opening
+//! is appended to the session, so the session's locks and its observers run
+//! there too: an observer must not call the same agent's input or progress
+//! methods (it would wait on the inbox lock its own append holds).
 
 mod driver;
 mod envelope;
