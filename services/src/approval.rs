@@ -26,7 +26,8 @@ pub enum ApprovalPolicy {
     Always,
 }
 
-/// A policy name that is none of `never`, `ask`, `always`.
+/// A policy name that is none of `never`, `ask`, `always`. Fatal: the
+/// name must change.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("unknown approval policy `{0}` (expected never, ask or always)")]
 pub struct UnknownPolicy(pub String);

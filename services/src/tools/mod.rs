@@ -164,7 +164,10 @@ impl ToolOutput {
     }
 }
 
-/// A failed call: a stable code and a message for the model.
+/// A failed call: a stable code and a message for the model. It becomes an
+/// error result the model reads; whether a retry helps is the model's to
+/// judge from the code (`INVALID_ARGS`: fix the arguments; `TIMEOUT`,
+/// `FAILED`: maybe; `DENIED`, `UNKNOWN_TOOL`: not as it is).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ToolError {

@@ -77,7 +77,8 @@ impl fmt::Display for Problem {
     }
 }
 
-/// A config that cannot be used; lists every problem found.
+/// A config that cannot be used; lists every problem found, each with its
+/// place. Fatal until the files change; nothing was started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ConfigError {
     /// The problems, in file order.
