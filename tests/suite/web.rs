@@ -71,12 +71,50 @@ async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
     rt.shutdown().await;
 }
 
+/// Starts `dsh serve` with `args` and `env` (and none of the caller's model
+/// or policy variables); returns it and the base URL it printed.
+async fn dsh_serve(args: &[String], env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
+        .envs(env.iter().copied())
+        .arg("serve")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_or_default();
+    let base = line
+        .strip_prefix("dsh serve: listening on ")
+        .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"))
+        .to_owned();
+    (child, base)
+}
+
+/// SIGTERM, then the exit status (within the wait budget).
+async fn terminate(mut child: tokio::process::Child) -> std::process::ExitStatus {
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// `dsh serve --config` serves whatever tree the file boots: one with no
 /// agent services, or with several model routes, needs no route picked;
 /// with the keyless model from the flags, the API creates an agent on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
-    use tokio::io::AsyncBufReadExt;
     let dir = dsh::kernel::scratch::fresh_dir("dsh-serve").unwrap();
     let web_only = dir.join("web.yml");
     std::fs::write(
@@ -112,29 +150,10 @@ async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
             "127.0.0.1:0".into(),
         ],
     ];
+    let sessions = dir.join("sessions");
     for args in cases {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-            .env_remove("DSH_BASE_URL")
-            .env_remove("DSH_MODEL")
-            .env_remove("DSH_APPROVAL")
-            .env("DSH_SESSIONS_DIR", dir.join("sessions"))
-            .arg("serve")
-            .args(&args)
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap_or_default();
-        let base = line
-            .strip_prefix("dsh serve: listening on ")
-            .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"))
-            .to_owned();
+        let (child, base) =
+            dsh_serve(&args, &[("DSH_SESSIONS_DIR", sessions.to_str().unwrap())]).await;
         let c = client();
         let r = c.get(format!("{base}/api/tree")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{args:?}");
@@ -147,46 +166,15 @@ async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
                 .unwrap();
             assert_eq!(r.status(), 201, "{args:?}");
         }
-        let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let status = tokio::time::timeout(WAIT, child.wait())
-            .await
-            .unwrap()
-            .unwrap();
+        let status = terminate(child).await;
         assert!(status.success(), "{args:?}: {status:?}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dsh_serve_requires_its_token_and_exits_cleanly_on_sigterm() {
-    use tokio::io::AsyncBufReadExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .env_remove("DSH_APPROVAL")
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--token-env",
-            "DSH_TEST_WEB_TOKEN",
-        ])
-        .env("DSH_TEST_WEB_TOKEN", "s3cret")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(WAIT, lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let base = line
-        .strip_prefix("dsh serve: listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
-        .to_owned();
+    let args = ["--bind", "127.0.0.1:0", "--token-env", "DSH_TEST_WEB_TOKEN"].map(String::from);
+    let (child, base) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
     let c = client();
     let r = c.get(format!("{base}/api/tree")).send().await.unwrap();
     assert_eq!(r.status(), 401);
@@ -214,12 +202,7 @@ async fn dsh_serve_requires_its_token_and_exits_cleanly_on_sigterm() {
             .any(|n| n["name"] == "plugin/agent-services"),
         "{tree}"
     );
-    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(WAIT, child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = terminate(child).await;
     assert!(status.success(), "{status:?}");
 }
 
