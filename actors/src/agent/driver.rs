@@ -124,9 +124,7 @@ fn settle(agent: &Agent, summary: TurnSummary) {
         inbox.last = Some(Box::new(summary.clone()));
         let leftover: Vec<Arc<Message>> = inbox.steer.drain(..).collect();
         for message in leftover {
-            let start = inbox.followups.len();
-            agent.splice(start, 0, std::slice::from_ref(&message));
-            inbox.followups.push_back(message);
+            agent.enqueue(&mut inbox, message);
         }
     }
     if let Some(hook) = &agent.inner.spec.on_turn_end {

@@ -84,14 +84,19 @@ impl Agent {
                 return Err(AgentError::Closed(self.inner.id.to_string()));
             }
             inbox.fresh = false;
-            let start = inbox.followups.len();
-            let message = Arc::new(message);
-            self.splice(start, 0, std::slice::from_ref(&message));
-            inbox.followups.push_back(message);
+            self.enqueue(&mut inbox, Arc::new(message));
             self.inner.idle.set(false);
         }
         self.kick();
         Ok(())
+    }
+
+    /// Queues `message` as the last pending prompt, logging the splice at
+    /// its position (`inbox` is the caller's held lock).
+    pub(super) fn enqueue(&self, inbox: &mut Inbox, message: Arc<Message>) {
+        let start = inbox.followups.len();
+        self.splice(start, 0, std::slice::from_ref(&message));
+        inbox.followups.push_back(message);
     }
 
     /// Records one mutation of the pending prompts (`agent/inbox/spliced`),
@@ -118,10 +123,7 @@ impl Agent {
                 return Ok(());
             }
             inbox.fresh = false;
-            let start = inbox.followups.len();
-            let message = Arc::new(message);
-            self.splice(start, 0, std::slice::from_ref(&message));
-            inbox.followups.push_back(message);
+            self.enqueue(&mut inbox, Arc::new(message));
             self.inner.idle.set(false);
         }
         self.kick();
