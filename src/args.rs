@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use dsh_services::approval::ApprovalPolicy;
+use dsh_services::sandbox::{BackendChoice, PermissionMode, Settings};
 
 use crate::exit::{self, Exit};
 
@@ -144,10 +145,28 @@ impl ModelArgs {
 #[command(next_help_heading = "Policy")]
 pub struct PolicyArgs {
     /// Approval policy for actions that ask: never, ask or always; with `ask`
-    /// the terminal answers (no terminal: asks fail closed)
+    /// the controlling terminal answers (no terminal: asks fail closed)
     /// [env: DSH_APPROVAL] [default: ask, or the config's `agent-services` entry]
     #[arg(long, value_name = "POLICY")]
     pub approval: Option<ApprovalPolicy>,
+    /// What agents' tools may change: read-only, workspace-write (the
+    /// workspace and a private temp dir) or danger-full-access (anything);
+    /// delegated agents get at most their parent's [env: DSH_PERMISSION_MODE]
+    /// [default: workspace-write, or the config's]
+    #[arg(long, value_name = "MODE")]
+    pub permission_mode: Option<PermissionMode>,
+    /// Cut agents' commands off the network (enforced by bwrap; refused
+    /// where only Landlock confines) [env: DSH_NO_NETWORK=1]
+    #[arg(long)]
+    pub no_network: bool,
+    /// Let tool processes see this variable although it holds a secret
+    /// (repeatable) [env: DSH_PASS_ENV, comma-separated]
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pub pass_env: Vec<String>,
+    /// What confines commands: auto (bwrap, else Landlock), bwrap or
+    /// landlock [env: DSH_SANDBOX] [default: auto, or the config's]
+    #[arg(long, value_name = "BACKEND")]
+    pub sandbox: Option<BackendChoice>,
 }
 
 impl PolicyArgs {
@@ -171,6 +190,59 @@ impl PolicyArgs {
                 .map(Some)
                 .map_err(|e| Exit::usage(format!("$DSH_APPROVAL: {e}"))),
         }
+    }
+
+    /// `settings` (the config's, or the defaults) with what the flags and
+    /// their variables set applied over them; a bad variable is refused.
+    pub fn sandbox_over(&self, settings: Settings) -> exit::Result<Settings> {
+        self.sandbox_in(settings, &|name| std::env::var(name).ok())
+    }
+
+    fn sandbox_in(
+        &self,
+        mut settings: Settings,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> exit::Result<Settings> {
+        let var = |name: &str| env(name).filter(|v| !v.is_empty());
+        if let Some(mode) = self.permission_mode {
+            settings.defaults.mode = mode;
+        } else if let Some(v) = var("DSH_PERMISSION_MODE") {
+            settings.defaults.mode = v
+                .parse()
+                .map_err(|e| Exit::usage(format!("$DSH_PERMISSION_MODE: {e}")))?;
+        }
+        if self.no_network {
+            settings.defaults.network = false;
+        } else if let Some(v) = var("DSH_NO_NETWORK") {
+            settings.defaults.network = match v.as_str() {
+                "1" | "true" | "yes" => false,
+                "0" | "false" | "no" => true,
+                other => {
+                    return Err(Exit::usage(format!(
+                        "$DSH_NO_NETWORK: `{other}` is not a yes/no value (1, true, yes, 0, false, no)"
+                    )));
+                }
+            };
+        }
+        if let Some(b) = self.sandbox {
+            settings.backend = b;
+        } else if let Some(v) = var("DSH_SANDBOX") {
+            settings.backend = v
+                .parse()
+                .map_err(|e| Exit::usage(format!("$DSH_SANDBOX: {e}")))?;
+        }
+        let listed = var("DSH_PASS_ENV").unwrap_or_default();
+        let passed = listed
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned);
+        for name in self.pass_env.iter().cloned().chain(passed) {
+            if !settings.pass_env.contains(&name) {
+                settings.pass_env.push(name);
+            }
+        }
+        Ok(settings)
     }
 }
 
@@ -318,6 +390,7 @@ mod tests {
     fn the_approval_flag_wins_and_a_bad_variable_says_which() {
         let flag = PolicyArgs {
             approval: Some(ApprovalPolicy::Never),
+            ..PolicyArgs::default()
         };
         let vars = [("DSH_APPROVAL", "always")];
         assert_eq!(
@@ -334,5 +407,40 @@ mod tests {
         let bad = PolicyArgs::default().approval_in(&env(&[("DSH_APPROVAL", "sometimes")]));
         let message = bad.err().and_then(|e| e.message).unwrap_or_default();
         assert!(message.starts_with("$DSH_APPROVAL: unknown approval policy `sometimes`"));
+    }
+
+    #[test]
+    fn sandbox_flags_win_over_variables_which_win_over_the_config() {
+        let config = Settings {
+            backend: BackendChoice::Bwrap,
+            pass_env: vec!["A_API_KEY".into()],
+            ..Settings::default()
+        };
+        let vars = [
+            ("DSH_PERMISSION_MODE", "danger-full-access"),
+            ("DSH_NO_NETWORK", "1"),
+            ("DSH_PASS_ENV", "B_TOKEN, A_API_KEY"),
+        ];
+        let flags = PolicyArgs {
+            permission_mode: Some(PermissionMode::ReadOnly),
+            ..PolicyArgs::default()
+        };
+        let got = flags.sandbox_in(config.clone(), &env(&vars)).ok();
+        let got = got.unwrap_or_default();
+        assert_eq!(got.defaults.mode, PermissionMode::ReadOnly);
+        assert!(!got.defaults.network);
+        assert_eq!(got.backend, BackendChoice::Bwrap);
+        assert_eq!(got.pass_env, ["A_API_KEY", "B_TOKEN"]);
+        let from_env = PolicyArgs::default().sandbox_in(config.clone(), &env(&vars));
+        assert_eq!(
+            from_env.ok().map(|s| s.defaults.mode),
+            Some(PermissionMode::DangerFullAccess)
+        );
+        let bad = PolicyArgs::default().sandbox_in(config, &env(&[("DSH_PERMISSION_MODE", "all")]));
+        let message = bad.err().and_then(|e| e.message).unwrap_or_default();
+        assert!(
+            message.starts_with("$DSH_PERMISSION_MODE: unknown permission mode `all`"),
+            "{message}"
+        );
     }
 }

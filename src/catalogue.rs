@@ -10,6 +10,7 @@ use dsh_services::llm::LlmRuntime;
 use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
 use dsh_services::llm::scripted::ScriptedModel;
 use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
+use dsh_services::sandbox::{BackendChoice, PermissionMode, Policy, Sandbox, Settings};
 use dsh_services::tools::ToolRegistry;
 use dsh_services::tools::builtin::register_builtin;
 use dsh_supervisors::{BoxError, Catalogue, Context, Plugin};
@@ -152,6 +153,34 @@ pub struct AgentServicesConfig {
     /// awake agents).
     #[serde(default)]
     pub hibernate: Option<Hibernation>,
+    /// What agents' tools may change without asking: `read-only`,
+    /// `workspace-write` (default) or `danger-full-access`.
+    #[serde(default)]
+    pub permission_mode: Option<PermissionMode>,
+    /// Whether agents' commands reach the network (default true).
+    #[serde(default)]
+    pub network: Option<bool>,
+    /// What confines commands: `auto` (default: bwrap, else Landlock),
+    /// `bwrap` or `landlock`.
+    #[serde(default)]
+    pub sandbox: Option<BackendChoice>,
+    /// Variables tool processes see although they hold secrets.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+}
+
+impl AgentServicesConfig {
+    /// The sandbox settings this entry gives.
+    pub fn sandbox_settings(&self) -> Settings {
+        Settings {
+            defaults: Policy {
+                mode: self.permission_mode.unwrap_or_default(),
+                network: self.network.unwrap_or(true),
+            },
+            backend: self.sandbox.unwrap_or_default(),
+            pass_env: self.pass_env.clone(),
+        }
+    }
 }
 
 /// Idle time after which an agent hibernates unless configured otherwise.
@@ -180,7 +209,8 @@ fn default_max_ms() -> u64 {
 }
 
 /// Provides what agents need: `llm`, `tools` (with the built-in tools),
-/// `approval`, `agents` and `systemPrompt`, and the retry listener; and,
+/// `approval`, `sandbox`, `agents` and `systemPrompt`, and the retry
+/// listener; and,
 /// unless `multi_agent: false`, `subagents` and `workflow-engine` with the
 /// `subagent`, `subagent_fork`, `send_message`, `interrupt_agent`,
 /// `list_agents`, `workflow` and `ralph` tools.
@@ -209,6 +239,10 @@ impl Plugin for AgentServices {
         });
         ctx.provide(Agents::SERVICE, Agents::start(&ctx, hibernation).await?)?;
         ctx.provide(SystemPrompt::SERVICE, Arc::new(SystemPrompt::new()))?;
+        ctx.provide(
+            Sandbox::SERVICE,
+            Arc::new(Sandbox::new(config.sandbox_settings())),
+        )?;
         if config.builtin_tools.unwrap_or(true) {
             register_builtin(&ctx, &tools)?;
         }
@@ -276,6 +310,8 @@ impl Plugin for OpenAi {
             .api_key_env
             .clone()
             .unwrap_or_else(|| "DSH_API_KEY".into());
+        // Tool processes never see the key.
+        dsh_services::sandbox::env::register_secret(&key_env);
         let adapter = OpenAiCompatible::new(OpenAiConfig {
             base_url: config.base_url.clone(),
             api_key: std::env::var(&key_env).ok().filter(|k| !k.is_empty()),

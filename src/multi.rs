@@ -497,6 +497,7 @@ pub async fn demo(opts: DemoArgs) -> Exit {
         },
         policy: PolicyArgs {
             approval: Some(dsh_services::approval::ApprovalPolicy::Never),
+            ..PolicyArgs::default()
         },
         config: ConfigArgs::default(),
     };

@@ -177,6 +177,11 @@ fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
         match &e.data {
             EventData::StepStart { .. } => phase(&spinner, THINKING),
             EventData::TurnEnd { .. } => phase(&spinner, IDLE),
+            // The question goes to the terminal: no spinner over it.
+            EventData::Other { kind, .. } if &**kind == "approval/asked" => phase(&spinner, IDLE),
+            EventData::Other { kind, .. } if &**kind == "approval/decided" => {
+                phase(&spinner, TOOLS)
+            }
             _ => {}
         }
         match &e.data {

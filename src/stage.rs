@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use dsh_services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
+use dsh_services::sandbox::Sandbox;
 use dsh_supervisors::{Error, Loader, Runtime, Source};
 
 use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
@@ -73,6 +74,9 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
     }
     if let (Some(policy), Some(seam)) = (approval, root.get::<Approval>(Approval::SERVICE)) {
         seam.set_policy(policy);
+    }
+    if let Some(sandbox) = root.get::<Sandbox>(Sandbox::SERVICE) {
+        sandbox.set(args.policy.sandbox_over(sandbox.settings())?);
     }
     if purpose == Purpose::Serve {
         // Each request names its route (or takes the only one); nothing to pick.
@@ -188,38 +192,70 @@ fn pick_provider(registered: &[String], asked: Option<&str>) -> exit::Result<Opt
     }
 }
 
-/// With the `ask` policy and a terminal on stdin, the terminal answers:
-/// anything but `y`/`yes` rejects.
+/// With the `ask` policy and a controlling terminal, the terminal answers
+/// (whatever stdin and stdout are): the request and its reason are shown on
+/// it, and anything but `y`/`yes` rejects. One question at a time.
 fn answer_on_terminal(rt: &Runtime) -> exit::Result<()> {
     let root = rt.root();
     let asks = root
         .get::<Approval>(Approval::SERVICE)
         .is_some_and(|a| a.policy() == ApprovalPolicy::Ask);
-    if !asks || !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+    if !asks || open_tty().is_err() {
         return Ok(());
     }
-    root.on_waterfall(|ask: ApprovalAsk, _next| async move {
-        let question = format!(
-            "\napprove `{}` {} ({})? [y/N] ",
-            ask.request.tool, ask.request.arguments, ask.request.reason
-        );
-        let answer = tokio::task::spawn_blocking(move || {
-            eprint!("{question}");
-            let _ = std::io::stderr().flush();
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line).map(|_| line)
-        })
-        .await;
-        match answer {
-            Ok(Ok(line)) if matches!(line.trim().to_lowercase().as_str(), "y" | "yes") => {
-                ApprovalOutcome::AllowedOnce
+    let one_at_a_time = Arc::new(std::sync::Mutex::new(()));
+    root.on_waterfall(move |ask: ApprovalAsk, _next| {
+        let one_at_a_time = one_at_a_time.clone();
+        async move {
+            let question = question(&ask);
+            // A blocking read of the terminal, on the blocking pool; a
+            // withdrawn ask drops this future (its answer is discarded).
+            let answer = tokio::task::spawn_blocking(move || {
+                let _turn = one_at_a_time.lock();
+                let mut tty = open_tty()?;
+                tty.write_all(question.as_bytes())?;
+                tty.flush()?;
+                let mut line = String::new();
+                std::io::BufRead::read_line(&mut std::io::BufReader::new(tty), &mut line)?;
+                Ok::<_, std::io::Error>(line)
+            })
+            .await;
+            match answer {
+                Ok(Ok(line)) if matches!(line.trim().to_lowercase().as_str(), "y" | "yes") => {
+                    ApprovalOutcome::AllowedOnce
+                }
+                Ok(Ok(_)) => ApprovalOutcome::Rejected,
+                _ => ApprovalOutcome::Unavailable,
             }
-            Ok(Ok(_)) => ApprovalOutcome::Rejected,
-            _ => ApprovalOutcome::Unavailable,
         }
     })
     .map(|_| ())
     .map_err(failed)
+}
+
+/// The controlling terminal, for reading and writing.
+fn open_tty() -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+}
+
+/// What the terminal shows for `ask` (arguments cut to a screenful).
+fn question(ask: &ApprovalAsk) -> String {
+    let mut args = ask.request.arguments.to_string();
+    if args.len() > 2000 {
+        let cut = (0..=2000)
+            .rev()
+            .find(|i| args.is_char_boundary(*i))
+            .unwrap_or(0);
+        args.truncate(cut);
+        args.push('…');
+    }
+    format!(
+        "\n── approval needed ──\ntool: {}\narguments: {args}\nreason: {}\nallow this once? [y/N] ",
+        ask.request.tool, ask.request.reason
+    )
 }
 
 fn failed(e: impl std::fmt::Display) -> Exit {

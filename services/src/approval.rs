@@ -11,6 +11,7 @@ use std::sync::RwLock;
 use dsh_supervisors::{Context, Event, Target, Waterfall};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
 use crate::session::{EventData, SESSION_SERVICE, SessionWriter};
 
@@ -84,9 +85,15 @@ pub struct ApprovalRequest {
 }
 
 /// `approval/request` (waterfall): answerers return an outcome or call `next`.
+/// An answerer that waits (for a person) stops waiting when `cancel`
+/// fires; the seam then answers `cancelled` and drops the answerer's future.
 pub struct ApprovalAsk {
+    /// This ask's id (the one its `approval/asked` record carries).
+    pub id: String,
     /// The question.
     pub request: ApprovalRequest,
+    /// Fires when the question is withdrawn (the call or turn was cancelled).
+    pub cancel: CancellationToken,
 }
 
 impl Event for ApprovalAsk {
@@ -128,10 +135,16 @@ impl Approval {
         }
     }
 
-    /// Obtains one outcome for `request`. When `ctx` belongs to an agent,
-    /// the question and its outcome are recorded in its session as
-    /// `approval/asked` and `approval/decided` (log-only audit).
-    pub async fn request(&self, ctx: &Context, request: ApprovalRequest) -> ApprovalOutcome {
+    /// Obtains one outcome for `request`; `cancelled` as soon as `cancel`
+    /// fires. When `ctx` belongs to an agent, the question and its outcome
+    /// are recorded in its session as `approval/asked` and
+    /// `approval/decided` (log-only audit).
+    pub async fn request(
+        &self,
+        ctx: &Context,
+        request: ApprovalRequest,
+        cancel: &CancellationToken,
+    ) -> ApprovalOutcome {
         let session = ctx.get::<dyn SessionWriter>(SESSION_SERVICE);
         let id = format!("approval_{}", crate::llm::Message::new_id());
         if let Some(s) = &session {
@@ -145,7 +158,10 @@ impl Approval {
                 data: asked,
             });
         }
-        let outcome = self.decide(ctx, request).await;
+        let outcome = tokio::select! {
+            outcome = self.decide(ctx, id.clone(), request, cancel.clone()) => outcome,
+            () = cancel.cancelled() => ApprovalOutcome::Cancelled,
+        };
         if let Some(s) = &session {
             let _ = s.append_log_only(EventData::Other {
                 kind: std::sync::Arc::from("approval/decided"),
@@ -155,16 +171,25 @@ impl Approval {
         outcome
     }
 
-    async fn decide(&self, ctx: &Context, request: ApprovalRequest) -> ApprovalOutcome {
+    async fn decide(
+        &self,
+        ctx: &Context,
+        id: String,
+        request: ApprovalRequest,
+        cancel: CancellationToken,
+    ) -> ApprovalOutcome {
         match self.policy() {
             ApprovalPolicy::Never => ApprovalOutcome::Rejected,
             ApprovalPolicy::Always => ApprovalOutcome::AllowedOnce,
             ApprovalPolicy::Ask => {
                 let target = Target::Scope(ctx.scope_key().cloned());
+                let ask = ApprovalAsk {
+                    id,
+                    request,
+                    cancel,
+                };
                 ctx.events()
-                    .waterfall(&target, ApprovalAsk { request }, |_| async {
-                        ApprovalOutcome::Unavailable
-                    })
+                    .waterfall(&target, ask, |_| async { ApprovalOutcome::Unavailable })
                     .await
                     .unwrap_or(ApprovalOutcome::Unavailable)
             }

@@ -16,6 +16,9 @@
 //! - [`replay`]: the replay model — a provider serving a recorded session's
 //!   model output.
 //! - [`approval`]: the approval seam (never / ask / always; fails closed).
+//! - [`sandbox`]: permission modes and policies, the process sandbox (bwrap,
+//!   else Landlock; fails closed with `SANDBOX_UNAVAILABLE`), and the
+//!   secret-free environment child processes see.
 //! - [`persistence`]: sessions on disk (JSONL, zstd frames, SQLite), crash
 //!   repair on load (torn tails reported, interrupted turns closed), listing.
 //! - [`tools`]: tool definitions (arguments as one typed struct, its schema
@@ -38,5 +41,6 @@ pub mod llm;
 pub mod persistence;
 pub mod prompt;
 pub mod replay;
+pub mod sandbox;
 pub mod session;
 pub mod tools;

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use dsh_actors::agent::{Agent, AgentSpec, Agents, Cancelled};
 use dsh_services::llm::{LlmRuntime, Message};
 use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
+use dsh_services::sandbox::{PermissionMode, Policy, Sandbox};
 use dsh_services::session::SessionEvent;
 use dsh_supervisors::Runtime;
 use serde::Deserialize;
@@ -238,7 +239,9 @@ fn tail(
 }
 
 /// Reads a JSON body of at most [`MAX_BODY`] bytes into `T`.
-async fn body<T: serde::de::DeserializeOwned>(request: Request) -> Result<T, Box<Response>> {
+pub(super) async fn body<T: serde::de::DeserializeOwned>(
+    request: Request,
+) -> Result<T, Box<Response>> {
     let bytes = axum::body::to_bytes(request.into_body(), MAX_BODY)
         .await
         .map_err(|_| {
@@ -258,7 +261,7 @@ async fn body<T: serde::de::DeserializeOwned>(request: Request) -> Result<T, Box
 }
 
 /// The refusal of a mutating request on a read-only server.
-fn read_only(api: &Api) -> Option<Response> {
+pub(super) fn read_only(api: &Api) -> Option<Response> {
     if api.mutations {
         None
     } else {
@@ -280,6 +283,9 @@ struct CreateAgent {
     model: Option<String>,
     #[serde(default)]
     system: Option<String>,
+    /// At most the server's standing mode.
+    #[serde(default, rename = "permissionMode")]
+    permission_mode: Option<PermissionMode>,
 }
 
 /// `POST /api/agents`: a new top-level agent running `prompt`.
@@ -321,6 +327,16 @@ pub(super) async fn create(State(api): State<Api>, request: Request) -> Response
     let cwd = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
     let mut agent_spec = AgentSpec::new(&provider, spec.model.as_deref().unwrap_or("default"), cwd);
     agent_spec.system = spec.system;
+    if let Some(mode) = spec.permission_mode {
+        let standing = root
+            .get::<Sandbox>(Sandbox::SERVICE)
+            .map(|s| s.defaults())
+            .unwrap_or_default();
+        agent_spec.permission = Some(standing.narrowed(Some(Policy {
+            mode,
+            network: standing.network,
+        })));
+    }
     let agent = match Agent::create(&root, agent_spec).await {
         Ok(a) => a,
         Err(e) => return error(StatusCode::CONFLICT, "CREATE_FAILED", e.to_string()),

@@ -17,14 +17,28 @@
 //! - `GET /api/sessions`: live agents' sessions, then stored ones.
 //! - `GET /api/sessions/{id}/events?from_seq=N&limit=M`: a page of events;
 //!   `&stream=1` streams them as SSE, then every new one (a live session).
-//! - `POST /api/agents` `{prompt, provider?, model?, system?}`, and
-//!   `POST /api/agents/{id}/followup|steer` `{text}`, `.../cancel`: only
-//!   when `mutations: true`.
+//! - `POST /api/agents` `{prompt, provider?, model?, system?,
+//!   permissionMode?}`, and `POST /api/agents/{id}/followup|steer`
+//!   `{text}`, `.../cancel`: only when `mutations: true`.
+//! - `GET /api/approvals`, `POST /api/approvals/{id}` `{outcome}`: the
+//!   approval asks waiting for an answer ([`approvals`]; answered only when
+//!   `mutations: true`).
 //!
 //! Errors are JSON `{"error": {"code", "message"}}` with a stable code.
-//! Safety: the server binds 127.0.0.1 unless told otherwise; any other
-//! address requires a bearer token (read from an environment variable),
-//! checked on every request; request bodies are bounded; no CORS headers.
+//!
+//! Safety — the API is reachable from any page the user's browser opens,
+//! so every request is checked ([`guard`]):
+//! - the server binds 127.0.0.1 unless told otherwise; any other address
+//!   requires a bearer token (read from an environment variable);
+//! - without a token, the `Host` must be the bound address or a loopback
+//!   name with its port (a DNS-rebinding page names its own host);
+//! - with a token, every request carries it as `Authorization: Bearer`;
+//!   `?token=` is accepted for `GET` only (the page's `EventSource` cannot
+//!   set headers);
+//! - a request that is not `GET`/`HEAD` needs `Content-Type:
+//!   application/json` (which a cross-site form or a no-CORS `fetch` cannot
+//!   send) and an `Origin` that is absent or this server's own;
+//! - request bodies are bounded; no CORS headers are ever sent.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,7 +46,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -46,6 +60,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 mod agents;
+mod approvals;
 mod sse;
 
 /// Config of the `web` plugin.
@@ -121,6 +136,10 @@ pub(crate) struct Api {
     pub(crate) stop: CancellationToken,
     /// Whether mutating endpoints are enabled.
     pub(crate) mutations: bool,
+    /// Where the server listens (the `Host` it answers to).
+    bound: SocketAddr,
+    /// Approval asks waiting for a client.
+    approvals: Arc<approvals::Pending>,
 }
 
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -372,31 +391,94 @@ struct Following {
     events: sse::Events,
 }
 
-async fn authorize(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Every request's checks, in order: the `Host` (without a token), the
+/// token (with one), then, for anything but `GET`/`HEAD`, a JSON body and
+/// no foreign `Origin`.
+async fn guard(State(api): State<Api>, request: Request, next: Next) -> Response {
+    let reading = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    let headers = request.headers();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or("");
+    if api.token.is_none() && !loopback_host(host, api.bound) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN_HOST",
+            format!(
+                "this server answers to its own address only (Host: {} or localhost:{}), not `{host}`",
+                api.bound,
+                api.bound.port()
+            ),
+        );
+    }
     if let Some(token) = &api.token {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        // The page's EventSource cannot set headers: `?token=` also works.
-        let in_query = request.uri().query().is_some_and(|q| {
-            q.split('&')
-                .any(|kv| kv.strip_prefix("token=") == Some(token.as_ref()))
-        });
+        // The page's EventSource cannot set headers: `?token=` works for
+        // reads only.
+        let in_query = reading
+            && request.uri().query().is_some_and(|q| {
+                q.split('&')
+                    .any(|kv| kv.strip_prefix("token=") == Some(token.as_ref()))
+            });
         if given != Some(token.as_ref()) && !in_query {
             return error(
                 StatusCode::UNAUTHORIZED,
                 "UNAUTHORIZED",
-                "this server requires `Authorization: Bearer <token>`",
+                "this server requires `Authorization: Bearer <token>` (`?token=` is accepted on GET requests only)",
             );
         }
     }
+    if !reading {
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "JSON_REQUIRED",
+                "requests that change things need `Content-Type: application/json`",
+            );
+        }
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or("");
+            let own = [format!("http://{host}"), format!("https://{host}")];
+            if !own.iter().any(|o| o.eq_ignore_ascii_case(origin)) {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "CROSS_ORIGIN",
+                    format!("requests from `{origin}` may not change this server"),
+                );
+            }
+        }
+    }
     next.run(request).await
+}
+
+/// Whether `host` (a `Host` header) names `bound`: its own `ip:port`, or a
+/// loopback name with its port.
+fn loopback_host(host: &str, bound: SocketAddr) -> bool {
+    if host == bound.to_string() {
+        return true;
+    }
+    let Some((name, port)) = host.rsplit_once(':') else {
+        return false;
+    };
+    port.parse::<u16>() == Ok(bound.port())
+        && bound.ip().is_loopback()
+        && matches!(
+            name.to_ascii_lowercase().as_str(),
+            "localhost" | "127.0.0.1" | "[::1]"
+        )
 }
 
 /// The dashboard: one page, its script and styles inside (no network).
@@ -419,18 +501,23 @@ async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint")
 }
 
-/// The API's routes over `rt`; `stop` ends the open streams.
-pub fn router(
+/// The API's routes over `rt`, served at `bound`; `stop` ends the open
+/// streams.
+fn router(
     rt: Runtime,
     token: Option<Arc<str>>,
     stop: CancellationToken,
     mutations: bool,
+    bound: SocketAddr,
+    approvals: Arc<approvals::Pending>,
 ) -> Router {
     let api = Api {
         rt,
         token,
         stop,
         mutations,
+        bound,
+        approvals,
     };
     Router::new()
         .route("/api/tree", get(tree))
@@ -446,8 +533,13 @@ pub fn router(
             "/api/agents/{id}/{action}",
             axum::routing::post(agents::act),
         )
+        .route("/api/approvals", get(approvals::list))
+        .route(
+            "/api/approvals/{id}",
+            axum::routing::post(approvals::answer),
+        )
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(api.clone(), authorize))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
 }
@@ -485,6 +577,14 @@ impl Plugin for Web {
             .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let bound = listener.local_addr()?;
         let stop = CancellationToken::new();
+        if let Some(var) = &config.token_env {
+            // Tool processes never see the token.
+            dsh_services::sandbox::env::register_secret(var);
+        }
+        let pending = Arc::new(approvals::Pending::default());
+        if config.mutations {
+            pending.answer_through(&ctx, stop.clone())?;
+        }
         let serving = Serving {
             listener: Some(listener),
             router: Some(router(
@@ -492,6 +592,8 @@ impl Plugin for Web {
                 token,
                 stop.clone(),
                 config.mutations,
+                bound,
+                pending,
             )),
             stop: stop.clone(),
         };

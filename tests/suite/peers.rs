@@ -183,80 +183,89 @@ fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
             source: MessageSource::model("peer", "smollm2-135m"),
         })
     };
-    let call = ContentBlock::ToolCall {
-        id: "c1".into(),
-        name: "get_weather".into(),
-        arguments: "{\"city\": \"London\"}".into(),
-    };
-    let events = vec![
-        (EventData::TurnStart { turn: 1 }, None),
-        (EventData::StepStart { turn: 1, step: 1 }, None),
-        (
-            EventData::UserMessage(Arc::new(Message::user_text(
-                "What is the weather in London?",
-            ))),
-            Some(SurfaceIntent::append()),
-        ),
-        (
-            EventData::AssistantMessage {
-                turn: 1,
-                step: 1,
-                message: assistant(vec![call]),
-                usage: None,
-                interrupted: false,
-            },
-            Some(SurfaceIntent::append()),
-        ),
-        (
-            EventData::ToolCall {
-                turn: 1,
-                step: 1,
-                call_id: "c1".into(),
-                name: "get_weather".into(),
-                arguments: "{\"city\": \"London\"}".into(),
-            },
-            None,
-        ),
-        (
-            EventData::ToolResult {
-                turn: 1,
-                step: 1,
-                message: Arc::new(Message {
-                    id: Message::new_id(),
-                    role: Role::User,
-                    content: vec![ContentBlock::ToolResult {
-                        tool_call_id: "c1".into(),
-                        content: vec![ContentBlock::text("11C")],
-                        is_error: Some(false),
-                    }],
-                    source: MessageSource::tool("c1"),
-                }),
-                error: None,
-                meta: None,
-            },
-            Some(SurfaceIntent::append()),
-        ),
-        (EventData::StepEnd { turn: 1, step: 1 }, None),
-        (EventData::StepStart { turn: 1, step: 2 }, None),
-        (
-            EventData::AssistantMessage {
-                turn: 1,
-                step: 2,
-                message: assistant(vec![ContentBlock::text("It is 11C in London.")]),
-                usage: None,
-                interrupted: false,
-            },
-            Some(SurfaceIntent::append()),
-        ),
-        (EventData::StepEnd { turn: 1, step: 2 }, None),
-        (
-            EventData::TurnEnd {
-                turn: 1,
-                reason: TurnEndReason::Completed,
-            },
-            None,
-        ),
-    ];
+    // Two worked examples: one is too weak a pattern for a 135M model
+    // once every built-in tool's schema is in the prompt.
+    let mut events = Vec::new();
+    for (turn, city, temperature) in [(1, "London", "11C"), (2, "Berlin", "14C")] {
+        let id = format!("c{turn}");
+        let arguments = format!("{{\"city\": \"{city}\"}}");
+        let call = ContentBlock::ToolCall {
+            id: id.clone(),
+            name: "get_weather".into(),
+            arguments: arguments.clone(),
+        };
+        events.extend([
+            (EventData::TurnStart { turn }, None),
+            (EventData::StepStart { turn, step: 1 }, None),
+            (
+                EventData::UserMessage(Arc::new(Message::user_text(format!(
+                    "What is the weather in {city}?"
+                )))),
+                Some(SurfaceIntent::append()),
+            ),
+            (
+                EventData::AssistantMessage {
+                    turn,
+                    step: 1,
+                    message: assistant(vec![call]),
+                    usage: None,
+                    interrupted: false,
+                },
+                Some(SurfaceIntent::append()),
+            ),
+            (
+                EventData::ToolCall {
+                    turn,
+                    step: 1,
+                    call_id: id.clone(),
+                    name: "get_weather".into(),
+                    arguments: arguments.clone(),
+                },
+                None,
+            ),
+            (
+                EventData::ToolResult {
+                    turn,
+                    step: 1,
+                    message: Arc::new(Message {
+                        id: Message::new_id(),
+                        role: Role::User,
+                        content: vec![ContentBlock::ToolResult {
+                            tool_call_id: id.clone(),
+                            content: vec![ContentBlock::text(temperature)],
+                            is_error: Some(false),
+                        }],
+                        source: MessageSource::tool(&id),
+                    }),
+                    error: None,
+                    meta: None,
+                },
+                Some(SurfaceIntent::append()),
+            ),
+            (EventData::StepEnd { turn, step: 1 }, None),
+            (EventData::StepStart { turn, step: 2 }, None),
+            (
+                EventData::AssistantMessage {
+                    turn,
+                    step: 2,
+                    message: assistant(vec![ContentBlock::text(format!(
+                        "It is {temperature} in {city}."
+                    ))]),
+                    usage: None,
+                    interrupted: false,
+                },
+                Some(SurfaceIntent::append()),
+            ),
+            (EventData::StepEnd { turn, step: 2 }, None),
+            (
+                EventData::TurnEnd {
+                    turn,
+                    reason: TurnEndReason::Completed,
+                },
+                None,
+            ),
+        ]);
+    }
     for (data, intent) in events {
         log.append(data, intent, 0).unwrap();
     }

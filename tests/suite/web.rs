@@ -445,6 +445,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     );
     let r = c
         .post(format!("{base}/api/agents/{id}/cancel"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();
@@ -452,6 +453,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     // Stopping the agent disposes its subtree; it is then among the stopped.
     let r = c
         .post(format!("{base}/api/actors/{node}/stop"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();
@@ -475,6 +477,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     let vid = victim.fiber().id();
     let r = c
         .post(format!("{base}/api/actors/{vid}/stop"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();
@@ -486,6 +489,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     let root_id = rt.root().fiber().id();
     let r = c
         .post(format!("{base}/api/actors/{root_id}/stop"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();
@@ -564,6 +568,7 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
     assert_eq!(v["error"]["code"], "MUTATIONS_DISABLED");
     let r = client()
         .post(format!("{base}/api/actors/1/stop"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap();
@@ -607,6 +612,7 @@ async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() 
 
     let cancel: serde_json::Value = c
         .post(format!("{base}/api/agents/{id}/cancel"))
+        .json(&serde_json::json!({}))
         .send()
         .await
         .unwrap()

@@ -11,7 +11,9 @@ use dsh_services::approval::Approval;
 use dsh_services::llm::{LlmRuntime, Message};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
+use dsh_services::sandbox::Sandbox;
 use dsh_services::session::{EventData, SessionHeader, SessionLog};
+use dsh_services::tools::Bounds;
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, ScopeKey, Status, WorkerSpec};
@@ -44,6 +46,14 @@ impl Agent {
         let agents = ctx.get::<Agents>(Agents::SERVICE);
         if let Some(agents) = &agents {
             agents.admit_one_more().await;
+        }
+        // The policy is fixed at creation: the spec's, else the deployment's.
+        if spec.permission.is_none() {
+            spec.permission = Some(
+                ctx.get::<Sandbox>(Sandbox::SERVICE)
+                    .map(|s| s.defaults())
+                    .unwrap_or_default(),
+            );
         }
         let (header, seed) = match spec.seed.take().map(|b| *b) {
             Some((h, events)) => (h, Some(events)),
@@ -160,7 +170,10 @@ impl Agent {
             llm,
             tools,
             approval,
-            cwd: Arc::new(spec.cwd.clone()),
+            bounds: Bounds {
+                cwd: Arc::new(spec.cwd.clone()),
+                policy: spec.permission.unwrap_or_default(),
+            },
             driver: std::sync::OnceLock::new(),
             envelope: Mutex::new(None),
             conclude: AtomicBool::new(false),

@@ -76,16 +76,16 @@ mod template;
 mod tool_exec;
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dsh_services::approval::Approval;
 use dsh_services::llm::{LlmRuntime, Message, ToolSchema};
+use dsh_services::sandbox::Policy;
 use dsh_services::session::compact::CompactError;
 use dsh_services::session::{EventData, SessionError, TurnEndReason};
-use dsh_services::tools::ToolRegistry;
+use dsh_services::tools::{Bounds, ToolRegistry};
 use dsh_supervisors::registry::RegisterError;
 use dsh_supervisors::{Context, Disposer, Scope, Status, WorkerRef};
 use tokio_util::sync::CancellationToken;
@@ -195,6 +195,12 @@ impl Agent {
     /// without its seed, id and durable count, which belong to the session.
     pub fn spec(&self) -> &AgentSpec {
         &self.inner.spec
+    }
+
+    /// What the agent's tools may do without asking (resolved when it was
+    /// created: its spec's, else the deployment's default).
+    pub fn policy(&self) -> Policy {
+        self.inner.spec.permission.unwrap_or_default()
     }
 
     /// Delegation depth, from the session header (0 for a top-level agent).
@@ -589,7 +595,8 @@ struct Awake {
     llm: Arc<LlmRuntime>,
     tools: Arc<ToolRegistry>,
     approval: Option<Arc<Approval>>,
-    cwd: Arc<PathBuf>,
+    /// The workspace and the standing policy every tool call starts from.
+    bounds: Bounds,
     driver: std::sync::OnceLock<WorkerRef<DriverMsg>>,
     /// Tool schemas and request header, rebuilt only when the tool registry changes.
     envelope: Mutex<Option<Envelope>>,

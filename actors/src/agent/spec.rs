@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use dsh_services::approval::Approval;
+use dsh_services::sandbox::Policy;
 use dsh_services::session::{EventData, SessionEvent, SessionHeader};
 use dsh_services::tools::Restriction;
 
@@ -60,6 +61,11 @@ pub struct AgentSpec {
     pub on_turn_end: Option<TurnHook>,
     /// The approval seam of this agent (the one provided in scope when `None`).
     pub approval: Option<Arc<Approval>>,
+    /// What the agent's tools may do without asking: its permission mode
+    /// and network. `None`: the `sandbox` service's default (or
+    /// `workspace-write` with the network on). A delegated child's is its
+    /// parent's, or narrower.
+    pub permission: Option<Policy>,
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -107,6 +113,7 @@ impl AgentSpec {
             flat_scope: false,
             on_turn_end: None,
             approval: None,
+            permission: None,
         }
     }
 }
@@ -147,4 +154,5 @@ pub(super) fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.origin == b.origin
         && a.flat_scope == b.flat_scope
         && same_arc(a.approval.as_ref(), b.approval.as_ref())
+        && a.permission == b.permission
 }

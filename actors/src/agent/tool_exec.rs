@@ -2,12 +2,11 @@
 //! actor under the agent's scope; children a step's calls started are
 //! disposed, last started first, once the step's results are in.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use dsh_services::approval::Approval;
 use dsh_services::llm::ContentBlock;
-use dsh_services::tools::{PipelineOutcome, ToolCall, ToolRegistry, run_pipeline};
+use dsh_services::tools::{Bounds, PipelineOutcome, ToolCall, ToolRegistry, run_pipeline};
 use dsh_supervisors::{Context, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
@@ -28,7 +27,7 @@ pub(super) async fn execute(
         approval: me.approval.clone(),
         call: call.clone(),
         cancel: token.child_token(),
-        cwd: me.cwd.clone(),
+        bounds: me.bounds.clone(),
         reply: Some(tx),
     };
     let name = format!("tool/{}#{}", call.name, call.id);
@@ -66,7 +65,7 @@ struct ToolRun {
     approval: Option<Arc<Approval>>,
     call: ToolCall,
     cancel: CancellationToken,
-    cwd: Arc<PathBuf>,
+    bounds: Bounds,
     reply: Option<oneshot::Sender<PipelineOutcome>>,
 }
 
@@ -94,7 +93,7 @@ impl Actor for ToolExec {
             run.approval.as_deref(),
             run.call.clone(),
             run.cancel.clone(),
-            run.cwd.clone(),
+            run.bounds.clone(),
         ))
         .await;
         if let Some(reply) = run.reply.take() {

@@ -221,6 +221,9 @@ pub struct StartRequest {
     pub persona: Option<String>,
     /// Model route and id overriding the parent's.
     pub route: Option<(String, String)>,
+    /// A narrower policy than the parent's for the child (a wider one is
+    /// narrowed to the parent's).
+    pub permission: Option<dsh_services::sandbox::Policy>,
 }
 
 impl StartRequest {
@@ -237,6 +240,7 @@ impl StartRequest {
             tool_filter: None,
             persona: None,
             route: None,
+            permission: None,
         }
     }
 }
@@ -952,6 +956,8 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
     // the store provided in scope, if any.
     spec.store = p.store.clone().filter(|s| !s.holds_one_session());
     spec.depth = depth;
+    // Never more than the parent may do.
+    spec.permission = Some(parent.policy().narrowed(request.and_then(|r| r.permission)));
     spec.parent_session = Some(parent.id().to_owned());
     spec.origin = Some("subagent".into());
     spec.flat_scope = true;
@@ -1020,10 +1026,15 @@ async fn compose(
     let approval = delegated_approval(&request.parent);
     let policy = approval.policy();
     spec.approval = Some(approval);
+    let mode = spec.permission.unwrap_or_default();
     spec.opening = vec![
         EventData::Other {
             kind: Arc::from("approval/policy"),
             data: json!({"policy": policy, "source": "delegation"}),
+        },
+        EventData::Other {
+            kind: Arc::from("sandbox/mode"),
+            data: json!({"mode": mode.mode, "network": mode.network, "source": "delegation"}),
         },
         EventData::Other {
             kind: Arc::from("subagent/descriptor"),

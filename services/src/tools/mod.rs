@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::{ContentBlock, ToolSchema};
+use crate::sandbox::Policy;
 
 pub use pipeline::{
     Decision, PipelineOutcome, PostExecute, PreExecute, ToolExecute, ToolGuard, ToolResultEvent,
@@ -104,6 +105,18 @@ fn model_facing(v: &mut Value) {
                     }
                 }
             }
+            // A unit-variant enum (`oneOf` of `const`s): one `enum`, as
+            // models are served it; the field's description says what each
+            // value means.
+            let consts: Option<Vec<Value>> = map
+                .get("oneOf")
+                .and_then(Value::as_array)
+                .and_then(|bs| bs.iter().map(|b| b.get("const").cloned()).collect());
+            if let Some(values) = consts.filter(|v| v.iter().all(Value::is_string)) {
+                map.remove("oneOf");
+                map.insert("type".into(), "string".into());
+                map.insert("enum".into(), Value::Array(values));
+            }
             let numeric = map.get("format").and_then(Value::as_str).is_some_and(|f| {
                 f.starts_with("int") || f.starts_with("uint") || f == "double" || f == "float"
             });
@@ -135,6 +148,56 @@ pub struct ToolContext {
     pub ctx: Context,
     /// The workspace root the tool works in.
     pub cwd: Arc<PathBuf>,
+    /// How far this call may reach: the calling agent's policy, or the
+    /// unconfined one when the user approved this call's escalation.
+    pub policy: Policy,
+}
+
+/// Where a call works and how far it may reach: the workspace and the
+/// calling agent's standing policy.
+#[derive(Clone, Debug)]
+pub struct Bounds {
+    /// The workspace root.
+    pub cwd: Arc<PathBuf>,
+    /// The agent's policy.
+    pub policy: Policy,
+}
+
+impl Bounds {
+    /// `cwd` under the default policy (`workspace-write`, network on).
+    pub fn workspace(cwd: impl Into<PathBuf>) -> Bounds {
+        Bounds {
+            cwd: Arc::new(cwd.into()),
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// The two parameters a tool that may run beyond the sandbox takes
+/// (`#[serde(flatten)]` into its argument struct). The pipeline reads them
+/// before the body runs: `require_escalated` asks the approval seam, and
+/// only an approval runs the call unconfined.
+#[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
+pub struct Escalation {
+    /// `require_escalated` asks the user to let this one call run outside
+    /// the sandbox and the workspace (give a `justification`);
+    /// `use_default` (or leaving it out) runs it under the agent's mode.
+    #[serde(default)]
+    pub sandbox_permissions: Option<SandboxPermissions>,
+    /// Why this call must run outside the sandbox, shown to the user who
+    /// approves it (required with `require_escalated`).
+    #[serde(default)]
+    pub justification: Option<String>,
+}
+
+/// Whether a call runs under the agent's policy or asks to leave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxPermissions {
+    /// The agent's policy.
+    UseDefault,
+    /// Unconfined, once approved.
+    RequireEscalated,
 }
 
 impl ToolContext {
@@ -197,6 +260,12 @@ impl ToolError {
 pub trait Tool: Send + Sync + 'static {
     /// The model-facing schema (name, description, JSON Schema of arguments).
     fn schema(&self) -> ToolSchema;
+
+    /// Whether a call may ask to run beyond the sandbox (its arguments
+    /// flatten [`Escalation`] in).
+    fn escalates(&self) -> bool {
+        false
+    }
 
     /// Whether calls may run in parallel with other calls of the same step.
     /// Only an exact `true` allows it.

@@ -10,9 +10,10 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::registry::{Resolution, ToolRegistry};
-use super::{ToolCall, ToolContext, ToolError, ToolOutput};
+use super::{Bounds, ToolCall, ToolContext, ToolError, ToolOutput};
 use crate::approval::{Approval, ApprovalOutcome, ApprovalRequest};
 use crate::llm::ContentBlock;
+use crate::sandbox::Policy;
 
 /// What `tools/pre-execute` decided.
 #[derive(Clone, Debug, PartialEq)]
@@ -125,13 +126,13 @@ pub async fn run_pipeline(
     approval: Option<&Approval>,
     call: ToolCall,
     cancel: CancellationToken,
-    cwd: Arc<std::path::PathBuf>,
+    bounds: Bounds,
 ) -> PipelineOutcome {
     let call = Arc::new(call);
     let target = Target::Scope(ctx.scope_key().cloned());
     let events = ctx.events();
     let (outcome, finalize) =
-        match prepare(ctx, registry, approval, &call, &target, cancel, cwd).await {
+        match prepare(ctx, registry, approval, &call, &target, cancel, bounds).await {
             Err(e) => (Err(e), None),
             Ok((tool, cx)) => {
                 let body_tool = tool.clone();
@@ -196,7 +197,7 @@ pub async fn run_pipeline(
     settled
 }
 
-/// Resolve, validate, pre-execute, approval, guards.
+/// Resolve, validate, pre-execute, approval, escalation, guards.
 async fn prepare(
     ctx: &Context,
     registry: &ToolRegistry,
@@ -204,7 +205,7 @@ async fn prepare(
     call: &Arc<ToolCall>,
     target: &Target,
     cancel: CancellationToken,
-    cwd: Arc<std::path::PathBuf>,
+    bounds: Bounds,
 ) -> Result<(Arc<super::RegisteredTool>, ToolContext), ToolError> {
     let tool = match registry.resolve(ctx.scope_key(), &call.name) {
         Resolution::Found(t) => t,
@@ -254,21 +255,7 @@ async fn prepare(
         Decision::Allow => {}
         Decision::Deny(reason) => return Err(ToolError::new("DENIED", reason)),
         Decision::Ask(reason) => {
-            let outcome = match approval {
-                Some(a) => {
-                    a.request(
-                        ctx,
-                        ApprovalRequest {
-                            tool: call.name.clone(),
-                            call_id: Some(call.id.clone()),
-                            reason: reason.clone(),
-                            arguments: args.clone(),
-                        },
-                    )
-                    .await
-                }
-                None => ApprovalOutcome::Unavailable,
-            };
+            let outcome = ask(ctx, approval, call, &reason, &args, &cancel).await;
             if outcome != ApprovalOutcome::AllowedOnce {
                 return Err(ToolError::new(
                     "DENIED",
@@ -280,6 +267,7 @@ async fn prepare(
             }
         }
     }
+    let policy = escalation(ctx, approval, &tool, call, &args, &cancel, bounds.policy).await?;
     if let Some(reason) = events.bail(
         target,
         &ToolGuard {
@@ -294,9 +282,76 @@ async fn prepare(
         args,
         cancel,
         ctx: ctx.clone(),
-        cwd,
+        cwd: bounds.cwd,
+        policy,
     };
     Ok((tool, cx))
+}
+
+/// One question to the approval seam (`unavailable` without one).
+async fn ask(
+    ctx: &Context,
+    approval: Option<&Approval>,
+    call: &ToolCall,
+    reason: &str,
+    args: &Value,
+    cancel: &CancellationToken,
+) -> ApprovalOutcome {
+    let Some(approval) = approval else {
+        return ApprovalOutcome::Unavailable;
+    };
+    let request = ApprovalRequest {
+        tool: call.name.clone(),
+        call_id: Some(call.id.clone()),
+        reason: reason.to_owned(),
+        arguments: args.clone(),
+    };
+    approval.request(ctx, request, cancel).await
+}
+
+/// The policy the call runs under: the agent's, or — when the call asks
+/// with `sandbox_permissions: "require_escalated"` and the user approves
+/// this one call — the unconfined one. A refused escalation fails the call.
+async fn escalation(
+    ctx: &Context,
+    approval: Option<&Approval>,
+    tool: &super::RegisteredTool,
+    call: &ToolCall,
+    args: &Value,
+    cancel: &CancellationToken,
+    standing: Policy,
+) -> Result<Policy, ToolError> {
+    let asked =
+        args.get("sandbox_permissions").and_then(Value::as_str) == Some("require_escalated");
+    if !asked || !tool.tool.escalates() || standing == Policy::escalated() {
+        return Ok(standing);
+    }
+    let justification = args
+        .get("justification")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|j| !j.is_empty())
+        .ok_or_else(|| {
+            ToolError::new(
+                "INVALID_ARGS",
+                "`sandbox_permissions: \"require_escalated\"` needs a `justification` saying why this call must run outside the sandbox",
+            )
+        })?;
+    let reason = format!(
+        "run outside the sandbox (the agent's mode is {}): {justification}",
+        standing.mode
+    );
+    match ask(ctx, approval, call, &reason, args, cancel).await {
+        ApprovalOutcome::AllowedOnce => Ok(Policy::escalated()),
+        outcome => Err(ToolError::new(
+            "DENIED",
+            format!(
+                "running this call outside the sandbox needs the user's approval, and the answer was {}. Do the task within the {} mode, or report that it needs wider access.",
+                outcome.as_str(),
+                standing.mode
+            ),
+        )),
+    }
 }
 
 /// The body with its timeout, cancellation and panic boundary.

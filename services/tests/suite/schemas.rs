@@ -1,7 +1,8 @@
 //! The built-in tools' parameter schemas, generated from their argument
 //! structs, are what the model has always been sent: the same properties,
 //! types, descriptions and required fields as the schemas written by hand
-//! before them.
+//! before them; bash, write and edit also take the two escalation
+//! parameters.
 
 use dsh_services::tools::Tool;
 use dsh_services::tools::builtin::{Bash, Glob, Grep, TodoWrite, file_tools};
@@ -9,6 +10,22 @@ use serde_json::{Value, json};
 
 fn parameters(tool: &dyn Tool) -> Value {
     tool.schema().parameters
+}
+
+/// The two parameters of a call that may ask to run beyond the sandbox
+/// (bash, write, edit), never required.
+fn escalation() -> Value {
+    json!({
+        "sandbox_permissions": {
+            "type": "string",
+            "enum": ["use_default", "require_escalated"],
+            "description": "`require_escalated` asks the user to let this one call run outside the sandbox and the workspace (give a `justification`); `use_default` (or leaving it out) runs it under the agent's mode."
+        },
+        "justification": {
+            "type": "string",
+            "description": "Why this call must run outside the sandbox, shown to the user who approves it (required with `require_escalated`)."
+        }
+    })
 }
 
 #[test]
@@ -23,7 +40,9 @@ fn the_builtin_tools_send_the_schemas_they_always_did() {
                     "command": {"type": "string", "description": "The bash command to execute."},
                     "description": {"type": "string", "description": "What the command does, in 5-10 words."},
                     "timeoutMs": {"type": "number", "description": "Timeout in milliseconds (default 120000, at most 600000)."},
-                    "workdir": {"type": "string", "description": "Working directory, relative to the workspace."}
+                    "workdir": {"type": "string", "description": "Working directory, relative to the workspace."},
+                    "sandbox_permissions": escalation()["sandbox_permissions"],
+                    "justification": escalation()["justification"]
                 },
                 "required": ["command", "description"]
             }),
@@ -46,7 +65,9 @@ fn the_builtin_tools_send_the_schemas_they_always_did() {
                 "type": "object",
                 "properties": {
                     "file_path": {"type": "string", "description": "Path to write, relative to the workspace."},
-                    "content": {"type": "string", "description": "Full UTF-8 text content to write."}
+                    "content": {"type": "string", "description": "Full UTF-8 text content to write."},
+                    "sandbox_permissions": escalation()["sandbox_permissions"],
+                    "justification": escalation()["justification"]
                 },
                 "required": ["file_path", "content"]
             }),
@@ -59,7 +80,9 @@ fn the_builtin_tools_send_the_schemas_they_always_did() {
                     "file_path": {"type": "string", "description": "Path to edit, relative to the workspace."},
                     "old_string": {"type": "string", "description": "Literal text to replace. Must match exactly."},
                     "new_string": {"type": "string", "description": "Replacement text."},
-                    "replace_all": {"type": "boolean", "description": "Replace every match (default: exactly one match required)."}
+                    "replace_all": {"type": "boolean", "description": "Replace every match (default: exactly one match required)."},
+                    "sandbox_permissions": escalation()["sandbox_permissions"],
+                    "justification": escalation()["justification"]
                 },
                 "required": ["file_path", "old_string", "new_string"]
             }),

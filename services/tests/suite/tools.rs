@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use dsh_services::llm::scripted::ScriptedModel;
 use dsh_services::llm::{ContentBlock, LlmRuntime};
+use dsh_services::sandbox::Policy;
 use dsh_services::tools::builtin::{Bash, Glob, Grep, file_tools};
 use dsh_services::tools::{Resolution, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use dsh_supervisors::registry::RegisterError;
@@ -42,6 +43,7 @@ async fn call_with(
         cancel,
         ctx: rt.root(),
         cwd: Arc::new(cwd.to_path_buf()),
+        policy: Policy::default(),
     };
     tool.execute(cx).await
 }

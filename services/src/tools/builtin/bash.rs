@@ -1,7 +1,9 @@
-//! `bash`: one `bash -c` per call, in its own process group, killed as a
-//! group on timeout or cancellation; output capped to its tail.
+//! `bash`: one `bash -c` per call, confined by the sandbox under the
+//! call's policy, in its own process group, killed as a group on timeout or
+//! cancellation; output capped to its tail. The command sees this process's
+//! environment without its secrets. A failed command whose output shows a
+//! sandbox denial gets a note saying so and how to ask for escalation.
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,9 +11,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::io::AsyncReadExt;
 
-use super::fs::confine;
+use super::workspace::{ESCALATE, confine};
 use crate::llm::ToolSchema;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
+use crate::sandbox::{Backend, Launch, PermissionMode, Sandbox};
+use crate::tools::{Escalation, Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 /// Default and ceiling of a call's timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -37,6 +40,10 @@ struct BashArgs {
     /// Working directory, relative to the workspace.
     #[serde(default)]
     workdir: Option<String>,
+    // Read by the pipeline, before the body runs.
+    #[allow(dead_code)]
+    #[serde(flatten)]
+    escalation: Escalation,
 }
 
 fn kill_group(pid: Option<u32>) {
@@ -61,11 +68,33 @@ fn tail(bytes: &[u8]) -> String {
     )
 }
 
+/// The note a failed command gets when its output shows the sandbox denied
+/// something.
+fn denial_note(backend: Option<&Backend>, mode: PermissionMode, output: &[u8]) -> Option<String> {
+    let backend = backend?;
+    let text = String::from_utf8_lossy(output).to_lowercase();
+    if !backend.denial_signatures().iter().any(|s| text.contains(s)) {
+        return None;
+    }
+    let allowed = match mode {
+        PermissionMode::ReadOnly => "nothing may be written",
+        _ => "only the workspace and the private temp directory may be written",
+    };
+    Some(format!(
+        "\n[sandbox: the command ran under {mode} ({}), where {allowed}; the failure above may be a denial. {ESCALATE}]",
+        backend.name()
+    ))
+}
+
 impl Tool for Bash {
+    fn escalates(&self) -> bool {
+        true
+    }
+
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "bash".into(),
-            description: "Execute a bash command (`bash -c`) in the workspace and return its stdout and stderr. Each call runs in a fresh shell; pass `workdir` instead of using `cd`. Non-zero exits are reported as `[exit code: N]`. Long output is truncated to its tail.".into(),
+            description: "Execute a bash command (`bash -c`) in the workspace and return its stdout and stderr. Each call runs in a fresh shell; pass `workdir` instead of using `cd`. Non-zero exits are reported as `[exit code: N]`. Long output is truncated to its tail. Commands run in a sandbox: under workspace-write they may write the workspace and $TMPDIR only, under read-only nothing, and the network may be cut. If a command fails because the sandbox denied it and the task truly needs it, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`; the user is asked to approve that one call.".into(),
             parameters: parameters::<BashArgs>(),
         }
     }
@@ -77,27 +106,37 @@ impl Tool for Bash {
         async move {
             let args: BashArgs = cx.parse()?;
             let command = args.command;
+            let workspace = confine(&cx.cwd, ".")?;
             let dir = match args.workdir.as_deref() {
-                Some(w) if !w.is_empty() => confine(&cx.cwd, w)?,
-                _ => confine(&cx.cwd, ".")?,
+                Some("") | None => workspace.clone(),
+                Some(w) if cx.policy.mode == PermissionMode::DangerFullAccess => workspace.join(w),
+                Some(w) => confine(&cx.cwd, w)?,
             };
             let timeout = args
                 .timeout_ms
                 .filter(|t| *t > 0.0)
                 .map(|t| Duration::from_millis(t as u64).min(MAX_TIMEOUT))
                 .unwrap_or(DEFAULT_TIMEOUT);
-            let mut child = tokio::process::Command::new("bash")
-                .arg("-c")
-                .arg(&command)
-                .current_dir(&dir)
-                .env("DSH_WORKSPACE", cx.cwd.as_os_str())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0)
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| ToolError::failed(format!("cannot start bash: {e}")))?;
+            let sandbox = cx
+                .ctx
+                .get::<Sandbox>(Sandbox::SERVICE)
+                .unwrap_or_else(Sandbox::host);
+            let mut env = sandbox.child_env();
+            env.push(("DSH_WORKSPACE".into(), cx.cwd.as_os_str().to_owned()));
+            let launch = Launch {
+                argv: vec!["bash".into(), "-c".into(), command.into()],
+                cwd: dir,
+                workspace,
+                env,
+                stdin: false,
+            };
+            let spawned = sandbox
+                .spawn(launch, cx.policy)
+                .await
+                .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+            let backend = spawned.backend.clone();
+            let mut guard = spawned;
+            let child = &mut guard.child;
             let pid = child.id();
             let mut stdout = child.stdout.take();
             let mut stderr = child.stderr.take();
@@ -148,6 +187,11 @@ impl Tool for Bash {
                 Some(0) => {}
                 Some(c) => text.push_str(&format!("\n[exit code: {c}]")),
                 None => text.push_str("\n[killed by a signal]"),
+            }
+            if code != Some(0)
+                && let Some(note) = denial_note(backend.as_ref(), cx.policy.mode, &combined)
+            {
+                text.push_str(&note);
             }
             Ok(ToolOutput::text(text))
         }

@@ -1,21 +1,25 @@
 //! `read`, `write`, `edit`: UTF-8 files inside the workspace root.
 //!
-//! Every path is resolved against the workspace and must stay inside it
-//! after symlinks are followed. `edit` (and `write` over an existing file)
-//! requires that this agent read the file's *current* content first: a file
-//! changed since the read must be read again.
+//! Paths reach files as [`Place`] says: beneath the workspace, resolved by
+//! the kernel, unless the call's policy is `danger-full-access`. Under
+//! `read-only`, `write` and `edit` refuse (a call may ask to escalate).
+//! `edit` (and `write` over an existing file) requires that this agent read
+//! the file's *current* content first: a file changed since the read must
+//! be read again.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
 
+use super::workspace::{ESCALATE, Place};
 use crate::llm::ToolSchema;
-use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
+use crate::sandbox::PermissionMode;
+use crate::tools::{Escalation, Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 /// What each agent has seen of each file: (scope id, path) → content hash.
 #[derive(Default)]
@@ -66,64 +70,28 @@ fn digest(text: &str) -> u64 {
     h.finish()
 }
 
-/// Resolves `given` against the workspace root and refuses anything that
-/// ends up outside it (`..`, absolute paths elsewhere, escaping symlinks).
-pub fn confine(root: &Path, given: &str) -> Result<PathBuf, ToolError> {
-    if given.is_empty() {
-        return Err(ToolError::new("INVALID_ARGS", "the path is empty"));
-    }
-    let root = root.canonicalize().map_err(|e| {
+/// The file's text; a missing file is an error naming it.
+async fn read_text(place: &Place, given: &str) -> Result<String, ToolError> {
+    place.read(given).await?.ok_or_else(|| {
         ToolError::failed(format!(
-            "the workspace {} is not accessible: {e}",
-            root.display()
+            "cannot read {}: no such file",
+            place.shown().display()
         ))
-    })?;
-    let joined = root.join(given);
-    // Normalize lexically first, so a missing file still resolves.
-    let mut normal = PathBuf::new();
-    for c in joined.components() {
-        match c {
-            Component::ParentDir => {
-                normal.pop();
-            }
-            Component::CurDir => {}
-            other => normal.push(other),
-        }
-    }
-    // Follow symlinks on the longest existing prefix.
-    let mut existing = normal.clone();
-    let mut rest = Vec::new();
-    while !existing.exists() {
-        match (
-            existing.file_name().map(|f| f.to_os_string()),
-            existing.parent(),
-        ) {
-            (Some(name), Some(parent)) => {
-                rest.push(name);
-                existing = parent.to_path_buf();
-            }
-            _ => break,
-        }
-    }
-    let mut real = existing.canonicalize().unwrap_or(existing);
-    for part in rest.into_iter().rev() {
-        real.push(part);
-    }
-    if !real.starts_with(&root) {
-        return Err(ToolError::new(
-            "OUTSIDE_WORKSPACE",
-            format!("{given} resolves outside the workspace {}", root.display()),
-        ));
-    }
-    Ok(real)
+    })
 }
 
-async fn read_text(path: &Path) -> Result<String, ToolError> {
-    let bytes = tokio::fs::read(path)
-        .await
-        .map_err(|e| ToolError::failed(format!("cannot read {}: {e}", path.display())))?;
-    String::from_utf8(bytes)
-        .map_err(|_| ToolError::failed(format!("{} is not UTF-8 text", path.display())))
+/// Refuses a change under `read-only` (the call may ask to escalate).
+fn writable(cx: &ToolContext, place: &Place) -> Result<(), ToolError> {
+    if cx.policy.mode == PermissionMode::ReadOnly {
+        return Err(ToolError::new(
+            "DENIED",
+            format!(
+                "the permission mode is read-only: {} cannot be changed. {ESCALATE}",
+                place.shown().display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What a `read` call takes.
@@ -146,6 +114,10 @@ struct WriteArgs {
     file_path: String,
     /// Full UTF-8 text content to write.
     content: String,
+    // Read by the pipeline, before the body runs.
+    #[allow(dead_code)]
+    #[serde(flatten)]
+    escalation: Escalation,
 }
 
 /// What an `edit` call takes.
@@ -160,6 +132,10 @@ struct EditArgs {
     /// Replace every match (default: exactly one match required).
     #[serde(default)]
     replace_all: Option<bool>,
+    // Read by the pipeline, before the body runs.
+    #[allow(dead_code)]
+    #[serde(flatten)]
+    escalation: Escalation,
 }
 
 fn schema(name: &str, description: &str, parameters: serde_json::Value) -> ToolSchema {
@@ -218,8 +194,9 @@ impl Tool for Read {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let args: ReadArgs = cx.parse()?;
-            let path = confine(&cx.cwd, &args.file_path)?;
-            let text = read_text(&path).await?;
+            let place = Place::of(&cx, &args.file_path)?;
+            let text = read_text(&place, &args.file_path).await?;
+            let path = place.shown();
             self.observed.record(&cx, &path, &text);
             let offset = args.offset.map(|o| o.max(1.0) as usize).unwrap_or(1);
             let limit = args.limit.map(|l| l.max(1.0) as usize).unwrap_or(2000);
@@ -246,10 +223,14 @@ impl Tool for Read {
 }
 
 impl Tool for Write {
+    fn escalates(&self) -> bool {
+        true
+    }
+
     fn schema(&self) -> ToolSchema {
         schema(
             "write",
-            "Create or fully replace a UTF-8 text file in the workspace. Replacing an existing file requires reading it first.",
+            "Create or fully replace a UTF-8 text file in the workspace. Replacing an existing file requires reading it first. Paths outside the workspace (and any write under the read-only mode) are refused; if the task truly needs one, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`, and the user is asked.",
             parameters::<WriteArgs>(),
         )
     }
@@ -259,21 +240,20 @@ impl Tool for Write {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            let WriteArgs { file_path, content } = cx.parse()?;
-            let path = confine(&cx.cwd, &file_path)?;
-            let existed = tokio::fs::try_exists(&path).await.unwrap_or(false);
-            if existed {
-                let current = read_text(&path).await?;
+            let WriteArgs {
+                file_path, content, ..
+            } = cx.parse()?;
+            let place = Place::of(&cx, &file_path)?;
+            writable(&cx, &place)?;
+            let path = place.shown();
+            let current = place.read(&file_path).await?;
+            let existed = current.is_some();
+            if let Some(current) = current {
                 self.observed.check(&cx, &path, &current)?;
             }
-            if let Some(dir) = path.parent() {
-                tokio::fs::create_dir_all(dir).await.map_err(|e| {
-                    ToolError::failed(format!("cannot create {}: {e}", dir.display()))
-                })?;
-            }
-            tokio::fs::write(&path, content.as_bytes())
-                .await
-                .map_err(|e| ToolError::failed(format!("cannot write {}: {e}", path.display())))?;
+            place
+                .write(&file_path, content.clone().into_bytes())
+                .await?;
             self.observed.record(&cx, &path, &content);
             let what = if existed {
                 "Replaced file"
@@ -290,10 +270,14 @@ impl Tool for Write {
 }
 
 impl Tool for Edit {
+    fn escalates(&self) -> bool {
+        true
+    }
+
     fn schema(&self) -> ToolSchema {
         schema(
             "edit",
-            "Edit an existing UTF-8 text file by replacing literal text. Read the file first.",
+            "Edit an existing UTF-8 text file by replacing literal text. Read the file first. Paths outside the workspace (and any edit under the read-only mode) are refused; if the task truly needs one, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`, and the user is asked.",
             parameters::<EditArgs>(),
         )
     }
@@ -306,8 +290,10 @@ impl Tool for Edit {
             let args: EditArgs = cx.parse()?;
             let (old, new) = (args.old_string.as_str(), args.new_string.as_str());
             let all = args.replace_all.unwrap_or(false);
-            let path = confine(&cx.cwd, &args.file_path)?;
-            let current = read_text(&path).await?;
+            let place = Place::of(&cx, &args.file_path)?;
+            writable(&cx, &place)?;
+            let path = place.shown();
+            let current = read_text(&place, &args.file_path).await?;
             self.observed.check(&cx, &path, &current)?;
             if old.is_empty() {
                 return Err(ToolError::new("INVALID_ARGS", "old_string is empty"));
@@ -328,9 +314,9 @@ impl Tool for Edit {
                     ));
                 }
             };
-            tokio::fs::write(&path, updated.as_bytes())
-                .await
-                .map_err(|e| ToolError::failed(format!("cannot write {}: {e}", path.display())))?;
+            place
+                .write(&args.file_path, updated.clone().into_bytes())
+                .await?;
             self.observed.record(&cx, &path, &updated);
             Ok(ToolOutput::text(format!(
                 "Edited {} ({count} replacement{})",

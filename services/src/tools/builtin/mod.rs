@@ -4,15 +4,17 @@ mod bash;
 mod fs;
 mod search;
 mod todo;
+mod workspace;
 
 use std::sync::Arc;
 
 use dsh_supervisors::Context;
 
 pub use bash::Bash;
-pub use fs::{Edit, Read, Write, confine, file_tools};
+pub use fs::{Edit, Read, Write, file_tools};
 pub use search::{Glob, Grep};
 pub use todo::TodoWrite;
+pub use workspace::confine;
 
 use super::ToolRegistry;
 

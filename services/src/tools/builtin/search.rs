@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use super::fs::confine;
+use super::workspace::confine;
 use crate::llm::ToolSchema;
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
 

@@ -1,0 +1,128 @@
+//! The Landlock backend, without `unsafe`.
+//!
+//! Landlock restricts the calling *thread* and everything it starts
+//! afterwards. So each command gets a throwaway OS thread (never a tokio
+//! worker, never the blocking pool, whose threads are reused): the thread
+//! restricts itself, spawns the command (the child inherits the domain
+//! across `fork` and `exec`) and ends. The rules: read and execute
+//! everywhere; write only `/dev/null`, and under `workspace-write` the
+//! workspace and a private temp directory (`TMPDIR` points there). Signals
+//! to processes outside the domain are refused too (ABI 6), so a command
+//! cannot kill dsh. Landlock also forbids `mount` to a restricted thread.
+//!
+//! What Landlock cannot do that bwrap does: cut the network (it filters TCP
+//! only; a policy without network is refused before this module), and
+//! stop `chmod`/`chown` on files it may read (metadata is not an access
+//! right it governs).
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::time::Duration;
+
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, Scope, path_beneath_rules,
+};
+use tokio::sync::oneshot;
+
+use super::{Launch, PROBE_TIMEOUT, PermissionMode, Policy, PrivateTmp, SandboxError, command};
+
+/// The newest ABI whose rights we ask for; older kernels enforce a subset
+/// (reported as partial).
+const ABI_ASKED: ABI = ABI::V7;
+
+/// How long spawning a confined command may take.
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Restricts the calling thread: reads everywhere, writes only under
+/// `writable`. Returns whether every asked right is enforced.
+fn restrict(writable: &[&Path]) -> Result<bool, String> {
+    let all = AccessFs::from_all(ABI_ASKED);
+    let mut created = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .and_then(|r| r.scope(Scope::Signal))
+        .and_then(|r| r.create())
+        .map_err(|e| e.to_string())?;
+    created = created
+        .add_rules(path_beneath_rules(["/"], AccessFs::from_read(ABI_ASKED)))
+        .and_then(|r| r.add_rules(path_beneath_rules(["/dev/null"], all)))
+        .and_then(|r| r.add_rules(path_beneath_rules(writable, all)))
+        .map_err(|e| e.to_string())?;
+    let status = created.restrict_self().map_err(|e| e.to_string())?;
+    match status.ruleset {
+        RulesetStatus::FullyEnforced => Ok(true),
+        RulesetStatus::PartiallyEnforced => Ok(false),
+        RulesetStatus::NotEnforced => Err("the kernel does not enforce Landlock".into()),
+    }
+}
+
+/// Whether Landlock works here (restricting a throwaway thread); `true`
+/// when every asked right is enforced.
+pub(super) async fn probe() -> Result<bool, String> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("dsh-landlock-probe".into())
+        .spawn(move || {
+            let _ = tx.send(restrict(&[]));
+        })
+        .map_err(|e| format!("cannot start a probe thread: {e}"))?;
+    match tokio::time::timeout(PROBE_TIMEOUT, rx).await {
+        Ok(Ok(verdict)) => verdict,
+        Ok(Err(_)) => Err("the probe thread ended without an answer".into()),
+        Err(_) => Err("the probe did not answer".into()),
+    }
+}
+
+type Started = Result<(tokio::process::Child, Option<PrivateTmp>), SandboxError>;
+
+/// Starts `launch` confined under `policy` (a mode that confines).
+pub(super) async fn spawn(mut launch: Launch, policy: Policy) -> Started {
+    let rt = tokio::runtime::Handle::current();
+    let (tx, rx) = oneshot::channel::<Started>();
+    let start = move || {
+        let _entered = rt.enter();
+        let tmp = match policy.mode {
+            PermissionMode::WorkspaceWrite => match PrivateTmp::create() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    let _ = tx.send(Err(SandboxError::Spawn(format!(
+                        "cannot create a private temp directory: {e}"
+                    ))));
+                    return;
+                }
+            },
+            _ => None,
+        };
+        let mut writable: Vec<&Path> = Vec::new();
+        if let Some(t) = &tmp {
+            writable.push(&t.0);
+            writable.push(&launch.workspace);
+            let dir: OsString = t.0.clone().into_os_string();
+            launch.env.retain(|(k, _)| k != "TMPDIR");
+            launch.env.push(("TMPDIR".into(), dir));
+        }
+        let started = restrict(&writable)
+            .map_err(|e| SandboxError::Spawn(format!("Landlock: {e}")))
+            .and_then(|_| {
+                command(&launch.argv[0], &launch.argv[1..], &launch)
+                    .spawn()
+                    .map_err(|e| SandboxError::Spawn(e.to_string()))
+            });
+        let _ = tx.send(started.map(|child| (child, tmp)));
+    };
+    std::thread::Builder::new()
+        .name("dsh-landlock-spawn".into())
+        .spawn(start)
+        .map_err(|e| SandboxError::Spawn(format!("cannot start a spawn thread: {e}")))?;
+    match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
+        Ok(Ok(started)) => started,
+        Ok(Err(_)) => Err(SandboxError::Spawn(
+            "the spawn thread ended without an answer".into(),
+        )),
+        Err(_) => Err(SandboxError::Spawn(format!(
+            "the command did not start within {} s",
+            SPAWN_TIMEOUT.as_secs()
+        ))),
+    }
+}

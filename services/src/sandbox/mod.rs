@@ -1,0 +1,534 @@
+//! The sandbox seam: how far an agent's processes and file tools may reach.
+//!
+//! A [`PermissionMode`] governs file effects: `read-only` (nothing may be
+//! written but `/dev/null`), `workspace-write` (the workspace and a private
+//! temp directory), `danger-full-access` (no confinement). With the network
+//! flag of a [`Policy`] it is what an agent may do without asking; the
+//! policy rides every call, so two agents confine differently at the same
+//! instant and an approved escalation is one call with a wider policy.
+//!
+//! [`Sandbox`] runs a command under a policy with the host's backend:
+//! `bwrap` when it works here, else Landlock (applied to a throwaway thread
+//! that then spawns the command, so the child inherits the restriction and
+//! no `unsafe` `pre_exec` is needed). A confined policy with no usable
+//! backend is [`SandboxError::Unavailable`] (`SANDBOX_UNAVAILABLE`): a
+//! command never runs unconfined because confinement failed.
+//!
+//! Child processes never see the variables dsh reads secrets from
+//! ([`env`]).
+
+mod bwrap;
+pub mod env;
+mod landlock;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What an agent's tools may change.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum PermissionMode {
+    /// Nothing may be written (but `/dev/null`).
+    ReadOnly,
+    /// The workspace and a private temp directory may be written.
+    #[default]
+    WorkspaceWrite,
+    /// No confinement.
+    DangerFullAccess,
+}
+
+impl PermissionMode {
+    /// Every mode, narrowest first.
+    pub const ALL: [PermissionMode; 3] = [
+        PermissionMode::ReadOnly,
+        PermissionMode::WorkspaceWrite,
+        PermissionMode::DangerFullAccess,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionMode::ReadOnly => "read-only",
+            PermissionMode::WorkspaceWrite => "workspace-write",
+            PermissionMode::DangerFullAccess => "danger-full-access",
+        }
+    }
+}
+
+impl std::fmt::Display for PermissionMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A mode name that is none of the three. Fatal: the name must change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown permission mode `{0}` (expected read-only, workspace-write or danger-full-access)"
+)]
+pub struct UnknownMode(pub String);
+
+impl std::str::FromStr for PermissionMode {
+    type Err = UnknownMode;
+    fn from_str(s: &str) -> Result<Self, UnknownMode> {
+        PermissionMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| UnknownMode(s.to_owned()))
+    }
+}
+
+/// What an agent may do without asking: its mode and whether its
+/// processes reach the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Policy {
+    /// File effects.
+    pub mode: PermissionMode,
+    /// Whether processes may use the network.
+    pub network: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            mode: PermissionMode::WorkspaceWrite,
+            network: true,
+        }
+    }
+}
+
+impl Policy {
+    /// The policy of a child of an agent holding `self` that asks for
+    /// `asked`: never more than `self` in either respect.
+    pub fn narrowed(self, asked: Option<Policy>) -> Policy {
+        match asked {
+            None => self,
+            Some(a) => Policy {
+                mode: self.mode.min(a.mode),
+                network: self.network && a.network,
+            },
+        }
+    }
+
+    /// The policy of one call the user allowed to run beyond the sandbox.
+    pub fn escalated() -> Policy {
+        Policy {
+            mode: PermissionMode::DangerFullAccess,
+            network: true,
+        }
+    }
+
+    /// Whether processes under this policy need a backend at all.
+    pub fn confines(self) -> bool {
+        self.mode != PermissionMode::DangerFullAccess || !self.network
+    }
+}
+
+/// Which confinement mechanism runs commands.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// `bwrap` when it works on this host, else Landlock.
+    #[default]
+    Auto,
+    /// Only `bwrap`.
+    Bwrap,
+    /// Only Landlock.
+    Landlock,
+}
+
+/// A backend name that is none of `auto`, `bwrap`, `landlock`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sandbox backend `{0}` (expected auto, bwrap or landlock)")]
+pub struct UnknownBackend(pub String);
+
+impl std::str::FromStr for BackendChoice {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, UnknownBackend> {
+        match s {
+            "auto" => Ok(BackendChoice::Auto),
+            "bwrap" => Ok(BackendChoice::Bwrap),
+            "landlock" => Ok(BackendChoice::Landlock),
+            other => Err(UnknownBackend(other.to_owned())),
+        }
+    }
+}
+
+/// No backend works on this host: what each candidate said.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoBackend(pub String);
+
+/// The mechanism selected on this host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Bubblewrap, at this path.
+    Bwrap(PathBuf),
+    /// Landlock, with the kernel enforcing every requested right (`full`)
+    /// or only some (`partial`, older ABIs).
+    Landlock {
+        /// Whether every requested access right is enforced.
+        full: bool,
+    },
+}
+
+impl Backend {
+    /// A short name for results and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Bwrap(_) => "bwrap",
+            Backend::Landlock { .. } => "landlock",
+        }
+    }
+
+    /// The stderr text a denied write produces under this backend.
+    pub fn denial_signatures(&self) -> &'static [&'static str] {
+        match self {
+            Backend::Bwrap(_) => &["read-only file system"],
+            Backend::Landlock { .. } => &["permission denied", "operation not permitted"],
+        }
+    }
+}
+
+/// Why a command could not run confined.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxError {
+    /// No backend can enforce the policy on this host. Fatal until the host
+    /// changes (install bubblewrap, enable Landlock) or the mode does.
+    #[error(
+        "permission mode `{mode}`{net} is requested but no sandbox backend can enforce it here ({why}); refusing to run the command unconfined. Install bubblewrap (Debian: `apt-get install bubblewrap`) or run on a kernel with Landlock, or choose --permission-mode danger-full-access"
+    )]
+    Unavailable {
+        /// The mode asked for.
+        mode: PermissionMode,
+        /// `" without network"` when the network was cut too.
+        net: &'static str,
+        /// What each backend said.
+        why: String,
+    },
+    /// The backend was selected but could not start this command.
+    #[error("the sandbox could not start the command: {0}")]
+    Spawn(String),
+}
+
+impl SandboxError {
+    /// The stable code a tool result carries.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SandboxError::Unavailable { .. } => "SANDBOX_UNAVAILABLE",
+            SandboxError::Spawn(_) => "SANDBOX_FAILED",
+        }
+    }
+}
+
+/// One command to run: the argv, where, and with which environment.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Program and arguments.
+    pub argv: Vec<OsString>,
+    /// Working directory (inside the workspace for confined modes).
+    pub cwd: PathBuf,
+    /// The workspace root `workspace-write` may write under.
+    pub workspace: PathBuf,
+    /// The whole environment the command sees.
+    pub env: Vec<(OsString, OsString)>,
+    /// Whether the command gets a stdin pipe (else `/dev/null`).
+    pub stdin: bool,
+}
+
+/// A started command: the child (leading its own process group, stdout
+/// and stderr piped, killed when dropped) and what confines it.
+pub struct Spawned {
+    /// The process.
+    pub child: tokio::process::Child,
+    /// The backend confining it (`None`: unconfined).
+    pub backend: Option<Backend>,
+    /// A private temp directory removed with this value (Landlock).
+    _tmp: Option<PrivateTmp>,
+}
+
+/// A temp directory only one command may write, removed when dropped.
+struct PrivateTmp(PathBuf);
+
+impl PrivateTmp {
+    fn create() -> std::io::Result<PrivateTmp> {
+        use std::os::unix::fs::DirBuilderExt;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        for _ in 0..64 {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = base.join(format!(
+                "dsh-sandbox-{}-{n}-{:08x}",
+                std::process::id(),
+                uuid::Uuid::new_v4().as_u128() as u32
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => return Ok(PrivateTmp(dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other("no free private temp directory name"))
+    }
+}
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        let dir = std::mem::take(&mut self.0);
+        // Removing may take a while (whatever the command left there): off
+        // the async workers when there are any.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || std::fs::remove_dir_all(dir))),
+            Err(_) => drop(std::fs::remove_dir_all(dir)),
+        }
+    }
+}
+
+/// What a deployment sets: the policy agents get by default, the backend,
+/// and the secret variables children may see anyway.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// The policy agents get unless their spec (or parent) says otherwise.
+    pub defaults: Policy,
+    /// Which mechanism confines commands.
+    pub backend: BackendChoice,
+    /// Variables passed to children even if they hold secrets.
+    pub pass_env: Vec<String>,
+}
+
+/// The `sandbox` service: the deployment's [`Settings`] and the host's
+/// backend (probed on first use, again only if the choice changes).
+#[derive(Debug, Default)]
+pub struct Sandbox {
+    settings: RwLock<Settings>,
+    selected: Mutex<Option<(BackendChoice, Result<Backend, NoBackend>)>>,
+}
+
+/// How long a backend probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Sandbox {
+    /// The capability name.
+    pub const SERVICE: &'static str = "sandbox";
+
+    /// A sandbox with `settings`.
+    pub fn new(settings: Settings) -> Sandbox {
+        Sandbox {
+            settings: RwLock::new(settings),
+            selected: Mutex::new(None),
+        }
+    }
+
+    /// The one used where no `sandbox` service is provided: the default
+    /// policy, any backend, no secrets passed through.
+    pub fn host() -> Arc<Sandbox> {
+        static HOST: OnceLock<Arc<Sandbox>> = OnceLock::new();
+        HOST.get_or_init(|| Arc::new(Sandbox::default())).clone()
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Settings {
+        self.settings.read().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Replaces the settings (agents created before keep their policy).
+    pub fn set(&self, settings: Settings) {
+        if let Ok(mut s) = self.settings.write() {
+            *s = settings;
+        }
+    }
+
+    /// The policy agents get unless their spec (or parent) says otherwise.
+    pub fn defaults(&self) -> Policy {
+        self.settings().defaults
+    }
+
+    /// The environment a child process sees: this process's, without the
+    /// variables secrets are read from (unless passed through).
+    pub fn child_env(&self) -> Vec<(OsString, OsString)> {
+        env::scrubbed(&self.settings().pass_env)
+    }
+
+    /// The backend this host confines commands with (probed on first use).
+    pub async fn backend(&self) -> Result<Backend, NoBackend> {
+        let choice = self.settings().backend;
+        let cached = self.selected.lock().ok().and_then(|s| s.clone());
+        if let Some((c, verdict)) = cached
+            && c == choice
+        {
+            return verdict;
+        }
+        let verdict = select(choice).await.map_err(NoBackend);
+        if let Ok(mut slot) = self.selected.lock() {
+            *slot = Some((choice, verdict.clone()));
+        }
+        verdict
+    }
+
+    /// Starts `launch` under `policy`: unconfined for `danger-full-access`
+    /// with the network on, else through the host's backend, or not at all.
+    pub async fn spawn(&self, launch: Launch, policy: Policy) -> Result<Spawned, SandboxError> {
+        if !policy.confines() {
+            let mut cmd = command(&launch.argv[0], &launch.argv[1..], &launch);
+            let child = cmd
+                .spawn()
+                .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+            return Ok(Spawned {
+                child,
+                backend: None,
+                _tmp: None,
+            });
+        }
+        let unavailable = |why: String| SandboxError::Unavailable {
+            mode: policy.mode,
+            net: if policy.network {
+                ""
+            } else {
+                " without network"
+            },
+            why,
+        };
+        let backend = self.backend().await.map_err(|e| unavailable(e.0))?;
+        match &backend {
+            Backend::Bwrap(path) => {
+                let args = bwrap::arguments(&launch, policy);
+                let mut cmd = command(path.as_os_str(), &args, &launch);
+                let child = cmd
+                    .spawn()
+                    .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
+                Ok(Spawned {
+                    child,
+                    backend: Some(backend),
+                    _tmp: None,
+                })
+            }
+            Backend::Landlock { .. } => {
+                if !policy.network {
+                    return Err(unavailable(
+                        "Landlock filters TCP only, so it cannot cut the network; bwrap can".into(),
+                    ));
+                }
+                let (child, tmp) = landlock::spawn(launch, policy).await?;
+                Ok(Spawned {
+                    child,
+                    backend: Some(backend),
+                    _tmp: tmp,
+                })
+            }
+        }
+    }
+}
+
+/// The command for `program args…` with `launch`'s directory, environment
+/// and stdio, leading its own process group, killed when dropped.
+fn command(
+    program: &std::ffi::OsStr,
+    args: &[OsString],
+    launch: &Launch,
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .current_dir(&launch.cwd)
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .stdin(if launch.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    cmd
+}
+
+/// Picks the backend for `choice`, probing each candidate for real.
+async fn select(choice: BackendChoice) -> Result<Backend, String> {
+    let mut why = Vec::new();
+    if choice != BackendChoice::Landlock {
+        match bwrap::probe().await {
+            Ok(path) => return Ok(Backend::Bwrap(path)),
+            Err(e) => why.push(format!("bwrap: {e}")),
+        }
+    }
+    if choice != BackendChoice::Bwrap {
+        match landlock::probe().await {
+            Ok(full) => return Ok(Backend::Landlock { full }),
+            Err(e) => why.push(format!("Landlock: {e}")),
+        }
+    }
+    Err(why.join("; "))
+}
+
+/// `program` found on `$PATH`.
+fn on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_never_gets_more_than_its_parent() {
+        let parent = Policy {
+            mode: PermissionMode::WorkspaceWrite,
+            network: false,
+        };
+        let asked = Policy {
+            mode: PermissionMode::DangerFullAccess,
+            network: true,
+        };
+        assert_eq!(parent.narrowed(Some(asked)), parent);
+        let narrower = Policy {
+            mode: PermissionMode::ReadOnly,
+            network: true,
+        };
+        assert_eq!(
+            parent.narrowed(Some(narrower)),
+            Policy {
+                mode: PermissionMode::ReadOnly,
+                network: false
+            }
+        );
+        assert_eq!(parent.narrowed(None), parent);
+    }
+
+    #[test]
+    fn modes_parse_by_their_wire_names() {
+        for mode in PermissionMode::ALL {
+            assert_eq!(mode.as_str().parse::<PermissionMode>(), Ok(mode));
+        }
+        let err = "full".parse::<PermissionMode>().unwrap_err();
+        assert!(err.to_string().contains("`full`"));
+    }
+}
