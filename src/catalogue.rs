@@ -179,6 +179,7 @@ impl AgentServicesConfig {
             },
             backend: self.sandbox.unwrap_or_default(),
             pass_env: self.pass_env.clone(),
+            bwrap: None,
         }
     }
 }

@@ -7,4 +7,5 @@ mod multi;
 mod peers;
 mod persistence;
 mod run;
+mod trust;
 mod web;

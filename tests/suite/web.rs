@@ -737,3 +737,233 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     assert_eq!(names, expected);
     rt.shutdown().await;
 }
+
+/// Requests a hostile page could make: a rebinding `Host`, a form-style
+/// body, a foreign `Origin`. All refused before any handler runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_site_requests_and_rebinding_hosts_are_refused() {
+    let (rt, base) = serve_agents(true).await;
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    let c = client();
+    let r = c
+        .get(format!("{base}/api/tree"))
+        .header("host", format!("evil.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "FORBIDDEN_HOST");
+    let r = c
+        .get(format!("{base}/api/tree"))
+        .header("host", format!("localhost:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r#"{"prompt": "Write one line about trust."}"#;
+    let refused = [
+        ("text/plain", None, 415, "JSON_REQUIRED"),
+        (
+            "application/x-www-form-urlencoded",
+            None,
+            415,
+            "JSON_REQUIRED",
+        ),
+        (
+            "application/json",
+            Some("http://evil.example"),
+            403,
+            "CROSS_ORIGIN",
+        ),
+        ("application/json", Some("null"), 403, "CROSS_ORIGIN"),
+        (
+            "text/plain",
+            Some("http://evil.example"),
+            415,
+            "JSON_REQUIRED",
+        ),
+    ];
+    for (content_type, origin, status, code) in refused {
+        let mut request = c
+            .post(format!("{base}/api/agents"))
+            .header("content-type", content_type)
+            .body(body);
+        if let Some(o) = origin {
+            request = request.header("origin", o);
+        }
+        let r = request.send().await.unwrap();
+        assert_eq!(r.status(), status, "{content_type} {origin:?}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{content_type} {origin:?}");
+    }
+    // A body-less POST (a no-CORS fetch) is refused too.
+    let r = c
+        .post(format!("{base}/api/actors/1/stop"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let agents = rt
+        .root()
+        .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)
+        .unwrap();
+    assert!(
+        agents.ids().is_empty(),
+        "a refused request created an agent"
+    );
+    // The page itself (same origin) is served.
+    let r = c
+        .post(format!("{base}/api/agents"))
+        .header("content-type", "application/json")
+        .header("origin", base.clone())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_in_the_query_opens_reads_only() {
+    let args = [
+        "--bind",
+        "127.0.0.1:0",
+        "--token-env",
+        "DSH_TEST_WEB_TOKEN",
+        "--mutations",
+        "--demo-model",
+    ]
+    .map(String::from);
+    let (child, base) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
+    let c = client();
+    let r = c
+        .get(format!("{base}/api/tree?token=s3cret"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .post(format!("{base}/api/agents?token=s3cret"))
+        .json(&serde_json::json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .post(format!("{base}/api/agents"))
+        .bearer_auth("s3cret")
+        .json(&serde_json::json!({"prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(terminate(child).await.success());
+}
+
+/// Reads an SSE body until a line contains `needle` (within the wait).
+async fn until_line(
+    body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    seen: &mut String,
+    needle: &str,
+) {
+    tokio::time::timeout(WAIT, async {
+        while !seen.contains(needle) {
+            let chunk = body.next().await.expect("the stream goes on").unwrap();
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no `{needle}` in: {seen}"));
+}
+
+/// `dsh serve --mutations` answers the approval seam through its API: the
+/// ask is listed, a client allows it, the one escalated call runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_answers_approvals() {
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-web-approval").unwrap();
+    let marker = dir.join("escalated");
+    let script = dir.join("script.json");
+    let call = serde_json::json!({"name": "bash", "arguments": {
+        "command": format!("touch {}", marker.display()), "description": "probe",
+        "sandbox_permissions": "require_escalated", "justification": "write the marker"
+    }});
+    let steps = serde_json::json!({"steps": [{"tool_calls": [call]}, {"text": "done"}]});
+    std::fs::write(&script, steps.to_string()).unwrap();
+    let args = [
+        "--bind".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--mutations".to_owned(),
+        "--script".to_owned(),
+        script.display().to_string(),
+    ];
+    let (child, base) = dsh_serve(&args, &[]).await;
+    let c = client();
+    let created: serde_json::Value = post(
+        &c,
+        format!("{base}/api/agents"),
+        serde_json::json!({"prompt": "go"}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let mut events = c
+        .get(format!("{base}/api/sessions/{id}/events?stream=1"))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let mut seen = String::new();
+    until_line(&mut events, &mut seen, "approval/asked").await;
+    // Logged first, then listed: wait (bounded) for the listing.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let pending = loop {
+        let list = get_json(&c, format!("{base}/api/approvals")).await;
+        if let Some(first) = list["approvals"]
+            .as_array()
+            .and_then(|a| a.first())
+            .cloned()
+        {
+            break first;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never listed");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(pending["tool"], "bash");
+    assert!(
+        pending["reason"]
+            .as_str()
+            .unwrap()
+            .contains("write the marker")
+    );
+    assert!(!marker.exists());
+    let approval = pending["id"].as_str().unwrap().to_owned();
+    let r = post(
+        &c,
+        format!("{base}/api/approvals/{approval}"),
+        serde_json::json!({"outcome": "unavailable"}),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let r = post(
+        &c,
+        format!("{base}/api/approvals/{approval}"),
+        serde_json::json!({"outcome": "allowed-once"}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    until_line(&mut events, &mut seen, "turn/end").await;
+    assert!(marker.exists(), "the approved call ran: {seen}");
+    assert!(seen.contains(r#""outcome":"allowed-once""#), "{seen}");
+    let r = post(
+        &c,
+        format!("{base}/api/approvals/{approval}"),
+        serde_json::json!({"outcome": "rejected"}),
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    assert!(terminate(child).await.success());
+}

@@ -6,4 +6,5 @@ mod prompt;
 mod ralph;
 mod schemas;
 mod subagent;
+mod trust;
 mod workflow;

@@ -55,10 +55,14 @@ pub(super) fn arguments(launch: &Launch, policy: Policy) -> Vec<OsString> {
     args
 }
 
-/// `bwrap` on `$PATH`, if it can set up the profile here (user namespaces
-/// may be disabled, as in many containers).
-pub(super) async fn probe() -> Result<PathBuf, String> {
-    let path = on_path("bwrap").ok_or("not found on $PATH")?;
+/// `bwrap` at `path` (else on `$PATH`), if it can set up the profile here
+/// (user namespaces may be disabled, as in many containers).
+pub(super) async fn probe(path: Option<PathBuf>) -> Result<PathBuf, String> {
+    let path = match path {
+        Some(p) if super::is_executable(&p) => p,
+        Some(p) => return Err(format!("{} is not an executable file", p.display())),
+        None => on_path("bwrap").ok_or("not found on $PATH")?,
+    };
     let launch = Launch {
         argv: vec!["true".into()],
         cwd: "/".into(),

@@ -31,7 +31,12 @@ pub fn is_secret(name: &str) -> bool {
 /// This process's environment without its secrets, except those named in
 /// `pass`.
 pub fn scrubbed(pass: &[String]) -> Vec<(OsString, OsString)> {
-    std::env::vars_os()
+    scrub(std::env::vars_os().collect(), pass)
+}
+
+/// `vars` without the secret ones, except those named in `pass`.
+pub fn scrub(vars: Vec<(OsString, OsString)>, pass: &[String]) -> Vec<(OsString, OsString)> {
+    vars.into_iter()
         .filter(|(k, _)| {
             let name = k.to_string_lossy();
             !is_secret(&name) || pass.iter().any(|p| *p == name)

@@ -314,6 +314,8 @@ pub struct Settings {
     pub backend: BackendChoice,
     /// Variables passed to children even if they hold secrets.
     pub pass_env: Vec<String>,
+    /// Where bwrap is (default: found on `$PATH`).
+    pub bwrap: Option<PathBuf>,
 }
 
 /// The `sandbox` service: the deployment's [`Settings`] and the host's
@@ -321,7 +323,7 @@ pub struct Settings {
 #[derive(Debug, Default)]
 pub struct Sandbox {
     settings: RwLock<Settings>,
-    selected: Mutex<Option<(BackendChoice, Result<Backend, NoBackend>)>>,
+    selected: Mutex<Option<(Choice, Result<Backend, NoBackend>)>>,
 }
 
 /// How long a backend probe may take.
@@ -371,14 +373,15 @@ impl Sandbox {
 
     /// The backend this host confines commands with (probed on first use).
     pub async fn backend(&self) -> Result<Backend, NoBackend> {
-        let choice = self.settings().backend;
+        let settings = self.settings();
+        let choice = (settings.backend, settings.bwrap);
         let cached = self.selected.lock().ok().and_then(|s| s.clone());
         if let Some((c, verdict)) = cached
             && c == choice
         {
             return verdict;
         }
-        let verdict = select(choice).await.map_err(NoBackend);
+        let verdict = select(&choice).await.map_err(NoBackend);
         if let Ok(mut slot) = self.selected.lock() {
             *slot = Some((choice, verdict.clone()));
         }
@@ -463,11 +466,15 @@ fn command(
     cmd
 }
 
+/// What a backend selection depends on: the choice and where bwrap is.
+type Choice = (BackendChoice, Option<PathBuf>);
+
 /// Picks the backend for `choice`, probing each candidate for real.
-async fn select(choice: BackendChoice) -> Result<Backend, String> {
+async fn select((choice, bwrap): &Choice) -> Result<Backend, String> {
+    let choice = *choice;
     let mut why = Vec::new();
     if choice != BackendChoice::Landlock {
-        match bwrap::probe().await {
+        match bwrap::probe(bwrap.clone()).await {
             Ok(path) => return Ok(Backend::Bwrap(path)),
             Err(e) => why.push(format!("bwrap: {e}")),
         }

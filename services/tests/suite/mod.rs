@@ -1,5 +1,6 @@
 mod openai;
 mod persistence;
+mod sandbox;
 mod schemas;
 mod session;
 mod tools;

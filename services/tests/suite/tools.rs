@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use dsh_services::llm::scripted::ScriptedModel;
 use dsh_services::llm::{ContentBlock, LlmRuntime};
-use dsh_services::sandbox::Policy;
+use dsh_services::sandbox::{PermissionMode, Policy};
 use dsh_services::tools::builtin::{Bash, Glob, Grep, file_tools};
 use dsh_services::tools::{Resolution, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use dsh_supervisors::registry::RegisterError;
@@ -378,4 +378,239 @@ async fn a_registration_refused_by_its_owner_leaves_nothing_behind() {
     assert!(llm.providers().is_empty());
     assert!(llm.adapter("gone").is_none());
     rt.shutdown().await;
+}
+
+fn call_under(
+    tool: Arc<dyn Tool>,
+    rt: &Runtime,
+    cwd: &Path,
+    args: Value,
+    policy: Policy,
+) -> impl std::future::Future<Output = Result<ToolOutput, ToolError>> {
+    let cx = ToolContext {
+        call_id: "c1".into(),
+        args,
+        cancel: CancellationToken::new(),
+        ctx: rt.root(),
+        cwd: Arc::new(cwd.to_path_buf()),
+        policy,
+    };
+    tool.execute(cx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_symlink_carries_a_write_out_of_the_workspace() {
+    let rt = rt().await;
+    let ws = workspace();
+    let outside = workspace();
+    // A dangling link to a file outside (the escape `exists()` let through),
+    // a relative one, and a link to a directory outside.
+    std::os::unix::fs::symlink(outside.join("target.txt"), ws.join("dangle")).unwrap();
+    let relative = format!(
+        "../{}/relative.txt",
+        outside.file_name().unwrap().to_string_lossy()
+    );
+    std::os::unix::fs::symlink(&relative, ws.join("dangle-rel")).unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("dir")).unwrap();
+    let (_read, write, _edit) = file_tools();
+    let write: Arc<dyn Tool> = Arc::new(write);
+    for path in ["dangle", "dangle-rel", "dir/new.txt", "dir/sub/new.txt"] {
+        let err = call(
+            write.clone(),
+            &rt,
+            &ws,
+            json!({"file_path": path, "content": "pwned"}),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, "OUTSIDE_WORKSPACE", "{path}: {err}");
+        assert!(err.message.contains("require_escalated"), "{err}");
+    }
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    // A link that stays inside is followed.
+    std::fs::create_dir(ws.join("real")).unwrap();
+    std::os::unix::fs::symlink("real", ws.join("alias")).unwrap();
+    call(
+        write.clone(),
+        &rt,
+        &ws,
+        json!({"file_path": "alias/in.txt", "content": "fine"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("real/in.txt")).unwrap(),
+        "fine"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mode_decides_what_the_file_tools_may_change() {
+    let rt = rt().await;
+    let ws = workspace();
+    let outside = workspace();
+    let (_read, write, edit) = file_tools();
+    let (write, edit): (Arc<dyn Tool>, Arc<dyn Tool>) = (Arc::new(write), Arc::new(edit));
+    let read_only = Policy {
+        mode: PermissionMode::ReadOnly,
+        network: true,
+    };
+    let err = call_under(
+        write.clone(),
+        &rt,
+        &ws,
+        json!({"file_path": "new.txt", "content": "x"}),
+        read_only,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "DENIED");
+    assert!(err.message.contains("read-only"), "{err}");
+    assert!(!ws.join("new.txt").exists());
+    std::fs::write(ws.join("f.txt"), "a").unwrap();
+    let err = call_under(
+        edit.clone(),
+        &rt,
+        &ws,
+        json!({"file_path": "f.txt", "old_string": "a", "new_string": "b"}),
+        read_only,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code, "DENIED");
+    // Unconfined (a standing danger-full-access, or one approved call),
+    // absolute paths elsewhere are reachable.
+    let target = outside.join("granted.txt");
+    call_under(
+        write,
+        &rt,
+        &ws,
+        json!({"file_path": target.display().to_string(), "content": "ok"}),
+        Policy::escalated(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "ok");
+}
+
+mod link_layouts {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What one name in the workspace is.
+    #[derive(Clone, Debug)]
+    enum Entry {
+        Missing,
+        File,
+        Dir,
+        Link(usize),
+    }
+
+    /// Where links point: inside, outside, dangling, absolute, looping.
+    fn targets(ws: &Path, outside: &Path) -> Vec<String> {
+        let out = outside.file_name().unwrap().to_string_lossy().into_owned();
+        vec![
+            format!("../{out}/t"),
+            format!("../{out}"),
+            outside.join("t").display().to_string(),
+            outside.display().to_string(),
+            "a".into(),
+            "b/c".into(),
+            "..".into(),
+            ".".into(),
+            ws.join("a").display().to_string(),
+            "loop".into(),
+            "b/../../x".into(),
+        ]
+    }
+
+    /// Every path under `dir`, what it is and holds (links not followed).
+    fn snapshot(dir: &Path) -> Vec<(PathBuf, String)> {
+        let mut seen = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                let m = std::fs::symlink_metadata(&p).unwrap();
+                let what = if m.file_type().is_symlink() {
+                    format!("link {}", std::fs::read_link(&p).unwrap().display())
+                } else if m.is_dir() {
+                    stack.push(p.clone());
+                    "dir".into()
+                } else {
+                    std::fs::read_to_string(&p).unwrap_or_default()
+                };
+                seen.push((p, what));
+            }
+        }
+        seen.sort();
+        seen
+    }
+
+    fn entry() -> impl Strategy<Value = Entry> {
+        prop_oneof![
+            Just(Entry::Missing),
+            Just(Entry::File),
+            Just(Entry::Dir),
+            (0usize..11).prop_map(Entry::Link),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Whatever links the workspace holds and whatever path is asked
+        /// for, a write either lands inside the workspace or is refused;
+        /// the directory beside it is never touched.
+        #[test]
+        fn a_write_never_lands_outside(
+            layout in proptest::collection::vec(entry(), 4),
+            inner in proptest::collection::vec(entry(), 2),
+            path in proptest::collection::vec(prop_oneof![
+                Just("a"), Just("b"), Just("c"), Just("loop"), Just(".."), Just("."), Just("t"), Just("new")
+            ], 1..4),
+        ) {
+            let ws = workspace();
+            let outside = workspace();
+            std::fs::write(outside.join("t"), "outside").unwrap();
+            let targets = targets(&ws, &outside);
+            let make = |dir: &Path, name: &str, e: &Entry| match e {
+                Entry::Missing => {}
+                Entry::File => std::fs::write(dir.join(name), "inside").unwrap(),
+                Entry::Dir => std::fs::create_dir_all(dir.join(name)).unwrap(),
+                Entry::Link(i) => {
+                    let target = if targets[*i] == "loop" { name.to_owned() } else { targets[*i].clone() };
+                    std::os::unix::fs::symlink(target, dir.join(name)).unwrap();
+                }
+            };
+            for (name, e) in ["a", "b", "c", "loop"].iter().zip(&layout) {
+                make(&ws, name, e);
+            }
+            if ws.join("b").is_dir() && !std::fs::symlink_metadata(ws.join("b")).unwrap().file_type().is_symlink() {
+                for (name, e) in ["c", "d"].iter().zip(&inner) {
+                    make(&ws.join("b"), name, e);
+                }
+            }
+            let before = snapshot(&outside);
+            let given = path.join("/");
+            let outcome = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+                    let (_r, write, _e) = file_tools();
+                    let out = call(Arc::new(write), &rt, &ws, json!({"file_path": given, "content": "written"})).await;
+                    rt.shutdown().await;
+                    out
+                });
+            prop_assert_eq!(snapshot(&outside), before, "`{}` reached outside", given);
+            if let Ok(out) = outcome {
+                let shown = text(&out);
+                let path = shown.split("<path>").nth(1).and_then(|s| s.split("</path>").next()).unwrap();
+                let real = std::fs::canonicalize(path).unwrap();
+                prop_assert!(real.starts_with(&ws), "`{}` wrote {}", given, real.display());
+            }
+        }
+    }
 }

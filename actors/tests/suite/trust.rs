@@ -1,0 +1,189 @@
+//! Trust at the agent level: the policy an agent is created with, what a
+//! delegated child gets, and escalation through the approval seam.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh_actors::agent::{Agent, AgentSpec};
+use dsh_actors::subagent::StartRequest;
+use dsh_services::approval::{ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
+use dsh_services::llm::ToolSchema;
+use dsh_services::sandbox::{PermissionMode, Policy, Sandbox, Settings};
+use dsh_services::tools::{Escalation, Tool, ToolContext, ToolError, ToolOutput, parameters};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::harness::{Harness, calls, kinds, results, text};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+const READ_ONLY_OFFLINE: Policy = Policy {
+    mode: PermissionMode::ReadOnly,
+    network: false,
+};
+
+/// Says which mode the call ran under.
+struct Mode;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct ModeArgs {
+    #[allow(dead_code)]
+    #[serde(flatten)]
+    escalation: Escalation,
+}
+
+impl Tool for Mode {
+    fn escalates(&self) -> bool {
+        true
+    }
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "mode".into(),
+            description: "Says the mode the call runs under.".into(),
+            parameters: parameters::<ModeArgs>(),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move { Ok(ToolOutput::text(cx.policy.mode.as_str())) }.boxed()
+    }
+}
+
+fn escalate(justification: &str) -> serde_json::Value {
+    json!({"sandbox_permissions": "require_escalated", "justification": justification})
+}
+
+/// Runs one turn of `steps` on a fresh agent of `spec`'s policy; the tool
+/// results' texts.
+async fn turn(
+    h: &Harness,
+    provider: &str,
+    steps: Vec<dsh_services::llm::scripted::ScriptStep>,
+    policy: Option<Policy>,
+) -> (Agent, Vec<String>) {
+    h.script(provider, steps);
+    let mut spec = AgentSpec::new(provider, "m", std::env::temp_dir());
+    spec.permission = policy;
+    let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    agent.run("go", WAIT).await.unwrap();
+    let texts = results(&agent).into_iter().map(|(_, _, t)| t).collect();
+    (agent, texts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_takes_the_deployment_policy_and_a_child_never_more_than_its_parent() {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    root.provide(
+        Sandbox::SERVICE,
+        Arc::new(Sandbox::new(Settings {
+            defaults: READ_ONLY_OFFLINE,
+            ..Settings::default()
+        })),
+    )
+    .unwrap();
+    let subagents = Arc::new(dsh_actors::subagent::Subagents::with_builtin());
+    root.provide(dsh_actors::subagent::Subagents::SERVICE, subagents.clone())
+        .unwrap();
+    h.script("p", vec![text("parent")]);
+    let parent = h.agent("p").await;
+    assert_eq!(parent.policy(), READ_ONLY_OFFLINE);
+    // The child asks for everything and gets the parent's.
+    h.script("c", vec![text("child")]);
+    let mut request = StartRequest::new(&parent, "work", CancellationToken::new());
+    request.route = Some(("c".into(), "m".into()));
+    request.permission = Some(Policy::escalated());
+    let run = subagents.start("spawn", request).await.unwrap();
+    let child = run.agent().clone();
+    assert_eq!(child.policy(), READ_ONLY_OFFLINE);
+    run.result().await;
+    let logged = child
+        .session()
+        .events()
+        .into_iter()
+        .find_map(|e| (e.kind() == "sandbox/mode").then(|| e.to_json()["data"].clone()));
+    assert_eq!(
+        logged,
+        Some(json!({"mode": "read-only", "network": false, "source": "delegation"}))
+    );
+    run.dispose().await;
+    // A wider parent's child may ask for less.
+    let mut spec = AgentSpec::new("p", "m", std::env::temp_dir());
+    spec.permission = Some(Policy::default());
+    let wide = Agent::create(&root, spec).await.unwrap();
+    let mut request = StartRequest::new(&wide, "work", CancellationToken::new());
+    request.route = Some(("c".into(), "m".into()));
+    request.permission = Some(READ_ONLY_OFFLINE);
+    let run = subagents.start("spawn", request).await.unwrap();
+    assert_eq!(run.agent().policy(), READ_ONLY_OFFLINE);
+    run.result().await;
+    run.dispose().await;
+    h.rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_approved_escalation_runs_unconfined_and_every_ask_is_logged() {
+    let h = Harness::new().await;
+    h.tools.register(&h.rt.root(), Arc::new(Mode)).unwrap();
+    let steps = || {
+        vec![
+            calls(&[("mode", json!({}))]),
+            calls(&[("mode", escalate("to reach the build cache"))]),
+            calls(&[("mode", json!({"sandbox_permissions": "require_escalated"}))]),
+            text("done"),
+        ]
+    };
+    // `ask` with nobody to answer: unavailable, fail closed.
+    let (agent, texts) = turn(&h, "a", steps(), None).await;
+    assert_eq!(texts[0], "workspace-write");
+    assert!(
+        texts[1].contains("DENIED") && texts[1].contains("unavailable"),
+        "{}",
+        texts[1]
+    );
+    assert!(
+        texts[2].contains("INVALID_ARGS") && texts[2].contains("justification"),
+        "{}",
+        texts[2]
+    );
+    let k = kinds(&agent);
+    assert_eq!(k.iter().filter(|k| *k == "approval/asked").count(), 1);
+    assert_eq!(k.iter().filter(|k| *k == "approval/decided").count(), 1);
+    // `never`: refused without asking anyone.
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    let answerer =
+        h.rt.root()
+            .on_waterfall(move |_ask: ApprovalAsk, _next| {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { ApprovalOutcome::AllowedOnce }
+            })
+            .unwrap();
+    h.approval.set_policy(ApprovalPolicy::Never);
+    let (_, texts) = turn(&h, "n", steps(), None).await;
+    assert!(texts[1].contains("rejected"), "{}", texts[1]);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // `ask` with an answerer that allows: that one call runs unconfined.
+    h.approval.set_policy(ApprovalPolicy::Ask);
+    let (agent, texts) = turn(&h, "y", steps(), None).await;
+    assert_eq!(texts[1], "danger-full-access");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let decided: Vec<_> = agent
+        .session()
+        .events()
+        .into_iter()
+        .filter(|e| e.kind() == "approval/decided")
+        .map(|e| e.to_json()["data"]["outcome"].clone())
+        .collect();
+    assert_eq!(decided, [json!("allowed-once")]);
+    answerer.dispose().await;
+    // A read-only agent's escalation asks too; refused, it stays read-only.
+    let (_, texts) = turn(&h, "r", steps(), Some(READ_ONLY_OFFLINE)).await;
+    assert_eq!(texts[0], "read-only");
+    assert!(texts[1].contains("read-only"), "{}", texts[1]);
+    h.rt.shutdown().await;
+}
