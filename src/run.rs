@@ -56,8 +56,9 @@ pub struct RunArgs {
 fn system_prompt(cwd: &std::path::Path) -> String {
     format!(
         "You are dsh, an agent working in the directory {}. Use the tools to inspect and change files \
-         and to run commands; keep answers short and concrete.",
-        cwd.display()
+         and to run commands; keep answers short and concrete. {}",
+        cwd.display(),
+        dsh_services::sandbox::PROMPT_GUIDANCE
     )
 }
 

@@ -174,3 +174,100 @@ async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order()
     ));
     rt.shutdown().await;
 }
+
+/// Asks once to run outside the sandbox, then answers with what it got.
+struct Asker;
+
+impl LlmAdapter for Asker {
+    fn name(&self) -> &str {
+        "asker"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let result = request.messages.last().filter(|m| m.source.kind == "tool");
+        let (blocks, finish) = match result {
+            Some(_) => (vec![ContentBlock::text("done")], FinishReason::Stop),
+            None => (
+                vec![ContentBlock::ToolCall {
+                    id: "call_bash".into(),
+                    name: "bash".into(),
+                    arguments: serde_json::json!({
+                        "command": "echo approved-from-the-page",
+                        "description": "probe",
+                        "sandbox_permissions": "require_escalated",
+                        "justification": "shown in the dashboard"
+                    })
+                    .to_string(),
+                }],
+                FinishReason::ToolCalls,
+            ),
+        };
+        let chunks = dsh::services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_a_pending_approval_and_answers_it() {
+    let peers = super::peers::peers();
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    root.plugin(dsh::catalogue::AgentServices, Default::default())
+        .await
+        .unwrap();
+    let llm = root.get::<LlmRuntime>(LlmRuntime::SERVICE).unwrap();
+    llm.register(&root, &["asker"], Arc::new(Asker)).unwrap();
+    let config = WebConfig {
+        bind: "127.0.0.1:0".into(),
+        token_env: None,
+        mutations: true,
+    };
+    root.plugin(Web, config).await.unwrap();
+    let base = format!(
+        "http://{}",
+        root.get::<WebServer>(WebServer::SERVICE)
+            .unwrap()
+            .local_addr()
+    );
+    let agent = Agent::create(&root, AgentSpec::new("asker", "m", std::env::temp_dir()))
+        .await
+        .unwrap();
+    agent
+        .followup(dsh::services::llm::Message::user_text("go"))
+        .unwrap();
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser/approvals.cjs");
+    let out = tokio::time::timeout(
+        WAIT,
+        tokio::process::Command::new("node")
+            .arg(&script)
+            .arg(&base)
+            .env(
+                "PLAYWRIGHT_CORE",
+                peers.join("npm/node_modules/playwright-core"),
+            )
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the browser test finishes")
+    .expect("node runs");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser script failed: {report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let shown = seen["shown"].as_str().unwrap();
+    assert!(
+        shown.contains("bash") && shown.contains("shown in the dashboard"),
+        "{shown}"
+    );
+    agent.when_idle(WAIT).await.unwrap();
+    let ran =
+        agent.session().events().iter().any(|e| {
+            e.kind() == "tool/result" && e.to_line().contains("approved-from-the-page\\n")
+        });
+    assert!(ran, "the approved call ran");
+    rt.shutdown().await;
+}

@@ -187,3 +187,53 @@ async fn only_an_approved_escalation_runs_unconfined_and_every_ask_is_logged() {
     assert!(texts[1].contains("read-only"), "{}", texts[1]);
     h.rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_turn_withdraws_its_question() {
+    let h = Harness::new().await;
+    h.tools.register(&h.rt.root(), Arc::new(Mode)).unwrap();
+    let (asked_tx, asked_rx) = tokio::sync::oneshot::channel::<()>();
+    let asked_tx = std::sync::Mutex::new(Some(asked_tx));
+    // An answerer that waits for a person who never comes.
+    h.rt.root()
+        .on_waterfall(move |ask: ApprovalAsk, _next| {
+            if let Some(tx) = asked_tx.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            async move {
+                ask.cancel.cancelled().await;
+                ApprovalOutcome::Cancelled
+            }
+        })
+        .unwrap();
+    h.script(
+        "w",
+        vec![calls(&[("mode", escalate("wait"))]), text("never")],
+    );
+    let agent = h.agent("w").await;
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    tokio::time::timeout(WAIT, asked_rx).await.unwrap().unwrap();
+    agent.cancel();
+    agent.when_idle(WAIT).await.unwrap();
+    let events = agent.session().events();
+    let decided: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind() == "approval/decided")
+        .map(|e| e.to_json()["data"]["outcome"].clone())
+        .collect();
+    assert_eq!(decided, [json!("cancelled")]);
+    let end = events
+        .iter()
+        .rev()
+        .find(|e| e.kind() == "turn/end")
+        .unwrap();
+    assert_eq!(
+        end.to_json()["data"]["reason"]["kind"],
+        "aborted",
+        "{}",
+        end.to_json()
+    );
+    h.rt.shutdown().await;
+}

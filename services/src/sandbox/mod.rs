@@ -29,6 +29,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// What the system prompt tells the model about the sandbox and
+/// escalation (the same under every mode, so a mode change does not
+/// rewrite the prompt).
+pub const PROMPT_GUIDANCE: &str = "Commands and file changes run in a sandbox governed by a permission mode (read-only, workspace-write or danger-full-access). When the sandbox denies a call the task truly needs, retry that one call with `sandbox_permissions: \"require_escalated\"` and a short `justification`; the user decides, and a refusal is final. Never escalate to get around a denial you can avoid.";
+
 /// What an agent's tools may change.
 #[derive(
     Clone,

@@ -297,3 +297,27 @@ async fn secrets_stay_out_of_child_processes_unless_passed() {
         .unwrap();
     assert_eq!(out.trim(), "[][h]");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_bwrap_auto_falls_back_to_landlock() {
+    let (ws, outside) = layout();
+    let sandbox = Sandbox::new(Settings {
+        bwrap: Some(ws.join("no-such-bwrap")),
+        ..Settings::default()
+    });
+    let backend = sandbox.backend().await.expect("Landlock works here");
+    assert!(
+        matches!(backend, Backend::Landlock { full: true }),
+        "{backend:?}"
+    );
+    let marker = outside.join("fallback");
+    let (_, output) = run(
+        &sandbox,
+        &ws,
+        WORKSPACE_WRITE,
+        &format!("echo x > {}", marker.display()),
+    )
+    .await
+    .unwrap();
+    assert!(!marker.exists(), "{output}");
+}
