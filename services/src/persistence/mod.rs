@@ -187,6 +187,25 @@ pub struct JsonlStore {
     compression: Compression,
 }
 
+/// `bytes` as text: bytes that are not UTF-8 become U+FFFD (a bad byte
+/// inside a string keeps its event; one in the JSON structure fails that
+/// line, named by number), with the 1-based lines where that happened.
+fn utf8_text(bytes: Vec<u8>) -> (String, Vec<usize>) {
+    match String::from_utf8(bytes) {
+        Ok(text) => (text, Vec::new()),
+        Err(e) => {
+            let bytes = e.into_bytes();
+            let mut replaced = Vec::new();
+            for (i, line) in bytes.split(|b| *b == b'\n').enumerate() {
+                if std::str::from_utf8(line).is_err() {
+                    replaced.push(i + 1);
+                }
+            }
+            (String::from_utf8_lossy(&bytes).into_owned(), replaced)
+        }
+    }
+}
+
 fn io(path: &Path, error: std::io::Error) -> StoreError {
     StoreError::Io {
         path: path.display().to_string(),
@@ -216,6 +235,11 @@ struct Transcript {
     path: PathBuf,
     text: String,
     torn_frame_at: Option<u64>,
+    /// Plain files: the byte length up to the last newline (where a torn
+    /// tail is cut; `text` may be longer where bytes were replaced).
+    raw_good: Option<u64>,
+    /// Plain files: the lines whose bytes were not UTF-8 (replaced).
+    replaced: Vec<usize>,
 }
 
 /// One Zstandard frame holding `text`, with a content checksum.
@@ -340,22 +364,23 @@ impl JsonlStore {
             path: path.display().to_string(),
             error,
         };
-        let (text, torn_frame_at) = match self.compression {
-            Compression::None => (
-                String::from_utf8(bytes).map_err(|e| {
-                    load(LoadError::Line {
-                        line: 0,
-                        reason: format!("the file is not UTF-8 text: {e}"),
-                    })
-                })?,
-                None,
-            ),
-            Compression::Zstd => decode_frames(&bytes).map_err(load)?,
+        let (text, torn_frame_at, raw_good, replaced) = match self.compression {
+            Compression::None => {
+                let good = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+                let (text, replaced) = utf8_text(bytes);
+                (text, None, Some(good as u64), replaced)
+            }
+            Compression::Zstd => {
+                let (text, torn) = decode_frames(&bytes).map_err(load)?;
+                (text, torn, None, Vec::new())
+            }
         };
         Ok(Transcript {
             path,
             text,
             torn_frame_at,
+            raw_good,
+            replaced,
         })
     }
 
@@ -367,6 +392,15 @@ impl JsonlStore {
         if let Some(at) = t.torn_frame_at {
             loaded.torn_line = Some(t.text.lines().count() + 1);
             loaded.good_bytes = at;
+        }
+        if let (Some(good), Some(_)) = (t.raw_good, loaded.torn_line) {
+            // Where the file itself is cut (replaced bytes change lengths).
+            loaded.good_bytes = good;
+        }
+        for line in &t.replaced {
+            loaded.repairs.push(format!(
+                "line {line}: bytes that are not UTF-8 were read as U+FFFD"
+            ));
         }
         Ok(loaded)
     }
@@ -386,6 +420,63 @@ impl JsonlStore {
             return Err(io(path, e));
         }
         Ok(())
+    }
+}
+
+impl JsonlStore {
+    /// Creates session `id`'s folder with its file in one step: both are
+    /// made under a staging name (`+…`, which no encoded id contains, and
+    /// `list` skips), then the folder is renamed into place without
+    /// replacing anything. A crash leaves the whole session or none of it
+    /// (a staging folder at most); a racing creator of the same id fails.
+    fn publish_folder(&self, id: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let name = encode(id)?;
+        let root = &self.root;
+        std::fs::create_dir_all(root).map_err(|e| io(root, e))?;
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let staging_name = format!("+{name}+{}+{n}", std::process::id());
+        let staging = root.join(&staging_name);
+        let stage = || -> std::io::Result<()> {
+            std::fs::create_dir(&staging)?;
+            let mut file = std::fs::File::create(staging.join(self.compression.file_name()))?;
+            std::io::Write::write_all(&mut file, bytes)?;
+            file.sync_data()
+        };
+        if let Err(e) = stage() {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(io(&staging, e));
+        }
+        let published = publish(root, &staging_name, &name);
+        if published.is_err() {
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        match published {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Err(StoreError::Exists(self.locate(id)))
+            }
+            Err(e) => Err(io(&root.join(&name), e)),
+        }
+    }
+}
+
+/// Renames `root/from` to `root/to` unless `to` exists; an empty `to` (a
+/// folder an older version left behind when it crashed mid-creation) is
+/// removed first.
+fn publish(root: &Path, from: &str, to: &str) -> std::io::Result<()> {
+    use nix::errno::Errno;
+    use nix::fcntl::{RenameFlags, renameat2};
+    let dir = std::fs::File::open(root)?;
+    let attempt = || renameat2(&dir, from, &dir, to, RenameFlags::RENAME_NOREPLACE);
+    let mut result = attempt();
+    if result == Err(Errno::EEXIST) && std::fs::remove_dir(root.join(to)).is_ok() {
+        result = attempt();
+    }
+    match result {
+        Ok(()) => dir.sync_all(),
+        Err(Errno::EEXIST) | Err(Errno::ENOTEMPTY) => Err(std::io::ErrorKind::AlreadyExists.into()),
+        Err(e) => Err(std::io::Error::from(e)),
     }
 }
 
@@ -455,6 +546,10 @@ impl SessionPersistence for JsonlStore {
         };
         let mut out = Vec::new();
         for entry in entries.flatten() {
+            // A session being created (or one a crash left half made).
+            if entry.file_name().to_string_lossy().starts_with('+') {
+                continue;
+            }
             let file = entry.path().join(self.compression.file_name());
             let other = entry.path().join(self.compression.other().file_name());
             if other.is_file() {
@@ -490,9 +585,6 @@ impl SessionPersistence for JsonlStore {
         if path.exists() {
             return Err(StoreError::Exists(self.locate(&header.id)));
         }
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        }
         let bytes = match self.compression {
             Compression::None => jsonl::render(header, events).into_bytes(),
             Compression::Zstd => {
@@ -506,6 +598,12 @@ impl SessionPersistence for JsonlStore {
                 bytes
             }
         };
+        if self.single.is_none() {
+            return self.publish_folder(&header.id, &bytes);
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        }
         // Written aside, then published with a hard link, which never
         // replaces an existing file: a crash leaves no session or the whole
         // first batch, and a racing creator of the same id fails.

@@ -145,23 +145,29 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
         .iter()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty());
-    let Some((_, first)) = numbered.next() else {
+    let Some((at, first)) = numbered.next() else {
         return Err(LoadError::Empty);
     };
-    let header = parse_header(first)?;
     let last_line = lines.len();
+    if torn_tail && at + 1 == last_line {
+        return Err(LoadError::TornTail { line: 1, good: 0 });
+    }
+    let header = parse_header(first)?;
     let mut events: Vec<SessionEvent> = Vec::new();
     for (i, line) in numbered {
         let n = i + 1;
+        // A last line without its newline was never acknowledged, even if
+        // it happens to be whole JSON: appending after it would glue the
+        // next event onto it.
+        if torn_tail && n == last_line {
+            return Err(LoadError::TornTail {
+                line: n,
+                good: events.len(),
+            });
+        }
         let envelope: Envelope = match serde_json::from_str(line) {
             Ok(e) => e,
             Err(e) => {
-                if torn_tail && n == last_line {
-                    return Err(LoadError::TornTail {
-                        line: n,
-                        good: events.len(),
-                    });
-                }
                 return Err(LoadError::Line {
                     line: n,
                     reason: format!("not a JSON event: {e}"),

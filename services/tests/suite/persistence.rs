@@ -420,3 +420,137 @@ mod sqlite_props {
         }
     }
 }
+
+/// A log cut at every byte (a crash in any write), then resumed: load
+/// keeps the whole lines before the cut, an append after the resume lands
+/// on its own line, and the log loads again with exactly those events. A
+/// last line without its newline is torn even when it is whole JSON (the
+/// case that glued the next append onto it).
+#[test]
+fn a_log_cut_at_every_byte_resumes_and_loads_again() {
+    let (header, events) = session("cut", 1_000, 2, false);
+    let whole = dsh_services::session::jsonl::render(&header, &events);
+    let bytes = whole.as_bytes();
+    let dir = temp("cut");
+    let header_end = whole.find('\n').unwrap() + 1;
+    for cut in 0..=bytes.len() {
+        let store = JsonlStore::new(dir.join(cut.to_string()));
+        let file = store.path("cut").unwrap();
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, &bytes[..cut]).unwrap();
+        let loaded = match store.load("cut") {
+            Ok(l) => l,
+            Err(e) => {
+                // Only a cut inside the header line leaves nothing to load.
+                assert!(cut < header_end, "cut at {cut}: {e}");
+                continue;
+            }
+        };
+        let whole_lines = bytes[..cut].iter().filter(|b| **b == b'\n').count();
+        assert_eq!(
+            loaded.durable as usize,
+            whole_lines - 1,
+            "cut at {cut}: the whole lines after the header"
+        );
+        assert_eq!(
+            loaded.torn_line.is_some(),
+            cut > 0 && bytes[cut - 1] != b'\n',
+            "cut at {cut}"
+        );
+        store.prepare_resume("cut", &loaded).unwrap();
+        let next = SessionEvent {
+            seq: loaded.durable,
+            ..(*events[0]).clone()
+        };
+        store.append("cut", &[Arc::new(next)]).unwrap();
+        let again = store
+            .load("cut")
+            .unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        assert_eq!(again.durable, loaded.durable + 1, "cut at {cut}");
+        assert_eq!(again.torn_line, None, "cut at {cut}");
+        assert_eq!(
+            json(&again.events[..loaded.durable as usize]),
+            json(&events[..loaded.durable as usize]),
+            "cut at {cut}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A byte that is not UTF-8 inside one event's text keeps the session (the
+/// byte is read as U+FFFD, the line named); one in the JSON structure names
+/// its line.
+#[test]
+fn a_bad_byte_is_named_by_its_line_and_spares_the_rest() {
+    let (header, events) = session("bytes", 1_000, 1, false);
+    let whole = dsh_services::session::jsonl::render(&header, &events);
+    let dir = temp("bytes");
+    let store = JsonlStore::new(&dir);
+    let file = store.path("bytes").unwrap();
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    let line = whole
+        .lines()
+        .position(|l| l.contains("prompt 1 of bytes"))
+        .unwrap();
+    let mut bytes = whole.clone().into_bytes();
+    let at = whole.find("prompt 1 of bytes").unwrap();
+    bytes[at] = 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let loaded = store.load("bytes").unwrap();
+    assert_eq!(loaded.durable as usize, events.len());
+    let note = format!("line {}: bytes that are not UTF-8", line + 1);
+    assert!(
+        loaded.repairs.iter().any(|r| r.starts_with(&note)),
+        "{:?}",
+        loaded.repairs
+    );
+    // In the structure: refused, with the line.
+    let mut bytes = whole.clone().into_bytes();
+    let structure = whole.find("\n{\"type\"").unwrap() + 1;
+    bytes[structure] = 0xff;
+    std::fs::write(&file, &bytes).unwrap();
+    let err = store.load("bytes").unwrap_err().to_string();
+    assert!(err.contains("line 2"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A session's folder appears with its file or not at all: what a crash
+/// mid-creation leaves (a staging folder) is never listed, and a folder an
+/// older version left empty does not block the id.
+#[test]
+fn a_session_folder_appears_whole_or_not_at_all() {
+    let dir = temp("whole");
+    let store = JsonlStore::new(&dir);
+    let (header, events) = session("whole", 1_000, 1, false);
+    store.create(&header, &events).unwrap();
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["whole"]);
+    // A crash between the folder and its file, as staging leaves it.
+    let staged = dir.join("+crashed+1+0");
+    std::fs::create_dir(&staged).unwrap();
+    std::fs::write(staged.join("session.jsonl"), "{\"type\":\"session\"").unwrap();
+    let listed: Vec<String> = store
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.unwrap().id)
+        .collect();
+    assert_eq!(listed, ["whole"]);
+    // An empty folder under the id (an older version's crash) is replaced.
+    std::fs::create_dir(dir.join("left-empty")).unwrap();
+    let (header, events) = session("left-empty", 2_000, 1, false);
+    store.create(&header, &events).unwrap();
+    assert_eq!(
+        store.load("left-empty").unwrap().durable as usize,
+        events.len()
+    );
+    assert!(matches!(
+        store.create(&header, &events),
+        Err(StoreError::Exists(_))
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
