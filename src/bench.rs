@@ -211,7 +211,7 @@ async fn workload(
 fn report(result: Result<serde_json::Value, BoxError>) -> Exit {
     match result {
         Ok(v) => {
-            println!("RESULT {v}");
+            crate::outln!("RESULT {v}");
             Exit::ok()
         }
         Err(e) => Exit::failed(e.to_string()),
@@ -424,7 +424,7 @@ pub async fn kernel(rounds: usize) -> Result<serde_json::Value, BoxError> {
         teardowns.push(f.teardown_ms);
     }
     let (start_ms, teardown_ms, total_ms) = (median(starts), median(teardowns), median(totals));
-    println!(
+    crate::outln!(
         "tree of {actors} actors (3 levels): start {start_ms:.2} ms, ordered teardown {teardown_ms:.2} ms, total {total_ms:.2} ms (aim < 50 ms)"
     );
 
@@ -435,7 +435,7 @@ pub async fn kernel(rounds: usize) -> Result<serde_json::Value, BoxError> {
     let mut dispatch = serde_json::Map::new();
     for (i, (mode, _)) in per_mode[0].iter().enumerate() {
         let ns = median(per_mode.iter().map(|r| r[i].1).collect());
-        println!(
+        crate::outln!(
             "dispatch `{mode}` with {LISTENERS} listeners: {ns:.0} ns per dispatch, {:.0} ns per listener",
             ns / LISTENERS as f64
         );
@@ -454,7 +454,7 @@ pub async fn kernel(rounds: usize) -> Result<serde_json::Value, BoxError> {
     }
     let (bare_us, supervised_us) = (median(bare), median(supervised));
     let ratio = supervised_us / bare_us;
-    println!(
+    crate::outln!(
         "spawn: bare ractor {bare_us:.2} us, supervised {supervised_us:.2} us, ratio {ratio:.2}x (aim <= 2x)"
     );
     let result = serde_json::json!({
@@ -468,7 +468,7 @@ pub async fn kernel(rounds: usize) -> Result<serde_json::Value, BoxError> {
         "spawn_ratio": ratio,
         "rounds": rounds,
     });
-    println!("RESULT {result}");
+    crate::outln!("RESULT {result}");
     Ok(result)
 }
 
@@ -497,7 +497,7 @@ pub async fn across_processes(
             .ok_or("a run printed no RESULT line")?;
         let value: serde_json::Value = serde_json::from_str(line)?;
         if i > 0 {
-            println!("run {i}: {line}");
+            crate::outln!("run {i}: {line}");
             runs.push(value);
         }
     }
@@ -1331,13 +1331,13 @@ pub fn derive_costs(sizes: &[usize]) -> serde_json::Value {
         }
         at += rounds;
         let ns = t.elapsed().as_secs_f64() * 1e9 / rounds as f64;
-        println!(
+        crate::outln!(
             "history of {size:>7} messages: append + derive_messages {ns:.0} ns per new message"
         );
         out.insert(size.to_string(), ns.into());
     }
     let result = serde_json::json!({"workload": "derive", "ns_per_new_message_at_size": out});
-    println!("RESULT {result}");
+    crate::outln!("RESULT {result}");
     result
 }
 
@@ -1413,11 +1413,11 @@ pub async fn persist(events: u64, backend: &str) -> Result<serde_json::Value, Bo
         .into());
     }
     let per_s = events as f64 / append_s;
-    println!(
+    crate::outln!(
         "{backend} append: {events} events in {:.1} ms = {per_s:.0} events/s flushed ({bytes} bytes; aim >= 200000/s)",
         append_s * 1e3
     );
-    println!(
+    crate::outln!(
         "{backend} load + derive of {events} events: median {load_ms:.1} ms, min {load_min:.1} ms of 5 (aim < 300 ms)"
     );
     Ok(serde_json::json!({

@@ -45,7 +45,7 @@ pub fn check(args: CheckArgs) -> Exit {
     if let Some(name) = args.schema {
         return match catalogue.schema(&name) {
             Some(s) => {
-                println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                crate::outln!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
                 Exit::ok()
             }
             None => Exit::usage(format!(
@@ -62,7 +62,7 @@ pub fn check(args: CheckArgs) -> Exit {
         Ok(plan) => {
             let all = plan.flatten();
             let enabled = all.iter().filter(|(e, _)| !e.disabled).count();
-            println!(
+            crate::outln!(
                 "{}: ok ({} entries, {} enabled)",
                 source.base.display(),
                 all.len(),
@@ -89,12 +89,12 @@ pub async fn tree(args: TreeArgs) -> Exit {
         Ok((_loader, failures)) => {
             let nodes = rt.tree().snapshot();
             if args.json {
-                println!(
+                crate::outln!(
                     "{}",
                     serde_json::to_string_pretty(&nodes).unwrap_or_default()
                 );
             } else {
-                print!("{}", render(&nodes));
+                crate::out!("{}", render(&nodes));
             }
             let list: Vec<String> = failures
                 .iter()

@@ -98,8 +98,8 @@ impl Exit {
     /// Prints the message (`dsh <command>: …`) and gives the exit code.
     pub fn report(self, command: &str) -> ExitCode {
         match &self.message {
-            Some(m) if self.placed => eprintln!("{m}"),
-            Some(m) => eprintln!("dsh {command}: {m}"),
+            Some(m) if self.placed => crate::errln!("{m}"),
+            Some(m) => crate::errln!("dsh {command}: {m}"),
             None => {}
         }
         ExitCode::from(self.code)

@@ -2,6 +2,8 @@
 //!
 //! ## Code map
 //! Modules in layers: each imports only modules above it in this list.
+//! - [`out`]: stdout and stderr that a closed reader does not crash
+//!   (`out!`, `outln!`, `err!`, `errln!`).
 //! - [`exit`]: how a command ends (exit codes, library errors turned into them).
 //! - [`args`]: the options every agent-creating command shares (model,
 //!   policy, plugin tree, workspace, sessions store).
@@ -35,6 +37,7 @@ pub mod config;
 pub mod demo;
 pub mod exit;
 pub mod multi;
+pub mod out;
 pub mod replay;
 pub mod run;
 pub mod serve;

@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("dsh: cannot start the async runtime: {e}");
+            dsh::errln!("dsh: cannot start the async runtime: {e}");
             return ExitCode::from(dsh::exit::FAILED);
         }
     };

@@ -207,7 +207,7 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
     };
     let exit = match run_workflow(&stage, script, meta, args, opts.tree, 0).await {
         Ok((value, _)) => {
-            println!(
+            crate::outln!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()
             );
@@ -241,19 +241,19 @@ async fn run_workflow(
     let count = started.clone();
     let show_at = if tree { tree_at.max(1) } else { tree_at };
     let listener = root.on(move |u: &WorkflowUpdate| match u.kind {
-        "workflow/phase" => eprintln!(
+        "workflow/phase" => crate::errln!(
             "[{}] phase: {}",
             u.name,
             u.data["title"].as_str().unwrap_or_default()
         ),
-        "workflow/log" => eprintln!(
+        "workflow/log" => crate::errln!(
             "[{}] {}",
             u.name,
             u.data["message"].as_str().unwrap_or_default()
         ),
         "workflow/agent-start" => {
             let n = count.fetch_add(1, Ordering::Relaxed) + 1;
-            eprintln!(
+            crate::errln!(
                 "[{}] agent #{} started: {} (session {})",
                 u.name,
                 u.data["seq"],
@@ -261,10 +261,10 @@ async fn run_workflow(
                 u.data["child"].as_str().unwrap_or_default()
             );
             if show_at > 0 && n == show_at {
-                eprintln!("live actor tree:\n{}", render(&rt.tree().snapshot()));
+                crate::errln!("live actor tree:\n{}", render(&rt.tree().snapshot()));
             }
         }
-        "workflow/agent-end" => eprintln!(
+        "workflow/agent-end" => crate::errln!(
             "[{}] agent #{} {}",
             u.name,
             u.data["seq"],
@@ -302,9 +302,9 @@ async fn run_workflow(
 
 fn report_logs(stage: &Stage, what: &str) {
     let id = stage.coordinator.id();
-    eprintln!("{what} session: {}", stage.store.locate(id));
+    crate::errln!("{what} session: {}", stage.store.locate(id));
     for child in children_of(&*stage.store, id) {
-        eprintln!("  child session: {}", stage.store.locate(&child));
+        crate::errln!("  child session: {}", stage.store.locate(&child));
     }
 }
 
@@ -365,7 +365,7 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
                 .collect();
             match ralph::last_loop(&events) {
                 Some(r) => {
-                    eprintln!(
+                    crate::errln!(
                         "resuming Ralph loop {} after round {} of {}",
                         r.run_id,
                         r.rounds.last().map_or(0, |(n, _)| *n),
@@ -388,7 +388,7 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
     let exit = run_ralph(&stage, &objective, opts.max_rounds, resume, None).await;
     report_logs(&stage, "ralph");
     if exit.is_ok() {
-        eprintln!(
+        crate::errln!(
             "resume a cut loop with: dsh ralph --resume {}",
             stage.coordinator.id()
         );
@@ -412,9 +412,9 @@ async fn run_ralph(
         if !label.starts_with("ralph round") {
             return;
         }
-        eprintln!("{label}: worker session {}", s.info.child);
+        crate::errln!("{label}: worker session {}", s.info.child);
         if tree_at_round.is_some_and(|n| label == format!("ralph round {n}")) {
-            eprintln!("live actor tree:\n{}", render(&rt.tree().snapshot()));
+            crate::errln!("live actor tree:\n{}", render(&rt.tree().snapshot()));
         }
     });
     let mut request = RalphRequest::new(&stage.coordinator, objective);
@@ -437,7 +437,7 @@ async fn run_ralph(
         Err(e) => return Exit::usage(e.to_string()),
     };
     for r in &result.completed {
-        println!(
+        crate::outln!(
             "round {}: {} — {}",
             r.round,
             serde_json::to_value(r.handoff.status)
@@ -447,14 +447,14 @@ async fn run_ralph(
             r.handoff.summary
         );
     }
-    println!(
+    crate::outln!(
         "Ralph loop {}: {} ({} rounds)",
         result.run_id,
         result.outcome.describe(),
         result.rounds
     );
     if let Some(last) = &result.last {
-        println!(
+        crate::outln!(
             "last handoff (the worker's report):\n{}",
             serde_json::to_string_pretty(last).unwrap_or_default()
         );
@@ -506,25 +506,27 @@ pub async fn demo(opts: DemoArgs) -> Exit {
         Ok(s) => s,
         Err(e) => return e,
     };
-    println!("dsh demo — the built-in keyless model; every agent below is a supervised actor.\n");
-    println!("1. A workflow script fans out to three subagents:");
+    crate::outln!(
+        "dsh demo — the built-in keyless model; every agent below is a supervised actor.\n"
+    );
+    crate::outln!("1. A workflow script fans out to three subagents:");
     let meta = json!({"name": "demo-fan-out", "description": "three subagents in parallel"});
     let args = json!({"topics": ["actors", "supervision", "teardown"]});
     let mut code = 0;
     match run_workflow(&stage, DEMO_SCRIPT.into(), meta, args, true, 3).await {
         Ok((value, agents)) => {
-            println!("   workflow result ({agents} subagents):");
-            println!(
+            crate::outln!("   workflow result ({agents} subagents):");
+            crate::outln!(
                 "{}",
                 serde_json::to_string_pretty(&value).unwrap_or_default()
             );
         }
         Err(e) => {
-            eprintln!("dsh demo: {}", e.message.unwrap_or_default());
+            crate::errln!("dsh demo: {}", e.message.unwrap_or_default());
             code = e.code;
         }
     }
-    println!("\n2. A three-round Ralph loop (a fresh worker per round):");
+    crate::outln!("\n2. A three-round Ralph loop (a fresh worker per round):");
     let exit = run_ralph(
         &stage,
         "Write the release notes for dsh 0.1 in NOTES.md",
@@ -534,16 +536,16 @@ pub async fn demo(opts: DemoArgs) -> Exit {
     )
     .await;
     if exit.code != 0 {
-        eprintln!("dsh demo: {}", exit.message.unwrap_or_default());
+        crate::errln!("dsh demo: {}", exit.message.unwrap_or_default());
         code = code.max(exit.code);
     }
-    println!("\nLogs:");
+    crate::outln!("\nLogs:");
     let id = stage.coordinator.id().to_owned();
-    println!("   coordinator: {}", stage.store.locate(&id));
+    crate::outln!("   coordinator: {}", stage.store.locate(&id));
     for child in children_of(&*stage.store, &id) {
-        println!("   child:       {}", stage.store.locate(&child));
+        crate::outln!("   child:       {}", stage.store.locate(&child));
     }
-    println!("Inspect them with `dsh sessions list` / `dsh sessions show <id>`.");
+    crate::outln!("Inspect them with `dsh sessions list` / `dsh sessions show <id>`.");
     match finish(stage).await {
         Some(m) => Exit::failed(m),
         None if code == 0 => Exit::ok(),

@@ -82,11 +82,11 @@ async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
             Ok(turns) => serde_json::json!({"agree": true, "turns": turns}),
             Err(d) => serde_json::json!({"agree": false, "divergence": d}),
         };
-        println!("{v}");
+        crate::outln!("{v}");
     }
     let turns = verdict.map_err(|d| Exit::failed(format!("first divergence: {d}")))?;
     if !opts.json {
-        println!(
+        crate::outln!(
             "replay agrees with the recording: {turns} turns, {} model steps",
             model_steps(&recorded)
         );

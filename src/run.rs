@@ -79,7 +79,7 @@ fn place_session(
     };
     let loaded = store.load(id)?;
     if let Some(line) = loaded.torn_line {
-        eprintln!(
+        crate::errln!(
             "dsh run: {}: line {line} was a torn write; it is dropped, the lines before it are kept",
             store.locate(id)
         );
@@ -88,7 +88,7 @@ fn place_session(
         .prepare_resume(id, &loaded)
         .map_err(|e| Exit::failed(e.to_string()))?;
     for r in &loaded.repairs {
-        eprintln!("dsh run: resumed {id}: {r}");
+        crate::errln!("dsh run: resumed {id}: {r}");
     }
     spec.durable = Some(loaded.durable);
     spec.store = Some(store);
@@ -141,7 +141,7 @@ impl ractor::Actor for Spinner {
             }
         };
         *frame = (*frame + 1) % FRAMES.len();
-        eprint!("\r\x1b[2K{} {label}", FRAMES[*frame]);
+        crate::err!("\r\x1b[2K{} {label}", FRAMES[*frame]);
         *shown = true;
         Ok(())
     }
@@ -152,7 +152,7 @@ impl ractor::Actor for Spinner {
         (_, shown): &mut (usize, bool),
     ) -> Result<(), ractor::ActorProcessingErr> {
         if *shown {
-            eprint!("\r\x1b[2K");
+            crate::err!("\r\x1b[2K");
         }
         Ok(())
     }
@@ -164,7 +164,7 @@ fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
         && p.swap(to, Ordering::Relaxed) != IDLE
         && to == IDLE
     {
-        eprint!("\r\x1b[2K");
+        crate::err!("\r\x1b[2K");
     }
 }
 
@@ -172,7 +172,7 @@ fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
 fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
     agent.session().observe(Arc::new(move |e| {
         if json {
-            println!("{}", e.to_line());
+            crate::outln!("{}", e.to_line());
             return;
         }
         match &e.data {
@@ -191,7 +191,7 @@ fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
                 ..
             } => {
                 phase(&spinner, IDLE);
-                print!("{text}");
+                crate::out!("{text}");
                 let _ = std::io::stdout().flush();
             }
             EventData::AssistantMessage { .. } => {
@@ -202,7 +202,7 @@ fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
             } => {
                 phase(&spinner, IDLE);
                 let args: String = arguments.chars().take(160).collect();
-                eprintln!("\n▸ {name} {args}");
+                crate::errln!("\n▸ {name} {args}");
                 phase(&spinner, TOOLS);
             }
             EventData::ToolResult { message, error, .. } => {
@@ -221,9 +221,9 @@ fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
                     .collect();
                 match error {
                     Some(err) => {
-                        eprintln!("  ✗ {}: {}", err.code, text.lines().next().unwrap_or(""))
+                        crate::errln!("  ✗ {}: {}", err.code, text.lines().next().unwrap_or(""))
                     }
-                    None => eprintln!("  ✓ {} lines", text.lines().count()),
+                    None => crate::errln!("  ✓ {} lines", text.lines().count()),
                 }
             }
             _ => {}
@@ -285,13 +285,13 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         }
     };
     if !args.json {
-        println!();
+        crate::outln!();
     }
     if let Err(e) = agent.session().flush().await {
-        eprintln!("dsh run: the session log was not fully written: {e}");
+        crate::errln!("dsh run: the session log was not fully written: {e}");
     }
     if args.tree {
-        eprint!("{}", render(&rt.tree().snapshot()));
+        crate::err!("{}", render(&rt.tree().snapshot()));
     }
     let summary = outcome.map_err(|e| Exit::failed(e.to_string()))?;
     match summary.reason {

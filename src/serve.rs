@@ -59,7 +59,7 @@ async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
         }
     };
     // One line on stdout: where to connect (tests and scripts read it).
-    println!("dsh serve: listening on http://{}", web.local_addr());
+    crate::outln!("dsh serve: listening on http://{}", web.local_addr());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Exit::failed(format!("cannot watch SIGTERM: {e}")))?;
     tokio::select! {

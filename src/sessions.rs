@@ -103,8 +103,8 @@ fn list(store: &dyn SessionPersistence, json: bool) -> exit::Result<()> {
     let all = store.list()?;
     for entry in all {
         match entry {
-            Ok(s) if json => println!("{}", serde_json::to_string(&s).unwrap_or_default()),
-            Ok(s) => println!(
+            Ok(s) if json => crate::outln!("{}", serde_json::to_string(&s).unwrap_or_default()),
+            Ok(s) => crate::outln!(
                 "{}  turns={:<3} events={:<6} {}{}",
                 s.id,
                 s.turns,
@@ -114,7 +114,7 @@ fn list(store: &dyn SessionPersistence, json: bool) -> exit::Result<()> {
                     .unwrap_or_default(),
                 s.title
             ),
-            Err(e) => eprintln!("unreadable: {e}"),
+            Err(e) => crate::errln!("unreadable: {e}"),
         }
     }
     Ok(())
@@ -124,28 +124,28 @@ fn list(store: &dyn SessionPersistence, json: bool) -> exit::Result<()> {
 fn show(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
     let loaded = store.load(id)?;
     let h = &loaded.header;
-    println!(
+    crate::outln!(
         "session {}  created_at={}  cwd={}",
         h.id,
         h.created_at,
         h.cwd.as_deref().unwrap_or("-")
     );
     if let Some(p) = &h.parent_session {
-        println!(
+        crate::outln!(
             "forked from {p} after {} events",
             h.seed_length.unwrap_or(0)
         );
     }
     if let Some(line) = loaded.torn_line {
-        println!("line {line} is a torn write and was left out");
+        crate::outln!("line {line} is a torn write and was left out");
     }
     for r in &loaded.repairs {
-        println!("repair: {r}");
+        crate::outln!("repair: {r}");
     }
     for t in shape(&loaded.events) {
         let calls: Vec<String> = t.calls.iter().map(|(n, _)| n.clone()).collect();
         let text: String = t.final_text.chars().take(80).collect();
-        println!(
+        crate::outln!(
             "turn {}: {} steps, ended {}, tools [{}]: {}",
             t.turn,
             t.steps,
@@ -160,7 +160,7 @@ fn show(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
 /// `dsh sessions export <id>`: the log (repaired) as JSONL on stdout.
 fn export(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
     let l = store.load(id)?;
-    print!("{}", jsonl::render(&l.header, &l.events));
+    crate::out!("{}", jsonl::render(&l.header, &l.events));
     Ok(())
 }
 
@@ -184,6 +184,6 @@ fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> exit::Resu
     header.delegation_depth = loaded.header.delegation_depth;
     let prefix: Vec<_> = prefix.into_iter().map(std::sync::Arc::new).collect();
     store.create(&header, &prefix)?;
-    println!("{}", header.id);
+    crate::outln!("{}", header.id);
     Ok(())
 }

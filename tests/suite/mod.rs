@@ -3,6 +3,7 @@ mod cli;
 mod conformance;
 mod dashboard;
 mod embedding;
+mod hardening;
 mod multi;
 mod peers;
 mod persistence;
