@@ -9,7 +9,8 @@
 //! | [`FAILED`] 1 | the work failed (a model call, the runtime, a write); the cause is printed |
 //! | [`USAGE`] 2 | bad arguments, a bad file or config, no model configured: nothing ran |
 //! | [`BLOCKED`] 3 | a Ralph loop ended blocked or without progress (the worker's claim) |
-//! | [`CANCELLED`] 130 | cancelled (Ctrl-C) |
+//! | [`CANCELLED`] 130 | cancelled (Ctrl-C, SIGINT) |
+//! | 143, 129 | cancelled by SIGTERM, SIGHUP (handled as Ctrl-C is: the turn ends `aborted`, children are killed, the session is written) |
 
 use std::process::ExitCode;
 
@@ -26,6 +27,67 @@ pub const USAGE: u8 = 2;
 pub const BLOCKED: u8 = 3;
 /// Cancelled.
 pub const CANCELLED: u8 = 130;
+
+/// A signal that cancels a command the way Ctrl-C does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+    /// SIGHUP (the terminal went away).
+    Hangup,
+}
+
+impl Stop {
+    /// The exit code: 128 + the signal's number.
+    pub fn code(self) -> u8 {
+        match self {
+            Stop::Interrupt => CANCELLED,
+            Stop::Terminate => 143,
+            Stop::Hangup => 129,
+        }
+    }
+
+    /// How the signal is known.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::Interrupt => "SIGINT",
+            Stop::Terminate => "SIGTERM",
+            Stop::Hangup => "SIGHUP",
+        }
+    }
+
+    /// How a command this signal cancelled ends.
+    pub fn exit(self, what: &str) -> Exit {
+        Exit::with(self.code(), Some(format!("{what} ({})", self.name())))
+    }
+}
+
+/// The first of SIGINT, SIGTERM and SIGHUP to arrive. A signal that cannot
+/// be watched is left to its default action.
+pub async fn stop_signal() -> Stop {
+    use tokio::signal::unix::{SignalKind, signal};
+    let watch = |kind: SignalKind| signal(kind).ok();
+    let (mut int, mut term, mut hup) = (
+        watch(SignalKind::interrupt()),
+        watch(SignalKind::terminate()),
+        watch(SignalKind::hangup()),
+    );
+    async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+        match s {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+    tokio::select! {
+        () = next(&mut int) => Stop::Interrupt,
+        () = next(&mut term) => Stop::Terminate,
+        () = next(&mut hup) => Stop::Hangup,
+    }
+}
 
 /// How a command ended.
 #[derive(Debug)]

@@ -279,9 +279,11 @@ async fn run_workflow(
         .start(request)
         .await
         .map_err(|e| Exit::usage(e.to_string()))?;
+    let mut stopped = None;
     let result = tokio::select! {
         r = run.result() => r,
-        _ = tokio::signal::ctrl_c() => {
+        stop = crate::exit::stop_signal() => {
+            stopped = Some(stop);
             cancel.cancel();
             run.result().await
         }
@@ -292,7 +294,10 @@ async fn run_workflow(
     }
     match result.stop_reason {
         WorkflowStop::Completed => Ok((result.value, result.agents_started)),
-        WorkflowStop::Cancelled => Err(Exit::cancelled("the workflow was cancelled")),
+        WorkflowStop::Cancelled => Err(match stopped {
+            Some(stop) => stop.exit("the workflow was cancelled"),
+            None => Exit::cancelled("the workflow was cancelled"),
+        }),
         WorkflowStop::Error => Err(Exit::failed(format!(
             "the workflow failed: {}",
             result.error.unwrap_or_default()
@@ -422,9 +427,11 @@ async fn run_ralph(
     let cancel = request.cancel.clone();
     let run = ralph::run(&stage.subagents, request, resume);
     tokio::pin!(run);
+    let mut stopped = None;
     let result = tokio::select! {
         r = &mut run => r,
-        _ = tokio::signal::ctrl_c() => {
+        stop = crate::exit::stop_signal() => {
+            stopped = Some(stop);
             cancel.cancel();
             run.await
         }
@@ -464,7 +471,10 @@ async fn run_ralph(
         RalphOutcome::Blocked => Exit::with(BLOCKED, Some("the worker reported a blocker")),
         RalphOutcome::CircuitOpen => Exit::with(BLOCKED, Some("the loop made no progress")),
         RalphOutcome::Failed { .. } => Exit::failed(result.outcome.describe()),
-        RalphOutcome::Cancelled { .. } => Exit::with(CANCELLED, Some("cancelled")),
+        RalphOutcome::Cancelled { .. } => match stopped {
+            Some(stop) => stop.exit("cancelled"),
+            None => Exit::with(CANCELLED, Some("cancelled")),
+        },
     }
 }
 

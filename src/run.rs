@@ -276,9 +276,11 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         None
     };
     observe(&agent, args.json, spinner);
+    let mut stopped = None;
     let outcome = tokio::select! {
         r = agent.run(&args.prompt, Duration::from_secs(6 * 3600)) => r,
-        _ = tokio::signal::ctrl_c() => {
+        stop = crate::exit::stop_signal() => {
+            stopped = Some(stop);
             agent.cancel();
             let _ = agent.when_idle(Duration::from_secs(30)).await;
             agent.last_turn().ok_or_else(|| AgentError::Closed(agent.id().to_owned()))
@@ -296,7 +298,10 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     let summary = outcome.map_err(|e| Exit::failed(e.to_string()))?;
     match summary.reason {
         TurnEndReason::Completed | TurnEndReason::MaxTokens => Ok(()),
-        TurnEndReason::Aborted { .. } => Err(Exit::cancelled("cancelled")),
+        TurnEndReason::Aborted { .. } => Err(match stopped {
+            Some(stop) => stop.exit("cancelled"),
+            None => Exit::cancelled("cancelled"),
+        }),
         TurnEndReason::Error { error } => Err(Exit::failed(format!(
             "the model call failed: {} ({}{})",
             error.message,

@@ -60,11 +60,7 @@ async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
     };
     // One line on stdout: where to connect (tests and scripts read it).
     crate::outln!("dsh serve: listening on http://{}", web.local_addr());
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Exit::failed(format!("cannot watch SIGTERM: {e}")))?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    // Ctrl-C, SIGTERM or SIGHUP: the normal end of a server (exit 0).
+    let _ = crate::exit::stop_signal().await;
     Ok(())
 }

@@ -71,3 +71,84 @@ fn a_closed_stdout_ends_no_command_early() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// Whether any process's command line contains `token`.
+fn running(token: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains(token))
+            .unwrap_or(false)
+    })
+}
+
+/// SIGTERM and SIGHUP end `dsh run` as Ctrl-C does: the running tool's
+/// process is killed, the turn ends `aborted`, the session is written, and
+/// the exit code is 128 + the signal.
+#[test]
+fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
+    use nix::sys::signal::Signal;
+    use std::io::BufRead;
+    for (signal, code, token) in [
+        (Signal::SIGTERM, 143, "61.2345"),
+        (Signal::SIGHUP, 129, "62.2345"),
+        (Signal::SIGINT, 130, "63.2345"),
+    ] {
+        let base = fresh_dir("dsh-signal").unwrap();
+        let sessions = base.join("sessions");
+        let script = base.join("script.json");
+        let call = serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {
+            "command": format!("echo started; sleep {token}"), "description": "wait"
+        }}]});
+        std::fs::write(
+            &script,
+            serde_json::json!({"steps": [call, {"text": "never"}]}).to_string(),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .args(["run", "--approval", "never", "--script"])
+            .arg(&script)
+            .arg("--sessions-dir")
+            .arg(&sessions)
+            .arg("wait")
+            .current_dir(&base)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The tool call is shown before it runs; the sleep then starts.
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("▸ bash") {
+            line.clear();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "dsh ended early");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !running(token) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the command never started"
+            );
+            std::thread::yield_now();
+        }
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "{signal}: {rest}");
+        assert!(!running(token), "{signal}: the tool's process outlived dsh");
+        let dir = std::fs::read_dir(&sessions)
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap();
+        let log = std::fs::read_to_string(dir.path().join("session.jsonl")).unwrap();
+        let end = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("\"type\":\"turn/end\""))
+            .unwrap_or_else(|| panic!("{signal}: no turn/end in {log}"));
+        assert!(end.contains("aborted"), "{signal}: {end}");
+    }
+}
