@@ -98,6 +98,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 base_url,
                 api_key_env: Some("DSH_API_KEY".into()),
                 idle_timeout_s: None,
+                request_timeout_s: None,
+                total_timeout_s: None,
             };
             root.plugin(OpenAi, config).await?;
             ("openai".to_owned(), model)

@@ -42,6 +42,11 @@ pub struct ModelArgs {
     /// Provider route agents use (default: the only one registered)
     #[arg(long, value_name = "ROUTE")]
     pub provider: Option<String>,
+    /// Seconds to wait for an endpoint's first byte (headers and first
+    /// event) before the call fails with a retryable TIMEOUT
+    /// [env: DSH_REQUEST_TIMEOUT] [default: 600]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub request_timeout: Option<u64>,
 }
 
 /// The model a command runs its agents on, as the flags and environment
@@ -60,6 +65,8 @@ pub enum ModelChoice {
         model: String,
         /// Environment variable holding the key.
         api_key_env: String,
+        /// Seconds to the first byte (`None`: the default).
+        request_timeout: Option<u64>,
     },
     /// The `--config` file's provider entries.
     Config,
@@ -90,10 +97,13 @@ impl ModelArgs {
         config: bool,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> exit::Result<Option<ModelChoice>> {
-        let named = self.demo_model || self.script.is_some() || self.base_url.is_some();
+        let named = self.demo_model
+            || self.script.is_some()
+            || self.base_url.is_some()
+            || self.request_timeout.is_some();
         if config && named {
             return Err(Exit::usage(
-                "--config serves the providers from its file; drop --demo-model, --script or --base-url",
+                "--config serves the providers from its file (set `request_timeout_s` there); drop --demo-model, --script, --base-url or --request-timeout",
             ));
         }
         if config {
@@ -107,11 +117,24 @@ impl ModelArgs {
         }
         let base_url = self.base_url.clone().or_else(|| env("DSH_BASE_URL"));
         let model = self.model.clone().or_else(|| env("DSH_MODEL"));
+        let request_timeout = match (self.request_timeout, env("DSH_REQUEST_TIMEOUT")) {
+            (Some(s), _) => Some(s),
+            (None, None) => None,
+            (None, Some(v)) => match v.trim().parse::<u64>() {
+                Ok(s) if s > 0 => Some(s),
+                _ => {
+                    return Err(Exit::usage(format!(
+                        "$DSH_REQUEST_TIMEOUT: `{v}` is not a number of seconds (1 or more)"
+                    )));
+                }
+            },
+        };
         match (base_url, model) {
             (Some(base_url), Some(model)) => Ok(Some(ModelChoice::OpenAi {
                 base_url,
                 model,
                 api_key_env: self.api_key_env.clone(),
+                request_timeout,
             })),
             (Some(_), None) => Err(Exit::usage("--base-url needs --model (or $DSH_MODEL)")),
             (None, _) => Ok(None),
@@ -356,6 +379,7 @@ mod tests {
                 base_url: "http://flag/v1".into(),
                 model: "env-model".into(),
                 api_key_env: "DSH_API_KEY".into(),
+                request_timeout: None,
             })
         );
         let none = ModelArgs::default().choice_in(false, &env(&[]));

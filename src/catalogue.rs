@@ -283,6 +283,13 @@ pub struct OpenAiPluginConfig {
     /// Longest silence between stream events, in seconds (default 300).
     #[serde(default)]
     pub idle_timeout_s: Option<u64>,
+    /// Longest wait for the first byte of an answer (headers and first
+    /// event), in seconds (default 600: reasoning models think first).
+    #[serde(default)]
+    pub request_timeout_s: Option<u64>,
+    /// Longest a whole model call may take, in seconds (default 3600).
+    #[serde(default)]
+    pub total_timeout_s: Option<u64>,
 }
 
 fn default_openai_route() -> String {
@@ -313,10 +320,15 @@ impl Plugin for OpenAi {
             .unwrap_or_else(|| "DSH_API_KEY".into());
         // Tool processes never see the key.
         dsh_services::sandbox::env::register_secret(&key_env);
+        let secs = |s: Option<u64>, default: Duration| {
+            s.map_or(default, |s| Duration::from_secs(s.max(1)))
+        };
         let adapter = OpenAiCompatible::new(OpenAiConfig {
             base_url: config.base_url.clone(),
             api_key: std::env::var(&key_env).ok().filter(|k| !k.is_empty()),
-            idle_timeout: Duration::from_secs(config.idle_timeout_s.unwrap_or(300).max(1)),
+            idle_timeout: secs(config.idle_timeout_s, OpenAiConfig::IDLE),
+            first_byte_timeout: secs(config.request_timeout_s, OpenAiConfig::FIRST_BYTE),
+            total_timeout: secs(config.total_timeout_s, OpenAiConfig::TOTAL),
         })?;
         llm.register(&ctx, &[config.provider.as_str()], Arc::new(adapter))?;
         Ok(())

@@ -156,6 +156,7 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
         ModelChoice::OpenAi {
             base_url,
             api_key_env,
+            request_timeout,
             ..
         } => {
             let config = OpenAiPluginConfig {
@@ -163,6 +164,8 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
                 base_url: base_url.clone(),
                 api_key_env: Some(api_key_env.clone()),
                 idle_timeout_s: None,
+                request_timeout_s: *request_timeout,
+                total_timeout_s: None,
             };
             root.plugin(OpenAi, config).await
         }

@@ -131,6 +131,8 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         base_url: base_url.into(),
         api_key: None,
         idle_timeout: Duration::from_secs(120),
+        first_byte_timeout: Duration::from_secs(120),
+        total_timeout: Duration::from_secs(600),
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

@@ -33,6 +33,31 @@ pub struct OpenAiConfig {
     pub api_key: Option<String>,
     /// Longest silence between two stream events.
     pub idle_timeout: Duration,
+    /// Longest wait from sending the request to its first stream event
+    /// (headers included): a reasoning model may think for minutes first.
+    pub first_byte_timeout: Duration,
+    /// Longest a whole call may take, however the stream trickles.
+    pub total_timeout: Duration,
+}
+
+impl OpenAiConfig {
+    /// Default time to the first byte: 10 minutes.
+    pub const FIRST_BYTE: Duration = Duration::from_secs(600);
+    /// Default ceiling of a whole call: 60 minutes.
+    pub const TOTAL: Duration = Duration::from_secs(3600);
+    /// Default longest silence between events: 5 minutes.
+    pub const IDLE: Duration = Duration::from_secs(300);
+
+    /// `base_url` with `api_key` and the default timeouts.
+    pub fn new(base_url: impl Into<String>, api_key: Option<String>) -> OpenAiConfig {
+        OpenAiConfig {
+            base_url: base_url.into(),
+            api_key,
+            idle_timeout: Self::IDLE,
+            first_byte_timeout: Self::FIRST_BYTE,
+            total_timeout: Self::TOTAL,
+        }
+    }
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -41,6 +66,8 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("idle_timeout", &self.idle_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
+            .field("total_timeout", &self.total_timeout)
             .finish()
     }
 }
@@ -219,6 +246,8 @@ pub struct Translator {
     calls: BTreeMap<u32, usize>,
     usage: Option<TokenUsage>,
     finish: Option<FinishReason>,
+    /// Whether an event has come (the first-byte wait is over).
+    started: bool,
 }
 
 struct Open {
@@ -460,15 +489,53 @@ impl LlmAdapter for OpenAiCompatible {
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);
         }
-        let idle = self.config.idle_timeout;
-        let stream = async_stream(builder, idle, cancel);
+        let now = tokio::time::Instant::now();
+        let limits = Limits {
+            idle: self.config.idle_timeout,
+            first_byte: now + self.config.first_byte_timeout,
+            total: now + self.config.total_timeout,
+        };
+        let stream = async_stream(builder, limits, cancel);
         Box::pin(stream)
+    }
+}
+
+/// How long one call may wait, and for what.
+#[derive(Clone, Copy)]
+struct Limits {
+    /// Between two events, once the first came.
+    idle: Duration,
+    /// For the headers and the first event.
+    first_byte: tokio::time::Instant,
+    /// For the whole call.
+    total: tokio::time::Instant,
+}
+
+impl Limits {
+    /// The next wait's deadline, and what running into it means.
+    fn next(&self, started: bool) -> (tokio::time::Instant, String) {
+        let (at, what) = if started {
+            (
+                tokio::time::Instant::now() + self.idle,
+                format!("the stream was silent for {} s", self.idle.as_secs()),
+            )
+        } else {
+            (
+                self.first_byte,
+                "no response within the time to the first byte (--request-timeout)".to_owned(),
+            )
+        };
+        if self.total < at {
+            (self.total, "the call ran past its total ceiling".to_owned())
+        } else {
+            (at, what)
+        }
     }
 }
 
 fn async_stream(
     builder: reqwest::RequestBuilder,
-    idle: Duration,
+    limits: Limits,
     cancel: CancellationToken,
 ) -> impl futures::Stream<Item = Result<StreamChunk, LlmFailure>> + Send + 'static {
     enum State {
@@ -492,13 +559,18 @@ fn async_stream(
                 match state {
                     State::Done => return None,
                     State::Start(builder) => {
+                        let (deadline, late) = limits.next(false);
                         let sent = tokio::select! {
-                            r = (*builder).send() => r,
+                            r = tokio::time::timeout_at(deadline, (*builder).send()) => r,
                             () = cancel.cancelled() => return Some((Err(LlmFailure::new(code::ABORTED, "the call was cancelled")), (State::Done, queue, cancel))),
                         };
                         let response = match sent {
-                            Ok(r) => r,
-                            Err(e) => {
+                            Err(_) => {
+                                let f = LlmFailure::new(code::TIMEOUT, late);
+                                return Some((Err(f), (State::Done, queue, cancel)));
+                            }
+                            Ok(Ok(r)) => r,
+                            Ok(Err(e)) => {
                                 return Some((
                                     Err(LlmFailure::new(
                                         code::CONNECTION,
@@ -543,16 +615,14 @@ fn async_stream(
                         state = State::Body(Box::pin(events), Box::default());
                     }
                     State::Body(mut events, mut tr) => {
+                        let (deadline, late) = limits.next(tr.started);
                         let next = tokio::select! {
-                            n = tokio::time::timeout(idle, events.next()) => n,
+                            n = tokio::time::timeout_at(deadline, events.next()) => n,
                             () = cancel.cancelled() => return Some((Err(LlmFailure::new(code::ABORTED, "the call was cancelled")), (State::Done, queue, cancel))),
                         };
                         match next {
                             Err(_) => {
-                                let f = LlmFailure::new(
-                                    code::TIMEOUT,
-                                    format!("the stream was silent for {} s", idle.as_secs()),
-                                );
+                                let f = LlmFailure::new(code::TIMEOUT, late);
                                 return Some((Err(f), (State::Done, queue, cancel)));
                             }
                             Ok(None) => {
@@ -579,6 +649,7 @@ fn async_stream(
                                 ));
                             }
                             Ok(Some(Ok(event))) => {
+                                tr.started = true;
                                 if event.data.trim() == "[DONE]" {
                                     queue.extend(tr.finish().into_iter().map(Ok));
                                     state = State::Done;

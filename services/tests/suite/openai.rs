@@ -150,6 +150,8 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         base_url: server.url.clone(),
         api_key: Some("sk-test-secret".into()),
         idle_timeout: Duration::from_secs(30),
+        first_byte_timeout: Duration::from_secs(30),
+        total_timeout: Duration::from_secs(600),
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -321,4 +323,86 @@ async fn a_dropped_connection_and_a_malformed_chunk_end_the_call() {
     assert_eq!(a.interrupted_blocks(), vec![ContentBlock::text("half")]);
     let (_, f) = call(&rt, &llm).await.err().unwrap();
     assert_eq!(f.code, "MALFORMED_CHUNK");
+}
+
+/// How a silent endpoint behaves after reading the request.
+#[derive(Clone, Copy)]
+enum Silence {
+    /// Accepts and never answers.
+    NoHeaders,
+    /// Sends 200 and the event-stream headers, then nothing.
+    NoBody,
+    /// Sends one event, then only comments, forever.
+    Trickle,
+}
+
+async fn silent(how: Silence) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let Ok((mut sock, _)) = listener.accept().await else {
+            return;
+        };
+        let mut buf = [0u8; 8192];
+        let _ = sock.read(&mut buf).await;
+        let headers = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+        match how {
+            Silence::NoHeaders => {}
+            Silence::NoBody => {
+                let _ = sock.write_all(headers.as_bytes()).await;
+            }
+            Silence::Trickle => {
+                let first = r#"data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}"#;
+                let _ = sock
+                    .write_all(format!("{headers}{first}\n\n").as_bytes())
+                    .await;
+                loop {
+                    if sock.write_all(b": still here\n\n").await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        // Hold the connection open until the client gives up.
+        let _ = sock.read(&mut buf).await;
+    });
+    (url, task)
+}
+
+/// An endpoint that accepts and never answers, answers headers and no
+/// body, or trickles comments forever: each call ends with a retryable
+/// `TIMEOUT` saying which wait ran out (it hung forever before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_wait_for_an_endpoint_has_an_end() {
+    for (how, said) in [
+        (Silence::NoHeaders, "first byte"),
+        (Silence::NoBody, "first byte"),
+        (Silence::Trickle, "total ceiling"),
+    ] {
+        let (url, server) = silent(how).await;
+        let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+        let llm = Arc::new(LlmRuntime::new());
+        let adapter = OpenAiCompatible::new(OpenAiConfig {
+            base_url: url,
+            api_key: None,
+            idle_timeout: Duration::from_secs(300),
+            first_byte_timeout: Duration::from_millis(300),
+            total_timeout: Duration::from_millis(900),
+        })
+        .unwrap();
+        llm.register(&rt.root(), &["openai"], Arc::new(adapter))
+            .unwrap();
+        let outcome = tokio::time::timeout(Duration::from_secs(30), call(&rt, &llm))
+            .await
+            .expect("the call ends by itself");
+        let Err((_, failure)) = outcome else {
+            panic!("the call should fail")
+        };
+        assert_eq!(failure.code, "TIMEOUT", "{}", failure.message);
+        assert!(failure.retryable());
+        assert!(failure.message.contains(said), "{}", failure.message);
+        server.abort();
+        rt.shutdown().await;
+    }
 }
