@@ -8,6 +8,7 @@ mod assembler;
 pub mod openai;
 mod runtime;
 pub mod scripted;
+pub mod sse;
 
 use std::sync::Arc;
 

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsh_supervisors::{Context, Disposer, ListenOptions};
-use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -542,7 +541,7 @@ fn async_stream(
         Start(Box<reqwest::RequestBuilder>),
         Body(
             std::pin::Pin<
-                Box<dyn futures::Stream<Item = Result<eventsource_stream::Event, String>> + Send>,
+                Box<dyn futures::Stream<Item = Result<String, super::sse::SseError>> + Send>,
             >,
             Box<Translator>,
         ),
@@ -608,10 +607,8 @@ fn async_stream(
                             );
                             return Some((Err(f), (State::Done, queue, cancel)));
                         }
-                        let events = response
-                            .bytes_stream()
-                            .eventsource()
-                            .map(|r| r.map_err(|e| e.to_string()));
+                        let events =
+                            super::sse::events(response.bytes_stream(), super::sse::MAX_EVENT);
                         state = State::Body(Box::pin(events), Box::default());
                     }
                     State::Body(mut events, mut tr) => {
@@ -640,22 +637,26 @@ fn async_stream(
                                 return Some((Err(f), (State::Done, queue, cancel)));
                             }
                             Ok(Some(Err(e))) => {
-                                return Some((
-                                    Err(LlmFailure::new(
+                                let f = match e {
+                                    super::sse::SseError::TooLarge { .. } => LlmFailure::new(
+                                        code::MALFORMED_RESPONSE,
+                                        format!("the endpoint sent {e}; refusing to buffer more"),
+                                    ),
+                                    super::sse::SseError::Transport(e) => LlmFailure::new(
                                         code::CONNECTION_LOST,
                                         format!("the stream broke: {e}"),
-                                    )),
-                                    (State::Done, queue, cancel),
-                                ));
+                                    ),
+                                };
+                                return Some((Err(f), (State::Done, queue, cancel)));
                             }
-                            Ok(Some(Ok(event))) => {
+                            Ok(Some(Ok(data))) => {
                                 tr.started = true;
-                                if event.data.trim() == "[DONE]" {
+                                if data.trim() == "[DONE]" {
                                     queue.extend(tr.finish().into_iter().map(Ok));
                                     state = State::Done;
                                     continue;
                                 }
-                                match tr.feed(&event.data) {
+                                match tr.feed(&data) {
                                     Ok(chunks) => queue.extend(chunks.into_iter().map(Ok)),
                                     Err(f) => return Some((Err(f), (State::Done, queue, cancel))),
                                 }
