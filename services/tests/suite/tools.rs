@@ -247,39 +247,13 @@ async fn bash_reports_exit_codes_and_caps_output() {
     assert_eq!(err.code, "OUTSIDE_WORKSPACE");
 }
 
-/// Whether the process that was `pid`, running one of `names`, is gone (or
-/// a zombie waiting to be reaped). Ids come round fast here (`pid_max`
-/// 32,768, and parallel test processes start threads all the time): a live
-/// `pid` running something else is someone else's.
-fn gone(pid: i32, names: &[&str]) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => match stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")) {
-            Some((name, rest)) => !names.contains(&name) || rest.starts_with('Z'),
-            None => true,
-        },
-    }
-}
-
-/// Whether [`gone`] holds before `deadline`; the first look that finds it
-/// gone answers (a later one could find the id taken by another process).
-async fn ended_within(pid: i32, names: &[&str], deadline: std::time::Instant) -> bool {
-    loop {
-        if gone(pid, names) {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::task::yield_now().await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bash_timeout_kills_the_whole_process_group() {
     let rt = rt().await;
     let ws = workspace();
-    let command = "sleep 30 & echo $! > bg.pid; wait";
+    // Found by its command line: under bwrap `$!` is a PID of the
+    // sandbox's own namespace, not the host's.
+    let command = "sleep 30.0917 & wait";
     let err = call(
         Arc::new(Bash),
         &rt,
@@ -289,15 +263,10 @@ async fn bash_timeout_kills_the_whole_process_group() {
     .await
     .unwrap_err();
     assert_eq!(err.code, "TIMEOUT");
-    let pid: i32 = std::fs::read_to_string(ws.join("bg.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    // killpg is synchronous for the signal; the process may linger only as a zombie.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let ended = ended_within(pid, &["sleep"], deadline).await;
-    assert!(ended, "the background child {pid} survived the timeout");
+    assert!(
+        all_gone("30.0917").await,
+        "the background child survived the timeout"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,29 +289,21 @@ async fn cancelling_bash_mid_run_kills_it() {
                 Arc::new(Bash),
                 &rt,
                 &ws,
-                json!({"command": "echo $$ > started; sleep 30", "description": "t"}),
+                json!({"command": "echo go > started; sleep 30.0918", "description": "t"}),
                 cancel,
             )
             .await
         }
     });
     // Opening the FIFO blocks until the command writes: a real start signal.
-    let pid: i32 = tokio::task::spawn_blocking(move || {
-        std::fs::read_to_string(fifo)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo).unwrap())
+        .await
+        .unwrap();
     cancel.cancel();
     let err = running.await.unwrap().unwrap_err();
     assert_eq!(err.code, "ABORTED");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    // `bash -c` may have exec'd its last command.
-    let ended = ended_within(pid, &["bash", "sleep"], deadline).await;
-    assert!(ended, "bash {pid} survived the cancel");
+    // Found by its command line (`$$` would be the sandbox's own PID).
+    assert!(all_gone("30.0918").await, "the command survived the cancel");
 }
 
 /// A registration through an owner that is already unloading is refused,
@@ -612,5 +573,105 @@ mod link_layouts {
                 prop_assert!(real.starts_with(&ws), "`{}` wrote {}", given, real.display());
             }
         }
+    }
+}
+
+/// Whether a live (not zombie) process's command line contains `token`.
+fn running(token: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'));
+        !zombie
+            && std::fs::read(p.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(token))
+                .unwrap_or(false)
+    })
+}
+
+/// Whether no process runs `token` before the deadline (a killed process
+/// takes a moment to become a zombie).
+async fn all_gone(token: &str) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while running(token) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// Whatever a command starts dies with its call — what `setsid` or a
+/// double fork took out of its process group too — under bwrap, under
+/// Landlock and unconfined; a background process holding the output pipe
+/// does not keep the call waiting; a timeout keeps what was printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_a_command_starts_outlives_its_call() {
+    use dsh_services::sandbox::{BackendChoice, Sandbox, Settings};
+    for (n, (backend, policy)) in [
+        (BackendChoice::Bwrap, Policy::default()),
+        (BackendChoice::Landlock, Policy::default()),
+        (BackendChoice::Auto, Policy::escalated()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rt = rt().await;
+        rt.root()
+            .provide(
+                Sandbox::SERVICE,
+                Arc::new(Sandbox::new(Settings {
+                    backend,
+                    ..Settings::default()
+                })),
+            )
+            .unwrap();
+        let ws = workspace();
+        let token = |k: u32| format!("{}.{n}{k}7", 80 + k);
+        let bash = |command: String, timeout: u32| {
+            call_under(
+                Arc::new(Bash),
+                &rt,
+                &ws,
+                json!({"command": command, "description": "t", "timeoutMs": timeout}),
+                policy,
+            )
+        };
+        let detached = format!(
+            "setsid sleep {} >/dev/null 2>&1 </dev/null & (sleep {} >/dev/null 2>&1 </dev/null &); echo done",
+            token(1),
+            token(2)
+        );
+        let out = bash(detached, 20_000).await.unwrap();
+        assert!(text(&out).contains("done"), "{backend:?}: {}", text(&out));
+        assert!(
+            all_gone(&token(1)).await,
+            "{backend:?}: a setsid child survived"
+        );
+        assert!(
+            all_gone(&token(2)).await,
+            "{backend:?}: a double-forked child survived"
+        );
+        // Holding stdout open does not hold the call until its timeout.
+        let held = format!("setsid sleep {} & echo held", token(3));
+        let out = bash(held, 20_000).await;
+        assert!(
+            out.as_ref().is_ok_and(|o| text(o).contains("held")),
+            "{backend:?}: {:?}",
+            out.map(|o| text(&o))
+        );
+        assert!(all_gone(&token(3)).await, "{backend:?}");
+        // A timeout keeps the output printed before the kill.
+        let slow = format!("echo before-the-kill; sleep {}", token(4));
+        let err = bash(slow, 300).await.unwrap_err();
+        assert_eq!(err.code, "TIMEOUT", "{backend:?}: {err}");
+        assert!(
+            err.message.contains("before-the-kill"),
+            "{backend:?}: {err}"
+        );
+        assert!(all_gone(&token(4)).await, "{backend:?}");
+        rt.shutdown().await;
     }
 }

@@ -56,6 +56,77 @@ fn kill_group(pid: Option<u32>) {
     }
 }
 
+/// How the command's wait ended.
+enum Ended {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimedOut,
+    Cancelled,
+}
+
+/// How long the pipes may take to close once everything is killed.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// stdout, then stderr on a line of its own.
+fn joined(out: &[u8], err: &[u8]) -> Vec<u8> {
+    let mut combined = out.to_vec();
+    if !err.is_empty() {
+        if !combined.is_empty() && !combined.ends_with(b"\n") {
+            combined.push(b'\n');
+        }
+        combined.extend_from_slice(err);
+    }
+    combined
+}
+
+/// The variable every process of one call carries (`DSH_CALL=<id>`):
+/// descendants that leave the process group still inherit it.
+fn marker() -> String {
+    format!("DSH_CALL={}", uuid::Uuid::new_v4().simple())
+}
+
+/// Kills every process whose environment carries `marker` (a scan of
+/// `/proc`, off the async workers; repeated while it finds any, so a fork
+/// racing one scan is caught by the next). A process that cleared its
+/// environment is out of reach here; under bwrap the PID namespace ends
+/// it anyway.
+async fn kill_marked(marker: String) {
+    let scan = move || {
+        let me = std::process::id();
+        for _ in 0..4 {
+            let Ok(entries) = std::fs::read_dir("/proc") else {
+                return;
+            };
+            let mut found = 0;
+            for entry in entries.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                if pid as u32 == me {
+                    continue;
+                }
+                let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+                    continue;
+                };
+                if env.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    found += 1;
+                }
+            }
+            if found == 0 {
+                return;
+            }
+        }
+    };
+    let _ = tokio::task::spawn_blocking(scan).await;
+}
+
 fn tail(bytes: &[u8]) -> String {
     if bytes.len() <= OUTPUT_CAP {
         return String::from_utf8_lossy(bytes).into_owned();
@@ -91,6 +162,11 @@ impl Tool for Bash {
         true
     }
 
+    /// Cancelled, the body kills what the command started before it ends.
+    fn cancel_grace(&self) -> Option<Duration> {
+        Some(DRAIN * 2)
+    }
+
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "bash".into(),
@@ -123,6 +199,10 @@ impl Tool for Bash {
                 .unwrap_or_else(Sandbox::host);
             let mut env = sandbox.child_env();
             env.push(("DSH_WORKSPACE".into(), cx.cwd.as_os_str().to_owned()));
+            let marker = marker();
+            if let Some((k, v)) = marker.split_once('=') {
+                env.push((k.into(), v.into()));
+            }
             let launch = Launch {
                 argv: vec!["bash".into(), "-c".into(), command.into()],
                 cwd: dir,
@@ -140,9 +220,9 @@ impl Tool for Bash {
             let pid = child.id();
             let mut stdout = child.stdout.take();
             let mut stderr = child.stderr.take();
-            let collect = async {
-                let mut out = Vec::new();
-                let mut err = Vec::new();
+            let mut out = Vec::new();
+            let mut err = Vec::new();
+            let mut reading = Box::pin(async {
                 let read_out = async {
                     if let Some(s) = stdout.as_mut() {
                         let _ = s.read_to_end(&mut out).await;
@@ -154,33 +234,46 @@ impl Tool for Bash {
                     }
                 };
                 tokio::join!(read_out, read_err);
-                let status = child.wait().await;
-                (out, err, status)
-            };
-            let outcome = tokio::select! {
-                r = tokio::time::timeout(timeout, collect) => r,
-                () = cx.cancel.cancelled() => {
-                    kill_group(pid);
-                    return Err(ToolError::new("ABORTED", "the command was cancelled and its process group killed"));
+            });
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut read_all = false;
+            let ended = loop {
+                tokio::select! {
+                    () = &mut reading, if !read_all => read_all = true,
+                    status = child.wait() => break Ended::Exited(status),
+                    () = tokio::time::sleep_until(deadline) => break Ended::TimedOut,
+                    () = cx.cancel.cancelled() => break Ended::Cancelled,
                 }
             };
-            let (out, err, status) = match outcome {
-                Ok(v) => v,
-                Err(_) => {
-                    kill_group(pid);
+            // Whatever the command started dies with the call: its group,
+            // and what left the group (setsid, double fork) by its marker.
+            kill_group(pid);
+            kill_marked(marker).await;
+            if !read_all {
+                // Descendants holding the pipes are gone: the rest is EOF.
+                let _ = tokio::time::timeout(DRAIN, &mut reading).await;
+            }
+            drop(reading);
+            let status = match ended {
+                Ended::Exited(status) => status,
+                Ended::Cancelled => {
+                    return Err(ToolError::new(
+                        "ABORTED",
+                        "the command was cancelled; everything it started was killed",
+                    ));
+                }
+                Ended::TimedOut => {
+                    let printed = tail(&joined(&out, &err));
                     return Err(ToolError::new(
                         "TIMEOUT",
-                        format!("the command ran longer than {} ms; its process group was killed", timeout.as_millis()),
+                        format!(
+                            "the command ran longer than {} ms; everything it started was killed. Output before the kill:\n{printed}",
+                            timeout.as_millis()
+                        ),
                     ));
                 }
             };
-            let mut combined = out;
-            if !err.is_empty() {
-                if !combined.is_empty() && !combined.ends_with(b"\n") {
-                    combined.push(b'\n');
-                }
-                combined.extend_from_slice(&err);
-            }
+            let combined = joined(&out, &err);
             let mut text = tail(&combined);
             let code = status.map_err(|e| ToolError::failed(format!("bash did not exit cleanly: {e}")))?.code();
             match code {
