@@ -238,7 +238,8 @@ impl Plugin for AgentServices {
             idle_ms: Some(DEFAULT_IDLE_MS),
             max_awake: None,
         });
-        ctx.provide(Agents::SERVICE, Agents::start(&ctx, hibernation).await?)?;
+        let agents = Agents::start(&ctx, hibernation).await?;
+        ctx.provide(Agents::SERVICE, agents.clone())?;
         ctx.provide(SystemPrompt::SERVICE, Arc::new(SystemPrompt::new()))?;
         ctx.provide(
             Sandbox::SERVICE,
@@ -263,6 +264,14 @@ impl Plugin for AgentServices {
             None => RetryListener::default(),
         };
         retry.install(&ctx)?;
+        // Stopped (or reloaded), the plugin takes its agents with it, last
+        // created first, before its services go: an agent without them
+        // could only fail.
+        ctx.on_teardown("dispose the agents", move || async move {
+            for agent in agents.in_creation_order().into_iter().rev() {
+                agent.dispose().await;
+            }
+        })?;
         Ok(())
     }
 }

@@ -501,6 +501,18 @@ async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint")
 }
 
+async fn method_not_allowed(request: Request) -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "METHOD_NOT_ALLOWED",
+        format!(
+            "{} does not take {}",
+            request.uri().path(),
+            request.method()
+        ),
+    )
+}
+
 /// The API's routes over `rt`, served at `bound`; `stop` ends the open
 /// streams.
 fn router(
@@ -539,9 +551,31 @@ fn router(
             axum::routing::post(approvals::answer),
         )
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(api)
+}
+
+/// `bind` as an address: `ip:port`, or a host name with its port
+/// (`localhost:7878`), resolved, loopback preferred.
+async fn bind_address(bind: &str) -> Result<SocketAddr, BoxError> {
+    if let Ok(addr) = bind.parse() {
+        return Ok(addr);
+    }
+    let resolved: Vec<SocketAddr> =
+        tokio::time::timeout(Duration::from_secs(10), tokio::net::lookup_host(bind))
+            .await
+            .map_err(|_| format!("`bind: {bind}`: the name did not resolve in time"))?
+            .map_err(|e| format!("`bind: {bind}` is not an address (ip:port or host:port): {e}"))?
+            .collect();
+    resolved
+        .iter()
+        .find(|a| a.ip().is_loopback() && a.is_ipv4())
+        .or_else(|| resolved.iter().find(|a| a.ip().is_loopback()))
+        .or(resolved.first())
+        .copied()
+        .ok_or_else(|| format!("`bind: {bind}` resolves to no address").into())
 }
 
 /// The `web` plugin.
@@ -555,10 +589,7 @@ impl Plugin for Web {
     }
 
     async fn apply(&self, ctx: Context, config: Arc<WebConfig>) -> Result<(), BoxError> {
-        let addr: SocketAddr = config
-            .bind
-            .parse()
-            .map_err(|e| format!("`bind: {}` is not an address: {e}", config.bind))?;
+        let addr = bind_address(&config.bind).await?;
         let token: Option<Arc<str>> = match &config.token_env {
             None => None,
             Some(var) => match std::env::var(var) {

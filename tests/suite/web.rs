@@ -967,3 +967,65 @@ async fn an_http_client_answers_approvals() {
     assert_eq!(r.status(), 404);
     assert!(terminate(child).await.success());
 }
+
+/// The minor rough edges: a wrong method gets a JSON 405, `bind` takes a
+/// host name, and stopping `plugin/agent-services` takes its agents down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    root.plugin(dsh::catalogue::AgentServices, Default::default())
+        .await
+        .unwrap();
+    let llm = root
+        .get::<dsh::services::llm::LlmRuntime>(dsh::services::llm::LlmRuntime::SERVICE)
+        .unwrap();
+    llm.register(&root, &["demo"], std::sync::Arc::new(dsh::demo::DemoModel))
+        .unwrap();
+    let config = WebConfig {
+        bind: "localhost:0".into(),
+        token_env: None,
+        mutations: true,
+    };
+    root.plugin(Web, config).await.unwrap();
+    let addr = root
+        .get::<WebServer>(WebServer::SERVICE)
+        .unwrap()
+        .local_addr();
+    assert!(addr.ip().is_loopback(), "{addr}");
+    let base = format!("http://{addr}");
+    let c = client();
+    let r = post(&c, format!("{base}/api/tree"), serde_json::json!({})).await;
+    assert_eq!(r.status(), 405);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "METHOD_NOT_ALLOWED");
+    let created: serde_json::Value = post(
+        &c,
+        format!("{base}/api/agents"),
+        serde_json::json!({"prompt": "Write one line about order."}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let a = agent(&rt, &id);
+    a.when_idle(WAIT).await.unwrap();
+    let node = a.node_id();
+    let services = rt
+        .tree()
+        .snapshot()
+        .into_iter()
+        .find(|n| n.name == "plugin/agent-services")
+        .unwrap();
+    let r = post(
+        &c,
+        format!("{base}/api/actors/{}/stop", services.id),
+        serde_json::json!({}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let detail: serde_json::Value = get_json(&c, format!("{base}/api/actors/{node}")).await;
+    assert_eq!(detail["node"]["status"], "disposed", "{detail}");
+    rt.shutdown().await;
+}

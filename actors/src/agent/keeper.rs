@@ -84,6 +84,14 @@ impl Agents {
         lock(&self.live).keys().map(|k| k.to_string()).collect()
     }
 
+    /// Every agent, awake or not, in the order they were created (by their
+    /// sessions' creation time, then their tree nodes).
+    pub fn in_creation_order(&self) -> Vec<Agent> {
+        let mut all: Vec<Agent> = lock(&self.live).values().cloned().collect();
+        all.sort_by_key(|a| (a.session().header().created_at, a.node_id()));
+        all
+    }
+
     /// How many agents are awake.
     pub fn awake_count(&self) -> usize {
         lock(&self.awake).len()
