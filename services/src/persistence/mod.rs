@@ -393,6 +393,17 @@ impl JsonlStore {
             loaded.torn_line = Some(t.text.lines().count() + 1);
             loaded.good_bytes = at;
         }
+        if t.raw_good.is_none() && t.torn_frame_at.is_none() && loaded.torn_line.is_some() {
+            // Whole frames that end mid-line: no byte offset of the file
+            // cuts that line off; refuse rather than cut at a wrong place.
+            return Err(StoreError::Load {
+                path: t.path.display().to_string(),
+                error: LoadError::Line {
+                    line: loaded.torn_line.unwrap_or_default(),
+                    reason: "a complete frame ends in the middle of a line".into(),
+                },
+            });
+        }
         if let (Some(good), Some(_)) = (t.raw_good, loaded.torn_line) {
             // Where the file itself is cut (replaced bytes change lengths).
             loaded.good_bytes = good;
