@@ -297,7 +297,11 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     }
     let summary = outcome.map_err(|e| Exit::failed(e.to_string()))?;
     match summary.reason {
-        TurnEndReason::Completed | TurnEndReason::MaxTokens => Ok(()),
+        TurnEndReason::Completed => Ok(()),
+        // As upstream: an answer cut at the output-token limit is not done.
+        TurnEndReason::MaxTokens => Err(Exit::failed(
+            "the answer was cut off at the model's output-token limit (the turn ended max-tokens)",
+        )),
         TurnEndReason::Aborted { .. } => Err(match stopped {
             Some(stop) => stop.exit("cancelled"),
             None => Exit::cancelled("cancelled"),

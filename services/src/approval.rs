@@ -27,6 +27,24 @@ pub enum ApprovalPolicy {
     Always,
 }
 
+impl ApprovalPolicy {
+    /// What this policy means, for the model (one paragraph of the
+    /// runtime-context snapshot).
+    pub fn describe(self) -> &'static str {
+        match self {
+            ApprovalPolicy::Ask => {
+                "Approval policy: ask. A call that must run outside the sandbox (`sandbox_permissions: \"require_escalated\"` with a `justification`) is put to the user, who allows or refuses that one call."
+            }
+            ApprovalPolicy::Never => {
+                "Approval policy: never. Nothing is put to the user here: a call that needs approval is refused, so do not ask to run outside the sandbox (leave `sandbox_permissions` out)."
+            }
+            ApprovalPolicy::Always => {
+                "Approval policy: always. A call that asks to run outside the sandbox is allowed without asking the user; ask for it only when the task needs it."
+            }
+        }
+    }
+}
+
 /// A policy name that is none of `never`, `ask`, `always`. Fatal: the
 /// name must change.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

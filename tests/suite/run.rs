@@ -303,3 +303,29 @@ fn a_config_supplies_the_services_the_provider_and_prompt_sections() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn an_answer_cut_at_the_token_limit_exits_1() {
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-cut").unwrap();
+    let script = dir.join("cut.json");
+    std::fs::write(
+        &script,
+        r#"{"steps": [{"text": "half an ans", "cut": true}]}"#,
+    )
+    .unwrap();
+    let out = dsh(&[
+        "run",
+        "--script",
+        script.to_str().unwrap(),
+        "--approval",
+        "never",
+        "x",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("half an ans"));
+    assert!(
+        text(&out.stderr).contains("max-tokens"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -164,6 +164,38 @@ fn under_never_and_read_only_a_scripted_model_cannot_leave_the_workspace() {
             "unavailable"
         };
         assert_eq!(outcomes(&events), [expected], "{say}");
+        // The model was told the mode and the approval policy.
+        let told = events
+            .iter()
+            .find(|e| {
+                e["type"] == "user/message"
+                    && e["data"]["source"]["plugin"] == "dsh/runtime-context"
+            })
+            .map(|e| {
+                e["data"]["content"][0]["text"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+            .unwrap_or_else(|| panic!("{say}: no runtime context"));
+        let mode = if inside_ok {
+            "workspace-write"
+        } else {
+            "read-only"
+        };
+        assert!(
+            told.contains(&format!("File policy: {mode}")),
+            "{say}: {told}"
+        );
+        let approval = if args.contains(&"never") {
+            "never"
+        } else {
+            "ask"
+        };
+        assert!(
+            told.contains(&format!("Approval policy: {approval}")),
+            "{say}: {told}"
+        );
         let results = results(&events);
         assert!(
             results[2].contains("OUTSIDE_WORKSPACE") || results[2].contains("DENIED"),

@@ -149,6 +149,7 @@ impl Agent {
             .approval
             .clone()
             .or_else(|| ctx.get::<Approval>(Approval::SERVICE));
+        let snapshots = ctx.get::<Sandbox>(Sandbox::SERVICE).is_some();
         let key = ScopeKey::new(self.label());
         if let Some(parent) = ctx.scope_key().filter(|_| !spec.flat_scope) {
             key.bind_parent(parent)?;
@@ -176,6 +177,8 @@ impl Agent {
             },
             driver: std::sync::OnceLock::new(),
             envelope: Mutex::new(None),
+            context: Mutex::new(None),
+            snapshots,
             conclude: AtomicBool::new(false),
             step_children: Mutex::new(Vec::new()),
             step: AtomicU32::new(0),

@@ -7,8 +7,8 @@
 //! interrupts a stream or a tool mid-flight.
 //!
 //! A turn: `turn/start` → steps until the model answers without tool calls.
-//! A step: `step/start` → entering `user/message`s → `request/header` (when
-//! it changed) → the `llm/stream` call, every chunk logged as
+//! A step: `step/start` → entering `user/message`s → the runtime-context
+//! snapshot (when the policies changed) → `request/header` (when it changed) → the `llm/stream` call, every chunk logged as
 //! `assistant/chunk` → `assistant/message` → `tool/call`s → the calls (runs of
 //! concurrency-safe calls in parallel, others alone) → `tool/result`s in call
 //! order → `step/end`. The turn ends `completed`, `max-tokens`, `aborted` or
@@ -29,6 +29,7 @@
 //! - `lifecycle`: create, hibernate, wake, dispose;
 //! - `driver`: the driver actor and the turn loop;
 //! - `step`: one step (request, stream, tool calls);
+//! - `context`: the runtime-context snapshot (file and approval policy);
 //! - `tool_exec`: one actor per tool call;
 //! - `envelope`, `template`: the request envelope, and what agents of one
 //!   template share;
@@ -54,6 +55,7 @@
 //! | `Awake::conclude` | a structured-output tool sets it; the driver clears it at turn start and takes it after the step's results | `Release` store, `AcqRel` swap |
 //! | `Awake::step_children` | `adopt_for_step` (tool bodies); the step takes them once its results are in | mutex |
 //! | `Awake::envelope` | the step, when the registry's generation or the system text changed | mutex |
+//! | `Awake::context` | the step, when it appends a runtime-context snapshot | mutex (taken alone; the session's lock inside it) |
 //! | `Awake::step`, `published_ms` | the driver | `Relaxed` (read for display) |
 //!
 //! Locks nest only in this order: `ending` → `life` → `inbox` →
@@ -63,6 +65,7 @@
 //! there too: an observer must not call the same agent's input or progress
 //! methods (it would wait on the inbox lock its own append holds).
 
+mod context;
 mod driver;
 mod envelope;
 pub mod events;
@@ -600,6 +603,12 @@ struct Awake {
     driver: std::sync::OnceLock<WorkerRef<DriverMsg>>,
     /// Tool schemas and request header, rebuilt only when the tool registry changes.
     envelope: Mutex<Option<Envelope>>,
+    /// What the last runtime-context snapshot stated (`None` until the
+    /// first request of this awake spell).
+    context: Mutex<Option<context::Facts>>,
+    /// Whether snapshots are sent: a `sandbox` service is provided where
+    /// the agent was built (the composition that defines the policies).
+    snapshots: bool,
     /// Set by a tool (a structured-output capture) to end the turn once the
     /// step's results are committed.
     conclude: AtomicBool,

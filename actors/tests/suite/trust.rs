@@ -237,3 +237,85 @@ async fn a_cancelled_turn_withdraws_its_question() {
     );
     h.rt.shutdown().await;
 }
+
+/// Records each request's messages (source kind, text) and answers "ok".
+struct Recorder(std::sync::Mutex<Vec<Vec<(String, String)>>>);
+
+impl dsh_services::llm::LlmAdapter for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    fn stream(
+        &self,
+        request: dsh_services::llm::LlmRequest,
+        _cancel: CancellationToken,
+    ) -> dsh_services::llm::ChunkStream {
+        let seen = request
+            .messages
+            .iter()
+            .map(|m| (m.source.kind.clone(), m.text()))
+            .collect();
+        self.0.lock().unwrap().push(seen);
+        super::harness::answer(vec![dsh_services::llm::ContentBlock::text("ok")])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_is_told_the_policies_once_and_again_when_they_change() {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    root.provide(
+        Sandbox::SERVICE,
+        Arc::new(Sandbox::new(Settings::default())),
+    )
+    .unwrap();
+    let recorder = Arc::new(Recorder(Default::default()));
+    h.adapter("rec", recorder.clone());
+    let ws = dsh_supervisors::scratch::fresh_dir("dsh-context").unwrap();
+    let agent = Agent::create(&root, AgentSpec::new("rec", "m", &ws))
+        .await
+        .unwrap();
+    agent.run("first", WAIT).await.unwrap();
+    agent.run("second", WAIT).await.unwrap();
+    h.approval.set_policy(ApprovalPolicy::Never);
+    agent.run("third", WAIT).await.unwrap();
+    let requests = recorder.0.lock().unwrap().clone();
+    let snapshots = |r: &Vec<(String, String)>| -> Vec<String> {
+        r.iter()
+            .filter(|(kind, text)| kind == "plugin" && text.starts_with("Runtime context"))
+            .map(|(_, t)| t.clone())
+            .collect()
+    };
+    // First request: the prompt, then the snapshot stating both policies.
+    let first = &requests[0];
+    assert_eq!(first[0], ("user".into(), "first".into()));
+    let stated = &first[1].1;
+    assert!(stated.contains("File policy: workspace-write"), "{stated}");
+    assert!(stated.contains(&ws.display().to_string()), "{stated}");
+    assert!(stated.contains("Approval policy: ask"), "{stated}");
+    // Unchanged: not sent again; changed: a new one after the history.
+    assert_eq!(snapshots(&requests[1]).len(), 1);
+    let third = snapshots(&requests[2]);
+    assert_eq!(third.len(), 2);
+    assert!(third[1].contains("Approval policy: never"), "{}", third[1]);
+    assert_eq!(
+        requests[2].last().map(|(_, t)| t.as_str()),
+        Some(third[1].as_str())
+    );
+    // A resumed session that already says the same is not told again.
+    h.approval.set_policy(ApprovalPolicy::Never);
+    let header = agent.session().with_log(|l| l.header().clone());
+    let events = agent
+        .session()
+        .events()
+        .iter()
+        .map(|e| (**e).clone())
+        .collect();
+    let mut spec = AgentSpec::new("rec", "m", &ws);
+    spec.seed = Some(Box::new((header, events)));
+    let resumed = Agent::create(&root, spec).await.unwrap();
+    resumed.run("fourth", WAIT).await.unwrap();
+    let last = recorder.0.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(snapshots(&last).len(), 2, "{last:?}");
+    h.rt.shutdown().await;
+}

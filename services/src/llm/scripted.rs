@@ -6,7 +6,8 @@
 //! {"steps": [
 //!   {"reasoning": "optional", "text": "a final answer"},
 //!   {"tool_calls": [{"name": "read", "arguments": {"path": "README.md"}}]},
-//!   {"error": {"code": "RATE_LIMITED", "message": "slow down", "status": 429}}
+//!   {"error": {"code": "RATE_LIMITED", "message": "slow down", "status": 429}},
+//!   {"text": "an answer cut at the output-token limit", "cut": true}
 //! ]}
 //! ```
 
@@ -50,6 +51,10 @@ pub struct ScriptStep {
     /// Fail this call instead.
     #[serde(default)]
     pub error: Option<ScriptedError>,
+    /// `true`: the answer stops at the output-token limit (`finish_reason:
+    /// length`; the turn ends `max-tokens`).
+    #[serde(default)]
+    pub cut: bool,
 }
 
 /// A scripted provider failure.
@@ -215,7 +220,9 @@ impl LlmAdapter for ScriptedModel {
                         arguments: call.arguments.to_string(),
                     });
                 }
-                let finish = if step.tool_calls.is_empty() {
+                let finish = if step.cut {
+                    FinishReason::MaxTokens
+                } else if step.tool_calls.is_empty() {
                     FinishReason::Stop
                 } else {
                     FinishReason::ToolCalls

@@ -141,6 +141,27 @@ impl Policy {
         }
     }
 
+    /// What this policy means, for the model (one paragraph of the
+    /// runtime-context snapshot): the mode and, under `workspace-write`,
+    /// the workspace; a cut network.
+    pub fn describe(self, workspace: &Path) -> String {
+        let files = match self.mode {
+            PermissionMode::ReadOnly => "File policy: read-only. The tools dsh confines cannot change files in this mode. Do not give up on a change the task needs for that reason alone: make the call, and if it is denied, follow what the denial says about escalation.".to_owned(),
+            PermissionMode::WorkspaceWrite => format!(
+                "File policy: workspace-write. The tools dsh confines may change files under the workspace \"{}\" and in a private temporary directory, and nowhere else.",
+                workspace.display()
+            ),
+            PermissionMode::DangerFullAccess => {
+                "File policy: danger-full-access. dsh does not confine what tools change.".to_owned()
+            }
+        };
+        if self.network {
+            files
+        } else {
+            format!("{files} Commands run without network access.")
+        }
+    }
+
     /// Whether processes under this policy need a backend at all.
     pub fn confines(self) -> bool {
         self.mode != PermissionMode::DangerFullAccess || !self.network
