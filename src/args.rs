@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use dsh_services::approval::ApprovalPolicy;
+use dsh_services::llm::openai::ReasoningEffort;
 use dsh_services::sandbox::{BackendChoice, PermissionMode, Settings};
 
 use crate::exit::{self, Exit};
@@ -47,6 +48,10 @@ pub struct ModelArgs {
     /// [env: DSH_REQUEST_TIMEOUT] [default: 600]
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub request_timeout: Option<u64>,
+    /// DeepSeek's thinking effort: off, low, high or max
+    /// [env: DSH_REASONING_EFFORT] [default: high]
+    #[arg(long, value_name = "EFFORT")]
+    pub reasoning_effort: Option<ReasoningEffort>,
 }
 
 /// The model a command runs its agents on, as the flags and environment
@@ -68,6 +73,16 @@ pub enum ModelChoice {
         /// Seconds to the first byte (`None`: the default).
         request_timeout: Option<u64>,
     },
+    /// DeepSeek's API (`$DEEPSEEK_API_KEY` is set and nothing else is
+    /// chosen); the endpoint is `$DEEPSEEK_BASE_URL` or the official one.
+    DeepSeek {
+        /// Model id.
+        model: String,
+        /// Thinking effort (`None`: the provider's default).
+        effort: Option<ReasoningEffort>,
+        /// Seconds to the first byte (`None`: the default).
+        request_timeout: Option<u64>,
+    },
     /// The `--config` file's provider entries.
     Config,
 }
@@ -75,6 +90,7 @@ pub enum ModelChoice {
 /// What to say when no model is configured.
 pub const HOW_TO_CONFIGURE: &str = concat!(
     "no model is configured.\n",
+    "  DeepSeek:                       set DEEPSEEK_API_KEY (and DEEPSEEK_BASE_URL for another endpoint)\n",
     "  an OpenAI-compatible endpoint:  --base-url https://api.deepseek.com/v1 --model deepseek-chat\n",
     "    (the API key is read from $DSH_API_KEY, or the variable named by --api-key-env;\n",
     "     DSH_BASE_URL and DSH_MODEL may stand in for the flags)\n",
@@ -100,10 +116,11 @@ impl ModelArgs {
         let named = self.demo_model
             || self.script.is_some()
             || self.base_url.is_some()
-            || self.request_timeout.is_some();
+            || self.request_timeout.is_some()
+            || self.reasoning_effort.is_some();
         if config && named {
             return Err(Exit::usage(
-                "--config serves the providers from its file (set `request_timeout_s` there); drop --demo-model, --script, --base-url or --request-timeout",
+                "--config serves the providers from its file (set `request_timeout_s` and `reasoning_effort` there); drop --demo-model, --script, --base-url, --request-timeout or --reasoning-effort",
             ));
         }
         if config {
@@ -129,6 +146,28 @@ impl ModelArgs {
                 }
             },
         };
+        let effort = match (self.reasoning_effort, env("DSH_REASONING_EFFORT")) {
+            (Some(e), _) => Some(e),
+            (None, None) => None,
+            (None, Some(v)) => Some(
+                v.trim()
+                    .parse()
+                    .map_err(|e| Exit::usage(format!("$DSH_REASONING_EFFORT: {e}")))?,
+            ),
+        };
+        let deepseek_key = env("DEEPSEEK_API_KEY").is_some_and(|k| !k.is_empty());
+        if base_url.is_none() && deepseek_key {
+            return Ok(Some(ModelChoice::DeepSeek {
+                model: model.unwrap_or_else(|| dsh_services::llm::openai::DEEPSEEK_MODEL.into()),
+                effort,
+                request_timeout,
+            }));
+        }
+        if self.reasoning_effort.is_some() {
+            return Err(Exit::usage(
+                "--reasoning-effort applies to DeepSeek (set DEEPSEEK_API_KEY, or a `deepseek` config entry)",
+            ));
+        }
         match (base_url, model) {
             (Some(base_url), Some(model)) => Ok(Some(ModelChoice::OpenAi {
                 base_url,
@@ -156,7 +195,9 @@ impl ModelArgs {
             return m;
         }
         match choice {
-            Some(ModelChoice::OpenAi { model, .. }) => model.clone(),
+            Some(ModelChoice::OpenAi { model, .. } | ModelChoice::DeepSeek { model, .. }) => {
+                model.clone()
+            }
             Some(ModelChoice::Demo) => "demo".into(),
             _ => "default".into(),
         }

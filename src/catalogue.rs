@@ -7,7 +7,9 @@ use std::time::Duration;
 use dsh_actors::agent::{Agents, Hibernation};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
-use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
+use dsh_services::llm::openai::{
+    Dialect, OpenAiCompatible, OpenAiConfig, ReasoningEffort, RetryListener,
+};
 use dsh_services::llm::scripted::ScriptedModel;
 use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
 use dsh_services::sandbox::{BackendChoice, PermissionMode, Policy, Sandbox, Settings};
@@ -54,6 +56,7 @@ pub fn default_catalogue() -> Catalogue {
     c.register("value", || Value);
     c.register("agent-services", || AgentServices);
     c.register("openai", || OpenAi);
+    c.register("deepseek", || DeepSeek);
     c.register("scripted", || Scripted);
     c.register("prompt-section", || PromptSectionPlugin);
     c.register("session-store", || SessionStore);
@@ -338,8 +341,93 @@ impl Plugin for OpenAi {
             idle_timeout: secs(config.idle_timeout_s, OpenAiConfig::IDLE),
             first_byte_timeout: secs(config.request_timeout_s, OpenAiConfig::FIRST_BYTE),
             total_timeout: secs(config.total_timeout_s, OpenAiConfig::TOTAL),
+            dialect: Dialect::OpenAi,
         })?;
         llm.register(&ctx, &[config.provider.as_str()], Arc::new(adapter))?;
+        Ok(())
+    }
+}
+
+/// Config of the `deepseek` plugin.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeepSeekPluginConfig {
+    /// Provider route agents name (default `deepseek`).
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// Endpoint (default `$DEEPSEEK_BASE_URL`, else the official API).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// Environment variable holding the key (default `DEEPSEEK_API_KEY`).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Thinking effort of requests that name none: `off`, `low`, `high`
+    /// (default) or `max`.
+    #[serde(default)]
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// `max_tokens` of requests that name none (default 256000).
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Longest wait for the first byte, in seconds (default 600).
+    #[serde(default)]
+    pub request_timeout_s: Option<u64>,
+    /// Longest silence between stream events, in seconds (default 300).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    /// Longest a whole call may take, in seconds (default 3600).
+    #[serde(default)]
+    pub total_timeout_s: Option<u64>,
+}
+
+/// Registers DeepSeek's chat-completions API (the OpenAI-compatible adapter
+/// in DeepSeek's dialect: thinking and effort, reasoning passed back).
+pub struct DeepSeek;
+
+impl Plugin for DeepSeek {
+    type Config = DeepSeekPluginConfig;
+
+    fn name(&self) -> &str {
+        "deepseek"
+    }
+
+    fn inject(&self) -> &[&'static str] {
+        &[LlmRuntime::SERVICE]
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<DeepSeekPluginConfig>) -> Result<(), BoxError> {
+        let llm = ctx
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .ok_or("the `llm` service is gone")?;
+        let key_env = config
+            .api_key_env
+            .clone()
+            .unwrap_or_else(|| "DEEPSEEK_API_KEY".into());
+        dsh_services::sandbox::env::register_secret(&key_env);
+        let base_url = config
+            .base_url
+            .clone()
+            .or_else(|| {
+                std::env::var("DEEPSEEK_BASE_URL")
+                    .ok()
+                    .filter(|u| !u.is_empty())
+            })
+            .unwrap_or_else(|| dsh_services::llm::openai::DEEPSEEK_BASE_URL.into());
+        let secs = |s: Option<u64>, default: Duration| {
+            s.map_or(default, |s| Duration::from_secs(s.max(1)))
+        };
+        let adapter = OpenAiCompatible::new(OpenAiConfig {
+            base_url,
+            api_key: std::env::var(&key_env).ok().filter(|k| !k.is_empty()),
+            idle_timeout: secs(config.idle_timeout_s, OpenAiConfig::IDLE),
+            first_byte_timeout: secs(config.request_timeout_s, OpenAiConfig::FIRST_BYTE),
+            total_timeout: secs(config.total_timeout_s, OpenAiConfig::TOTAL),
+            dialect: Dialect::DeepSeek {
+                effort: config.reasoning_effort.unwrap_or_default(),
+                max_tokens: config.max_tokens.unwrap_or(256_000).max(1),
+            },
+        })?;
+        let route = config.provider.clone().unwrap_or_else(|| "deepseek".into());
+        llm.register(&ctx, &[route.as_str()], Arc::new(adapter))?;
         Ok(())
     }
 }

@@ -15,8 +15,8 @@ use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
 
 use crate::args::{AgentArgs, HOW_TO_CONFIGURE, ModelChoice, StoreArgs};
 use crate::catalogue::{
-    AgentServices, AgentServicesConfig, OpenAi, OpenAiPluginConfig, Scripted, ScriptedPluginConfig,
-    default_catalogue,
+    AgentServices, AgentServicesConfig, DeepSeek, DeepSeekPluginConfig, OpenAi, OpenAiPluginConfig,
+    Scripted, ScriptedPluginConfig, default_catalogue,
 };
 use crate::demo::DemoModel;
 use crate::exit::{self, Exit};
@@ -152,6 +152,18 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
                 script: path.clone(),
             };
             root.plugin(Scripted, config).await
+        }
+        ModelChoice::DeepSeek {
+            effort,
+            request_timeout,
+            ..
+        } => {
+            let config = DeepSeekPluginConfig {
+                reasoning_effort: *effort,
+                request_timeout_s: *request_timeout,
+                ..DeepSeekPluginConfig::default()
+            };
+            root.plugin(DeepSeek, config).await
         }
         ModelChoice::OpenAi {
             base_url,

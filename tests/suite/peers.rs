@@ -133,6 +133,7 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         idle_timeout: Duration::from_secs(120),
         first_byte_timeout: Duration::from_secs(120),
         total_timeout: Duration::from_secs(600),
+        dialect: Default::default(),
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

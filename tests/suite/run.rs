@@ -21,6 +21,8 @@ fn dsh_with(args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
         .env_remove("DSH_APPROVAL")
+        .env_remove("DEEPSEEK_API_KEY")
+        .env_remove("DEEPSEEK_BASE_URL")
         .env("DSH_SESSIONS_DIR", &sessions);
     for (k, v) in env {
         c.env(k, v);
@@ -328,4 +330,137 @@ fn an_answer_cut_at_the_token_limit_exits_1() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Serves `replies` (SSE `data:` payloads per request) on loopback from a
+/// thread, recording each request (head and body).
+fn deepseek_mock(
+    replies: Vec<Vec<&'static str>>,
+) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for events in replies {
+            let (mut sock, _) = listener.accept().unwrap();
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 8192];
+            loop {
+                let n = sock.read(&mut chunk).unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&buf).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + len || n == 0 {
+                        break;
+                    }
+                }
+            }
+            seen.push(String::from_utf8_lossy(&buf).to_string());
+            let mut out = String::from(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+            );
+            for e in events {
+                out.push_str(&format!("data: {e}\n\n"));
+            }
+            out.push_str("data: [DONE]\n\n");
+            sock.write_all(out.as_bytes()).unwrap();
+        }
+        seen
+    });
+    (url, handle)
+}
+
+fn body_of(request: &str) -> serde_json::Value {
+    serde_json::from_str(&request[request.find("\r\n\r\n").unwrap() + 4..]).unwrap()
+}
+
+/// With only the DeepSeek variables set, `dsh run` talks to DeepSeek: its
+/// key, its default model, thinking on at the default effort; a thinking
+/// tool-call turn's reasoning goes back with the tool result.
+#[test]
+fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
+    let (url, server) = deepseek_mock(vec![
+        vec![
+            r#"{"choices":[{"delta":{"role":"assistant","reasoning_content":""}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"list the files first"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"glob","arguments":"{\"pattern\":\"*.md\"}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ],
+        vec![
+            r#"{"choices":[{"delta":{"content":"Two files."}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        ],
+    ]);
+    let out = dsh_with(
+        &[
+            "run",
+            "--approval",
+            "never",
+            "--cwd",
+            ".",
+            "what docs are there?",
+        ],
+        &[
+            ("DEEPSEEK_API_KEY", "sk-deepseek-test"),
+            ("DEEPSEEK_BASE_URL", url.as_str()),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("Two files."));
+    let requests = server.join().unwrap();
+    let first = &requests[0];
+    assert!(first.starts_with("POST /chat/completions"), "{first}");
+    let lower = first.to_lowercase();
+    assert!(
+        lower.contains("authorization: bearer sk-deepseek-test"),
+        "{first}"
+    );
+    assert!(lower.contains("user-agent: dsh/"), "{first}");
+    let body = body_of(first);
+    assert_eq!(body["model"], "deepseek-v4-flash");
+    assert_eq!(body["thinking"]["type"], "enabled");
+    assert_eq!(body["reasoning_effort"], "high");
+    assert_eq!(body["max_tokens"], 256_000);
+    let second = body_of(&requests[1]);
+    let turn = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .unwrap()
+        .clone();
+    assert_eq!(turn["reasoning_content"], "list the files first");
+    assert_eq!(turn["content"], "");
+    // The effort flag reaches the wire; `off` turns thinking off.
+    let (url, server) = deepseek_mock(vec![vec![
+        r#"{"choices":[{"delta":{"content":"ok"}}]}"#,
+        r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+    ]]);
+    let out = dsh_with(
+        &[
+            "run",
+            "--approval",
+            "never",
+            "--reasoning-effort",
+            "off",
+            "hi",
+        ],
+        &[
+            ("DEEPSEEK_API_KEY", "k"),
+            ("DEEPSEEK_BASE_URL", url.as_str()),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let body = body_of(&server.join().unwrap()[0]);
+    assert_eq!(body["thinking"]["type"], "disabled");
+    assert!(body.get("reasoning_effort").is_none());
 }

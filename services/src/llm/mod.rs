@@ -389,6 +389,8 @@ pub mod code {
     pub const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
     /// Any other HTTP 4xx. Fatal.
     pub const BAD_REQUEST: &str = "BAD_REQUEST";
+    /// A request named a reasoning effort the provider does not have.
+    pub const UNSUPPORTED_REASONING_EFFORT: &str = "UNSUPPORTED_REASONING_EFFORT";
     /// An error inside the stream that names no code. Fatal.
     pub const PROVIDER_ERROR: &str = "PROVIDER_ERROR";
     /// A stream event that is not valid JSON of the expected shape. Fatal.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use dsh_supervisors::{Context, Disposer, ListenOptions};
 use futures::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +37,82 @@ pub struct OpenAiConfig {
     pub first_byte_timeout: Duration,
     /// Longest a whole call may take, however the stream trickles.
     pub total_timeout: Duration,
+    /// What the endpoint speaks beyond plain chat completions.
+    pub dialect: Dialect,
+}
+
+/// DeepSeek's official API when `$DEEPSEEK_BASE_URL` names none.
+pub const DEEPSEEK_BASE_URL: &str = "https://api.deepseek.com";
+
+/// The model a DeepSeek route serves unless one is named.
+pub const DEEPSEEK_MODEL: &str = "deepseek-v4-flash";
+
+/// How an endpoint's wire format differs from plain OpenAI chat completions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Dialect {
+    /// Plain chat completions (vLLM, llama.cpp, Ollama, OpenAI).
+    #[default]
+    OpenAi,
+    /// DeepSeek's: `thinking` on or off with a `reasoning_effort`, every
+    /// assistant turn's reasoning passed back as `reasoning_content` (its
+    /// thinking mode requires it on tool-call turns), `content: ""` beside
+    /// tool calls, and a default `max_tokens`.
+    DeepSeek {
+        /// The effort of a request that names none (`off`: thinking off).
+        effort: ReasoningEffort,
+        /// `max_tokens` of a request that names none.
+        max_tokens: u64,
+    },
+}
+
+/// How hard a DeepSeek model thinks before it answers.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ReasoningEffort {
+    /// No thinking (`thinking: {type: disabled}`).
+    Off,
+    /// Brief thinking.
+    Low,
+    /// The default.
+    #[default]
+    High,
+    /// As much as the model does.
+    Max,
+}
+
+impl ReasoningEffort {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningEffort::Off => "off",
+            ReasoningEffort::Low => "low",
+            ReasoningEffort::High => "high",
+            ReasoningEffort::Max => "max",
+        }
+    }
+}
+
+/// An effort name that is none of `off`, `low`, `high`, `max`. Fatal: the
+/// name must change.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown reasoning effort `{0}` (expected off, low, high or max)")]
+pub struct UnknownEffort(pub String);
+
+impl std::str::FromStr for ReasoningEffort {
+    type Err = UnknownEffort;
+    fn from_str(s: &str) -> Result<Self, UnknownEffort> {
+        [
+            ReasoningEffort::Off,
+            ReasoningEffort::Low,
+            ReasoningEffort::High,
+            ReasoningEffort::Max,
+        ]
+        .into_iter()
+        .find(|e| e.as_str() == s)
+        .ok_or_else(|| UnknownEffort(s.to_owned()))
+    }
 }
 
 impl OpenAiConfig {
@@ -55,6 +131,7 @@ impl OpenAiConfig {
             idle_timeout: Self::IDLE,
             first_byte_timeout: Self::FIRST_BYTE,
             total_timeout: Self::TOTAL,
+            dialect: Dialect::OpenAi,
         }
     }
 }
@@ -67,6 +144,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("first_byte_timeout", &self.first_byte_timeout)
             .field("total_timeout", &self.total_timeout)
+            .field("dialect", &self.dialect)
             .finish()
     }
 }
@@ -91,14 +169,16 @@ impl OpenAiCompatible {
     }
 }
 
-/// The request body for `request`.
-pub fn request_body(request: &LlmRequest) -> Value {
+/// The request body for `request` in `dialect`; a DeepSeek request naming
+/// an effort that does not exist fails before anything is sent.
+pub fn request_body(request: &LlmRequest, dialect: Dialect) -> Result<Value, LlmFailure> {
+    let deepseek = matches!(dialect, Dialect::DeepSeek { .. });
     let mut messages = Vec::new();
     if let Some(system) = &request.system {
         messages.push(json!({"role": "system", "content": system.as_ref()}));
     }
     for m in request.messages.iter() {
-        wire_messages(m, &mut messages);
+        wire_messages(m, deepseek, &mut messages);
     }
     let mut body = json!({
         "model": request.model,
@@ -122,10 +202,47 @@ pub fn request_body(request: &LlmRequest) -> Value {
     for (k, v) in &request.options {
         body[k] = v.clone();
     }
-    body
+    if let Dialect::DeepSeek { effort, max_tokens } = dialect {
+        deepseek_options(&mut body, effort, max_tokens)?;
+    }
+    Ok(body)
 }
 
-fn wire_messages(m: &Message, out: &mut Vec<Value>) {
+/// DeepSeek's thinking switch: the request's `reasoning_effort` option (an
+/// `agent/request` listener may set one per step) or the default; `off`
+/// turns thinking off and is not sent as an effort.
+fn deepseek_options(
+    body: &mut Value,
+    default: ReasoningEffort,
+    max_tokens: u64,
+) -> Result<(), LlmFailure> {
+    let effort = match body.get("reasoning_effort") {
+        None | Some(Value::Null) => default,
+        Some(Value::String(s)) => s.parse().map_err(|e: UnknownEffort| {
+            LlmFailure::new(code::UNSUPPORTED_REASONING_EFFORT, e.to_string())
+        })?,
+        Some(other) => {
+            return Err(LlmFailure::new(
+                code::UNSUPPORTED_REASONING_EFFORT,
+                format!("reasoning_effort must be a name, not {other}"),
+            ));
+        }
+    };
+    let Some(map) = body.as_object_mut() else {
+        return Ok(());
+    };
+    map.remove("reasoning_effort");
+    if effort == ReasoningEffort::Off {
+        map.insert("thinking".into(), json!({"type": "disabled"}));
+    } else {
+        map.insert("thinking".into(), json!({"type": "enabled"}));
+        map.insert("reasoning_effort".into(), json!(effort.as_str()));
+    }
+    map.entry("max_tokens").or_insert_with(|| json!(max_tokens));
+    Ok(())
+}
+
+fn wire_messages(m: &Message, deepseek: bool, out: &mut Vec<Value>) {
     let text: String = m
         .content
         .iter()
@@ -167,9 +284,27 @@ fn wire_messages(m: &Message, out: &mut Vec<Value>) {
                 .tool_calls()
                 .map(|(id, name, arguments)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
                 .collect();
-            let mut msg = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) }});
+            let content = match (text.is_empty(), deepseek) {
+                (false, _) => Value::String(text),
+                (true, true) => Value::String(String::new()),
+                (true, false) => Value::Null,
+            };
+            let mut msg = json!({"role": "assistant", "content": content});
             if !calls.is_empty() {
                 msg["tool_calls"] = Value::Array(calls);
+            }
+            if deepseek {
+                let reasoning: String = m
+                    .content
+                    .iter()
+                    .filter_map(|b| match b {
+                        ContentBlock::Reasoning { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                if !reasoning.is_empty() {
+                    msg["reasoning_content"] = Value::String(reasoning);
+                }
             }
             out.push(msg);
         }
@@ -483,7 +618,10 @@ impl LlmAdapter for OpenAiCompatible {
             "{}/chat/completions",
             self.config.base_url.trim_end_matches('/')
         );
-        let body = request_body(&request);
+        let body = match request_body(&request, self.config.dialect) {
+            Ok(b) => b,
+            Err(f) => return Box::pin(futures::stream::iter([Err(f)])),
+        };
         let mut builder = self.http.post(url).json(&body);
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);

@@ -152,6 +152,7 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         idle_timeout: Duration::from_secs(30),
         first_byte_timeout: Duration::from_secs(30),
         total_timeout: Duration::from_secs(600),
+        dialect: Default::default(),
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -389,6 +390,7 @@ async fn every_wait_for_an_endpoint_has_an_end() {
             idle_timeout: Duration::from_secs(300),
             first_byte_timeout: Duration::from_millis(300),
             total_timeout: Duration::from_millis(900),
+            dialect: Default::default(),
         })
         .unwrap();
         llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -405,4 +407,66 @@ async fn every_wait_for_an_endpoint_has_an_end() {
         server.abort();
         rt.shutdown().await;
     }
+}
+
+/// DeepSeek's dialect, request by request: thinking on or off per effort
+/// (the default, or a per-request `reasoning_effort` option), an unknown
+/// effort refused before anything is sent, `max_tokens` by default, and a
+/// tool-call turn's reasoning passed back with `content: ""`.
+#[test]
+fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
+    use dsh_services::llm::openai::{Dialect, ReasoningEffort, request_body};
+    use dsh_services::llm::{MessageSource, Role};
+    let assistant = Message {
+        id: Message::new_id(),
+        role: Role::Assistant,
+        content: vec![
+            ContentBlock::Reasoning {
+                text: "the file first".into(),
+            },
+            ContentBlock::ToolCall {
+                id: "c1".into(),
+                name: "read".into(),
+                arguments: "{}".into(),
+            },
+        ],
+        source: MessageSource::model("deepseek", "deepseek-v4-flash"),
+    };
+    let mut request = request();
+    request.messages = history(vec![Message::user_text("hi"), assistant]);
+    let deepseek = |effort| Dialect::DeepSeek {
+        effort,
+        max_tokens: 256_000,
+    };
+    let body = request_body(&request, deepseek(ReasoningEffort::High)).unwrap();
+    assert_eq!(body["thinking"], serde_json::json!({"type": "enabled"}));
+    assert_eq!(body["reasoning_effort"], "high");
+    assert_eq!(body["max_tokens"], 256_000);
+    let turn = &body["messages"][2];
+    assert_eq!(turn["role"], "assistant");
+    assert_eq!(turn["content"], "");
+    assert_eq!(turn["reasoning_content"], "the file first");
+    assert_eq!(turn["tool_calls"][0]["id"], "c1");
+    // Off: thinking disabled, no effort on the wire.
+    let body = request_body(&request, deepseek(ReasoningEffort::Off)).unwrap();
+    assert_eq!(body["thinking"], serde_json::json!({"type": "disabled"}));
+    assert!(body.get("reasoning_effort").is_none());
+    // One request's own effort wins (an `agent/request` listener's).
+    request
+        .options
+        .insert("reasoning_effort".into(), serde_json::json!("max"));
+    let body = request_body(&request, deepseek(ReasoningEffort::Off)).unwrap();
+    assert_eq!(body["reasoning_effort"], "max");
+    assert_eq!(body["thinking"]["type"], "enabled");
+    request
+        .options
+        .insert("reasoning_effort".into(), serde_json::json!("extreme"));
+    let err = request_body(&request, deepseek(ReasoningEffort::High)).unwrap_err();
+    assert_eq!(err.code, "UNSUPPORTED_REASONING_EFFORT");
+    // Plain OpenAI: nothing of that, and `content: null` beside tool calls.
+    request.options.clear();
+    let body = request_body(&request, Dialect::OpenAi).unwrap();
+    assert!(body.get("thinking").is_none() && body.get("max_tokens").is_none());
+    assert!(body["messages"][2]["content"].is_null());
+    assert!(body["messages"][2].get("reasoning_content").is_none());
 }
