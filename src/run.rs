@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// Print the actor tree on stderr at the end.
     #[arg(long)]
     pub tree: bool,
+    /// Do not show the model's reasoning (shown dimmed on stderr otherwise).
+    #[arg(long, short)]
+    pub quiet: bool,
     /// Write the session log (JSONL) to this file instead of the store.
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub session: Option<PathBuf>,
@@ -169,7 +172,10 @@ fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
 }
 
 /// Prints what the agent does as it happens.
-fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
+fn observe(agent: &Agent, json: bool, quiet: bool, spinner: Option<Arc<AtomicU8>>) {
+    // Dimmed on a terminal; plain text when stderr is a file or a pipe.
+    let dim = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let reasoning = std::sync::atomic::AtomicBool::new(false);
     agent.session().observe(Arc::new(move |e| {
         if json {
             crate::outln!("{}", e.to_line());
@@ -185,7 +191,36 @@ fn observe(agent: &Agent, json: bool, spinner: Option<Arc<AtomicU8>>) {
             }
             _ => {}
         }
+        let was_reasoning = match &e.data {
+            EventData::AssistantChunk {
+                chunk: StreamChunk::ReasoningDelta { .. },
+                ..
+            } => reasoning.load(Ordering::Relaxed),
+            _ => reasoning.swap(false, Ordering::Relaxed),
+        };
+        if was_reasoning
+            && !matches!(
+                &e.data,
+                EventData::AssistantChunk {
+                    chunk: StreamChunk::ReasoningDelta { .. },
+                    ..
+                }
+            )
+        {
+            // The reasoning is over: its own line ends.
+            crate::errln!("{}", if dim { "\x1b[0m" } else { "" });
+        }
         match &e.data {
+            EventData::AssistantChunk {
+                chunk: StreamChunk::ReasoningDelta { text, .. },
+                ..
+            } if !quiet => {
+                phase(&spinner, IDLE);
+                if !reasoning.swap(true, Ordering::Relaxed) && dim {
+                    crate::err!("\x1b[2m");
+                }
+                crate::err!("{text}");
+            }
             EventData::AssistantChunk {
                 chunk: StreamChunk::TextDelta { text, .. },
                 ..
@@ -275,7 +310,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     } else {
         None
     };
-    observe(&agent, args.json, spinner);
+    observe(&agent, args.json, args.quiet, spinner);
     let mut stopped = None;
     let outcome = tokio::select! {
         r = agent.run(&args.prompt, Duration::from_secs(6 * 3600)) => r,

@@ -464,3 +464,43 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
     assert_eq!(body["thinking"]["type"], "disabled");
     assert!(body.get("reasoning_effort").is_none());
 }
+
+#[test]
+fn reasoning_goes_to_stderr_unless_quiet() {
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-reasoning").unwrap();
+    let script = dir.join("think.json");
+    std::fs::write(
+        &script,
+        r#"{"steps": [{"reasoning": "pondering the question", "text": "the answer"}]}"#,
+    )
+    .unwrap();
+    let script = script.to_str().unwrap();
+    let out = dsh(&["run", "--script", script, "--approval", "never", "x"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("pondering the question"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !text(&out.stdout).contains("pondering"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stdout).contains("the answer"));
+    let out = dsh(&[
+        "run",
+        "--script",
+        script,
+        "--approval",
+        "never",
+        "--quiet",
+        "x",
+    ]);
+    assert!(out.status.success());
+    assert!(
+        !text(&out.stderr).contains("pondering"),
+        "{}",
+        text(&out.stderr)
+    );
+}

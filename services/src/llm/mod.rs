@@ -380,12 +380,16 @@ pub mod code {
     pub const CONNECTION_LOST: &str = "CONNECTION_LOST";
     /// The model returned no content at all. Retryable.
     pub const EMPTY_RESPONSE: &str = "EMPTY_RESPONSE";
+    /// The account has no quota, balance or credits left (HTTP 402, or a
+    /// 429 that says so). Fatal until the account is topped up: retrying
+    /// spends nothing but time.
+    pub const QUOTA: &str = "QUOTA";
     /// HTTP 401/403: the key is missing, wrong or not allowed. Fatal.
     pub const AUTH: &str = "AUTH";
     /// HTTP 404: no such endpoint or model. Fatal.
     pub const NOT_FOUND: &str = "NOT_FOUND";
-    /// HTTP 413: the request is larger than the model takes. Fatal until
-    /// the history shrinks.
+    /// HTTP 413, or a 400 that says the context is too long: the request
+    /// is larger than the model takes. Fatal until the history shrinks.
     pub const CONTEXT_WINDOW_EXCEEDED: &str = "CONTEXT_WINDOW_EXCEEDED";
     /// Any other HTTP 4xx. Fatal.
     pub const BAD_REQUEST: &str = "BAD_REQUEST";

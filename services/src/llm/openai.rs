@@ -587,23 +587,56 @@ impl Translator {
 }
 
 /// Classifies an HTTP error status.
-fn status_failure(status: reqwest::StatusCode, retry_after: Option<u64>, body: &str) -> LlmFailure {
-    let detail = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+fn status_failure(
+    status: reqwest::StatusCode,
+    retry_after: Option<u64>,
+    request_id: Option<String>,
+    body: &str,
+) -> LlmFailure {
+    let parsed = serde_json::from_str::<Value>(body).ok();
+    let error = parsed.as_ref().map(|v| &v["error"]);
+    let detail = error
+        .and_then(|e| e["message"].as_str().map(str::to_owned))
         .unwrap_or_else(|| body.chars().take(300).collect());
+    // What the provider calls it: its error code, type and message.
+    let said = [
+        error.and_then(|e| e["code"].as_str()),
+        error.and_then(|e| e["type"].as_str()),
+        Some(detail.as_str()),
+    ]
+    .iter()
+    .flatten()
+    .map(|s| s.to_lowercase())
+    .collect::<Vec<_>>()
+    .join(" ");
+    let quota = ["quota", "balance", "credit"]
+        .iter()
+        .any(|w| said.contains(w));
+    let context = [
+        "context length",
+        "context_length",
+        "maximum context",
+        "too many tokens",
+        "context window",
+    ]
+    .iter()
+    .any(|w| said.contains(w));
     let kind = match status.as_u16() {
         401 | 403 => code::AUTH,
+        402 => code::QUOTA,
         404 => code::NOT_FOUND,
         408 => code::TIMEOUT,
         413 => code::CONTEXT_WINDOW_EXCEEDED,
+        429 if quota => code::QUOTA,
         429 => code::RATE_LIMITED,
+        400 if context => code::CONTEXT_WINDOW_EXCEEDED,
         500..=599 => code::SERVER_ERROR,
         _ => code::BAD_REQUEST,
     };
     LlmFailure {
         status: Some(status.as_u16()),
         provider_retry_after_ms: retry_after,
+        request_id,
         ..LlmFailure::new(kind, format!("HTTP {status}: {detail}"))
     }
 }
@@ -725,9 +758,14 @@ fn async_stream(
                                 .and_then(|v| v.to_str().ok())
                                 .and_then(|v| v.trim().parse::<u64>().ok())
                                 .map(|s| s * 1000);
+                            let request_id = ["x-request-id", "x-deepseek-request-id"]
+                                .iter()
+                                .find_map(|h| response.headers().get(*h))
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
                             let body = response.text().await.unwrap_or_default();
                             return Some((
-                                Err(status_failure(status, retry_after, &body)),
+                                Err(status_failure(status, retry_after, request_id, &body)),
                                 (State::Done, queue, cancel),
                             ));
                         }

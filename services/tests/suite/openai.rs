@@ -470,3 +470,56 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
     assert!(body["messages"][2]["content"].is_null());
     assert!(body["messages"][2].get("reasoning_content").is_none());
 }
+
+/// What a provider says decides the code: exhausted quota is `QUOTA` (on a
+/// 402, or a 429 that says so; never retried), a 400 about the context
+/// length is `CONTEXT_WINDOW_EXCEEDED`, a plain 429 stays `RATE_LIMITED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_and_context_overflow_are_told_apart_from_rate_limits() {
+    for (status, body, want, retryable) in [
+        (
+            402,
+            r#"{"error":{"message":"Insufficient Balance"}}"#,
+            "QUOTA",
+            false,
+        ),
+        (
+            429,
+            r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota"}}"#,
+            "QUOTA",
+            false,
+        ),
+        (
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 131072 tokens"}}"#,
+            "CONTEXT_WINDOW_EXCEEDED",
+            false,
+        ),
+        (
+            400,
+            r#"{"error":{"message":"bad field"}}"#,
+            "BAD_REQUEST",
+            false,
+        ),
+        (
+            429,
+            r#"{"error":{"message":"slow down"}}"#,
+            "RATE_LIMITED",
+            true,
+        ),
+    ] {
+        let server = serve(vec![Reply::Status {
+            code: status,
+            body: body.into(),
+            retry_after: None,
+        }])
+        .await;
+        let (rt, llm) = setup(&server, false).await;
+        let Err((_, f)) = call(&rt, &llm).await else {
+            panic!("{status} should fail")
+        };
+        assert_eq!(f.code, want, "{status} {body}");
+        assert_eq!(f.retryable(), retryable, "{status} {body}");
+        rt.shutdown().await;
+    }
+}
