@@ -125,7 +125,13 @@ fn results(events: &[Value]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e["type"] == "tool/result")
-        .map(|e| e["data"]["message"]["content"][0]["content"][0]["text"].to_string())
+        .map(|e| {
+            let text = e["data"]["message"]["content"][0]["content"][0]["text"].to_string();
+            format!(
+                "{} {text}",
+                e["data"]["error"]["code"].as_str().unwrap_or("")
+            )
+        })
         .collect()
 }
 

@@ -35,7 +35,7 @@ pub(super) async fn execute(
     if let Err(e) = spawned {
         return PipelineOutcome {
             content: vec![ContentBlock::text(format!(
-                "Error [ABORTED]: the call could not start: {e}"
+                "Error: the call could not start: {e}"
             ))],
             error: Some(dsh_services::tools::ToolError::new(
                 "ABORTED",
@@ -46,7 +46,7 @@ pub(super) async fn execute(
     }
     rx.await.unwrap_or_else(|_| PipelineOutcome {
         content: vec![ContentBlock::text(
-            "Error [ABORTED]: the call was stopped before it finished",
+            "Error: the call was stopped before it finished",
         )],
         error: Some(dsh_services::tools::ToolError::new(
             "ABORTED",

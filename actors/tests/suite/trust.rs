@@ -58,7 +58,7 @@ fn escalate(justification: &str) -> serde_json::Value {
 }
 
 /// Runs one turn of `steps` on a fresh agent of `spec`'s policy; the tool
-/// results' texts.
+/// results' texts (a failure's led by its code).
 async fn turn(
     h: &Harness,
     provider: &str,
@@ -70,7 +70,11 @@ async fn turn(
     spec.permission = policy;
     let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
     agent.run("go", WAIT).await.unwrap();
-    let texts = results(&agent).into_iter().map(|(_, _, t)| t).collect();
+    // A failed call's text, led by its code (the code rides the result).
+    let texts = results(&agent)
+        .into_iter()
+        .map(|(_, code, t)| code.map_or(t.clone(), |c| format!("{c}: {t}")))
+        .collect();
     (agent, texts)
 }
 

@@ -175,10 +175,9 @@ pub async fn run_pipeline(
             }
         }
         Err(e) => PipelineOutcome {
-            content: vec![ContentBlock::text(format!(
-                "Error [{}]: {}",
-                e.code, e.message
-            ))],
+            // As upstream's harness: `Error: <what happened>`; the code
+            // rides the result's error (logged with `tool/result`).
+            content: vec![ContentBlock::text(format!("Error: {}", e.message))],
             error: Some(e),
             meta: None,
         },

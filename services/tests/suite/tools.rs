@@ -217,7 +217,7 @@ async fn bash_reports_exit_codes_and_caps_output() {
     )
     .await
     .unwrap();
-    assert_eq!(text(&out), "hi\noops\n\n[exit code: 3]");
+    assert_eq!(text(&out), "hi\n[stderr]\noops\n\n[exit code: 3]");
     let out = call(
         Arc::new(Bash),
         &rt,

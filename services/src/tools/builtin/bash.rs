@@ -66,13 +66,14 @@ enum Ended {
 /// How long the pipes may take to close once everything is killed.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// stdout, then stderr on a line of its own.
+/// stdout, then stderr after a `[stderr]` line of its own.
 fn joined(out: &[u8], err: &[u8]) -> Vec<u8> {
     let mut combined = out.to_vec();
     if !err.is_empty() {
         if !combined.is_empty() && !combined.ends_with(b"\n") {
             combined.push(b'\n');
         }
+        combined.extend_from_slice(b"[stderr]\n");
         combined.extend_from_slice(err);
     }
     combined
@@ -170,7 +171,7 @@ impl Tool for Bash {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "bash".into(),
-            description: "Execute a bash command (`bash -c`) in the workspace and return its stdout and stderr. Each call runs in a fresh shell; pass `workdir` instead of using `cd`. Non-zero exits are reported as `[exit code: N]`. Long output is truncated to its tail. Commands run in a sandbox: under workspace-write they may write the workspace and $TMPDIR only, under read-only nothing, and the network may be cut. If a command fails because the sandbox denied it and the task truly needs it, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`; the user is asked to approve that one call.".into(),
+            description: "Execute a bash command (`bash -c`) in the workspace and return its stdout and stderr. Each call runs in a fresh shell; pass `workdir` instead of using `cd`. What the command wrote to stderr follows a `[stderr]` line; non-zero exits are reported as `[exit code: N]`. Long output is truncated to its tail. Commands run in a sandbox: under workspace-write they may write the workspace and $TMPDIR only, under read-only nothing, and the network may be cut. If a command fails because the sandbox denied it and the task truly needs it, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`; the user is asked to approve that one call.".into(),
             parameters: parameters::<BashArgs>(),
         }
     }

@@ -73,10 +73,10 @@ fn digest(text: &str) -> u64 {
 /// The file's text; a missing file is an error naming it.
 async fn read_text(place: &Place, given: &str) -> Result<String, ToolError> {
     place.read(given).await?.ok_or_else(|| {
-        ToolError::failed(format!(
-            "cannot read {}: no such file",
-            place.shown().display()
-        ))
+        ToolError::new(
+            "NOT_FOUND",
+            format!("cannot read \"{}\": not found", place.shown().display()),
+        )
     })
 }
 
