@@ -7,6 +7,10 @@
 //! contribution of the composition: agents built where a `sandbox` service
 //! is provided (the `agent-services` plugin provides one) send it; a bare
 //! runtime without one does not.
+//!
+//! Also here: a new session's fallback title (`session/title`, log-only):
+//! the first words of its first human message, as upstream's harness
+//! records before any title provider answers.
 
 use std::sync::Arc;
 
@@ -93,4 +97,47 @@ fn render(sections: &[(&str, String)]) -> String {
         text.push_str(s);
     }
     text
+}
+
+/// Words a fallback title keeps.
+const TITLE_WORDS: usize = 5;
+
+/// Records a fallback title when the session has none yet (once per awake
+/// spell it looks; a session with a title is left alone).
+pub(super) fn title(agent: &Agent, me: &Awake) {
+    if me.titled.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let first = agent.inner.session.with_log(|log| {
+        let events = log.events();
+        if events.iter().any(|e| e.kind() == "session/title") {
+            return None;
+        }
+        events.iter().find_map(|e| match &e.data {
+            EventData::UserMessage(m) if m.source.kind == "user" => Some((e.seq, m.text())),
+            _ => None,
+        })
+    });
+    let Some((seq, text)) = first else {
+        return;
+    };
+    let title: String = text
+        .split_whitespace()
+        .take(TITLE_WORDS)
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .take(80)
+        .collect();
+    if title.is_empty() {
+        return;
+    }
+    log_append(
+        agent,
+        EventData::Other {
+            kind: Arc::from("session/title"),
+            data: json!({"title": title, "messageSeqs": [seq], "source": {"kind": "fallback"}}),
+        },
+        None,
+    );
 }

@@ -179,6 +179,7 @@ impl Agent {
             envelope: Mutex::new(None),
             context: Mutex::new(None),
             snapshots,
+            titled: AtomicBool::new(false),
             conclude: AtomicBool::new(false),
             step_children: Mutex::new(Vec::new()),
             step: AtomicU32::new(0),

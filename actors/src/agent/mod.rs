@@ -56,6 +56,7 @@
 //! | `Awake::step_children` | `adopt_for_step` (tool bodies); the step takes them once its results are in | mutex |
 //! | `Awake::envelope` | the step, when the registry's generation or the system text changed | mutex |
 //! | `Awake::context` | the step, when it appends a runtime-context snapshot | mutex (taken alone; the session's lock inside it) |
+//! | `Awake::titled` | the first step of an awake spell | `AcqRel` swap |
 //! | `Awake::step`, `published_ms` | the driver | `Relaxed` (read for display) |
 //!
 //! Locks nest only in this order: `ending` → `life` → `inbox` →
@@ -609,6 +610,8 @@ struct Awake {
     /// Whether snapshots are sent: a `sandbox` service is provided where
     /// the agent was built (the composition that defines the policies).
     snapshots: bool,
+    /// Whether this awake spell has looked for the session's title.
+    titled: AtomicBool,
     /// Set by a tool (a structured-output capture) to end the turn once the
     /// step's results are committed.
     conclude: AtomicBool,

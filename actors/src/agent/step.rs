@@ -114,6 +114,7 @@ async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
         None => inner.spec.system.as_deref().map(Arc::from),
     };
     super::context::refresh(at.agent, me);
+    super::context::title(at.agent, me);
     let envelope = envelope(inner, me, system.as_deref());
     log_envelope(at, &envelope.header);
     let request = LlmRequest {

@@ -36,6 +36,7 @@ async fn a_text_turn_records_the_full_event_sequence() {
             "agent/inbox/spliced",
             "step/start",
             "user/message",
+            "session/title",
             "request/header",
             "request/context",
             "assistant/chunk",
@@ -50,8 +51,13 @@ async fn a_text_turn_records_the_full_event_sequence() {
     );
     let events = agent.session().events();
     assert_eq!(
-        events[12].source_event_seqs.as_deref(),
-        Some(&[7, 8, 9, 10, 11][..])
+        events[13].source_event_seqs.as_deref(),
+        Some(&[8, 9, 10, 11, 12][..])
+    );
+    // A new session's fallback title: the prompt's first words, citing it.
+    assert_eq!(
+        events[5].to_json()["data"],
+        json!({"title": "hi", "messageSeqs": [4], "source": {"kind": "fallback"}})
     );
     // The prompt entered the inbox, then was claimed when the turn opened.
     let EventData::InboxSpliced(queued) = &events[0].data else {
@@ -65,7 +71,7 @@ async fn a_text_turn_records_the_full_event_sequence() {
         panic!()
     };
     assert_eq!(claimed.removed_count, Some(1));
-    let EventData::RequestHeader { header, reason } = &events[5].data else {
+    let EventData::RequestHeader { header, reason } = &events[6].data else {
         panic!()
     };
     assert_eq!(reason, "initial");
