@@ -425,6 +425,8 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
         "{first}"
     );
     assert!(lower.contains("user-agent: dsh/"), "{first}");
+    assert!(lower.contains("x-deepseek-harness-session-id: "), "{first}");
+    assert!(!lower.contains("x-dsh-purpose"), "{first}");
     let body = body_of(first);
     assert_eq!(body["model"], "deepseek-v4-flash");
     assert_eq!(body["thinking"]["type"], "enabled");

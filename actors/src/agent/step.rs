@@ -126,6 +126,8 @@ async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
         temperature: inner.spec.temperature,
         max_tokens: inner.spec.max_tokens,
         options: Default::default(),
+        session: Some(inner.id.clone()),
+        purpose: None,
     };
     let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
     let wrapped = AgentRequest {

@@ -203,6 +203,16 @@ pub fn request_body(request: &LlmRequest, dialect: Dialect) -> Result<Value, Llm
         body[k] = v.clone();
     }
     if let Dialect::DeepSeek { effort, max_tokens } = dialect {
+        // A title has no use for thinking: its output budget is the text.
+        let effort = match request.purpose {
+            Some("session-title") => {
+                if let Some(map) = body.as_object_mut() {
+                    map.remove("reasoning_effort");
+                }
+                ReasoningEffort::Off
+            }
+            _ => effort,
+        };
         deepseek_options(&mut body, effort, max_tokens)?;
     }
     Ok(body)
@@ -658,6 +668,12 @@ impl LlmAdapter for OpenAiCompatible {
         let mut builder = self.http.post(url).json(&body);
         if let Some(key) = &self.config.api_key {
             builder = builder.bearer_auth(key);
+        }
+        if let Some(purpose) = request.purpose {
+            builder = builder.header("x-dsh-purpose", purpose);
+        }
+        if let (Dialect::DeepSeek { .. }, Some(session)) = (self.config.dialect, &request.session) {
+            builder = builder.header("x-deepseek-harness-session-id", session.as_ref());
         }
         let now = tokio::time::Instant::now();
         let limits = Limits {

@@ -33,6 +33,13 @@ pub struct LlmRequest {
     /// wire request by adapters that understand them; `llm/stream` listeners
     /// may set them.
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// The calling session (DeepSeek's adapter sends it as
+    /// `x-deepseek-harness-session-id`; never in the body).
+    pub session: Option<Arc<str>>,
+    /// What a request that is not the conversation is for (`session-title`,
+    /// `compaction`): sent as `x-dsh-purpose` so proxies, meters and mocks
+    /// can tell it apart; `None` for the conversation.
+    pub purpose: Option<&'static str>,
 }
 
 /// The chunks of one call; a transport failure ends it with `Err`.

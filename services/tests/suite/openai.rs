@@ -125,6 +125,8 @@ fn request() -> LlmRequest {
         temperature: Some(0.0),
         max_tokens: None,
         options: Default::default(),
+        session: None,
+        purpose: None,
     }
 }
 
@@ -463,6 +465,15 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
         .insert("reasoning_effort".into(), serde_json::json!("extreme"));
     let err = request_body(&request, deepseek(ReasoningEffort::High)).unwrap_err();
     assert_eq!(err.code, "UNSUPPORTED_REASONING_EFFORT");
+    // A title request thinks not at all, whatever the step asked.
+    request
+        .options
+        .insert("reasoning_effort".into(), serde_json::json!("max"));
+    request.purpose = Some("session-title");
+    let body = request_body(&request, deepseek(ReasoningEffort::High)).unwrap();
+    assert_eq!(body["thinking"]["type"], "disabled");
+    assert!(body.get("reasoning_effort").is_none());
+    request.purpose = None;
     // Plain OpenAI: nothing of that, and `content: null` beside tool calls.
     request.options.clear();
     let body = request_body(&request, Dialect::OpenAi).unwrap();
@@ -522,4 +533,41 @@ async fn quota_and_context_overflow_are_told_apart_from_rate_limits() {
         assert_eq!(f.retryable(), retryable, "{status} {body}");
         rt.shutdown().await;
     }
+}
+
+/// A request that is not the conversation says what it is for in
+/// `x-dsh-purpose`; the conversation's requests carry no such header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auxiliary_request_names_its_purpose_in_a_header() {
+    let done = || Reply::Sse {
+        events: vec![r#"{"choices":[{"delta":{"content":"t"},"finish_reason":"stop"}]}"#.into()],
+        cut: false,
+    };
+    let server = serve(vec![done(), done()]).await;
+    let (rt, llm) = setup(&server, false).await;
+    for purpose in [Some("session-title"), None] {
+        let mut r = request();
+        r.purpose = purpose;
+        let mut stream = llm
+            .stream(&rt.root(), r, CancellationToken::new())
+            .await
+            .unwrap();
+        while let Some(item) = stream.next().await {
+            item.unwrap();
+        }
+    }
+    let sent = server.requests.lock().unwrap().clone();
+    assert!(
+        sent[0]
+            .to_lowercase()
+            .contains("x-dsh-purpose: session-title"),
+        "{}",
+        sent[0]
+    );
+    assert!(
+        !sent[1].to_lowercase().contains("x-dsh-purpose"),
+        "{}",
+        sent[1]
+    );
+    rt.shutdown().await;
 }
