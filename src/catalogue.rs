@@ -308,6 +308,34 @@ fn default_openai_route() -> String {
     "openai".into()
 }
 
+/// A provider entry's timeouts, in seconds (`None`: the default).
+struct Timeouts {
+    request_s: Option<u64>,
+    idle_s: Option<u64>,
+    total_s: Option<u64>,
+}
+
+/// The adapter of an OpenAI-compatible endpoint whose key is in `key_env`
+/// (withheld from tool processes from now on).
+fn endpoint(
+    base_url: &str,
+    key_env: &str,
+    t: Timeouts,
+    dialect: Dialect,
+) -> Result<OpenAiCompatible, BoxError> {
+    dsh_services::sandbox::env::register_secret(key_env);
+    let secs =
+        |s: Option<u64>, default: Duration| s.map_or(default, |s| Duration::from_secs(s.max(1)));
+    Ok(OpenAiCompatible::new(OpenAiConfig {
+        base_url: base_url.to_owned(),
+        api_key: std::env::var(key_env).ok().filter(|k| !k.is_empty()),
+        idle_timeout: secs(t.idle_s, OpenAiConfig::IDLE),
+        first_byte_timeout: secs(t.request_s, OpenAiConfig::FIRST_BYTE),
+        total_timeout: secs(t.total_s, OpenAiConfig::TOTAL),
+        dialect,
+    })?)
+}
+
 /// Registers an OpenAI-compatible streaming adapter under a provider route.
 pub struct OpenAi;
 
@@ -326,23 +354,13 @@ impl Plugin for OpenAi {
         let llm = ctx
             .get::<LlmRuntime>(LlmRuntime::SERVICE)
             .ok_or("the `llm` service is gone")?;
-        let key_env = config
-            .api_key_env
-            .clone()
-            .unwrap_or_else(|| "DSH_API_KEY".into());
-        // Tool processes never see the key.
-        dsh_services::sandbox::env::register_secret(&key_env);
-        let secs = |s: Option<u64>, default: Duration| {
-            s.map_or(default, |s| Duration::from_secs(s.max(1)))
+        let timeouts = Timeouts {
+            request_s: config.request_timeout_s,
+            idle_s: config.idle_timeout_s,
+            total_s: config.total_timeout_s,
         };
-        let adapter = OpenAiCompatible::new(OpenAiConfig {
-            base_url: config.base_url.clone(),
-            api_key: std::env::var(&key_env).ok().filter(|k| !k.is_empty()),
-            idle_timeout: secs(config.idle_timeout_s, OpenAiConfig::IDLE),
-            first_byte_timeout: secs(config.request_timeout_s, OpenAiConfig::FIRST_BYTE),
-            total_timeout: secs(config.total_timeout_s, OpenAiConfig::TOTAL),
-            dialect: Dialect::OpenAi,
-        })?;
+        let key_env = config.api_key_env.as_deref().unwrap_or("DSH_API_KEY");
+        let adapter = endpoint(&config.base_url, key_env, timeouts, Dialect::OpenAi)?;
         llm.register(&ctx, &[config.provider.as_str()], Arc::new(adapter))?;
         Ok(())
     }
@@ -398,11 +416,6 @@ impl Plugin for DeepSeek {
         let llm = ctx
             .get::<LlmRuntime>(LlmRuntime::SERVICE)
             .ok_or("the `llm` service is gone")?;
-        let key_env = config
-            .api_key_env
-            .clone()
-            .unwrap_or_else(|| "DEEPSEEK_API_KEY".into());
-        dsh_services::sandbox::env::register_secret(&key_env);
         let base_url = config
             .base_url
             .clone()
@@ -412,20 +425,17 @@ impl Plugin for DeepSeek {
                     .filter(|u| !u.is_empty())
             })
             .unwrap_or_else(|| dsh_services::llm::openai::DEEPSEEK_BASE_URL.into());
-        let secs = |s: Option<u64>, default: Duration| {
-            s.map_or(default, |s| Duration::from_secs(s.max(1)))
+        let timeouts = Timeouts {
+            request_s: config.request_timeout_s,
+            idle_s: config.idle_timeout_s,
+            total_s: config.total_timeout_s,
         };
-        let adapter = OpenAiCompatible::new(OpenAiConfig {
-            base_url,
-            api_key: std::env::var(&key_env).ok().filter(|k| !k.is_empty()),
-            idle_timeout: secs(config.idle_timeout_s, OpenAiConfig::IDLE),
-            first_byte_timeout: secs(config.request_timeout_s, OpenAiConfig::FIRST_BYTE),
-            total_timeout: secs(config.total_timeout_s, OpenAiConfig::TOTAL),
-            dialect: Dialect::DeepSeek {
-                effort: config.reasoning_effort.unwrap_or_default(),
-                max_tokens: config.max_tokens.unwrap_or(256_000).max(1),
-            },
-        })?;
+        let dialect = Dialect::DeepSeek {
+            effort: config.reasoning_effort.unwrap_or_default(),
+            max_tokens: config.max_tokens.unwrap_or(256_000).max(1),
+        };
+        let key_env = config.api_key_env.as_deref().unwrap_or("DEEPSEEK_API_KEY");
+        let adapter = endpoint(&base_url, key_env, timeouts, dialect)?;
         let route = config.provider.clone().unwrap_or_else(|| "deepseek".into());
         llm.register(&ctx, &[route.as_str()], Arc::new(adapter))?;
         Ok(())

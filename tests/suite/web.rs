@@ -333,6 +333,11 @@ async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
 }
 
 async fn serve_agents(mutations: bool) -> (Runtime, String) {
+    serve_agents_at("127.0.0.1:0", mutations).await
+}
+
+/// The agent services with the demo model, and the web plugin on `bind`.
+async fn serve_agents_at(bind: &str, mutations: bool) -> (Runtime, String) {
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let root = rt.root();
     root.plugin(dsh::catalogue::AgentServices, Default::default())
@@ -344,7 +349,7 @@ async fn serve_agents(mutations: bool) -> (Runtime, String) {
     llm.register(&root, &["demo"], std::sync::Arc::new(dsh::demo::DemoModel))
         .unwrap();
     let config = WebConfig {
-        bind: "127.0.0.1:0".into(),
+        bind: bind.into(),
         token_env: None,
         mutations,
     };
@@ -972,28 +977,9 @@ async fn an_http_client_answers_approvals() {
 /// host name, and stopping `plugin/agent-services` takes its agents down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
-    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
-    let root = rt.root();
-    root.plugin(dsh::catalogue::AgentServices, Default::default())
-        .await
-        .unwrap();
-    let llm = root
-        .get::<dsh::services::llm::LlmRuntime>(dsh::services::llm::LlmRuntime::SERVICE)
-        .unwrap();
-    llm.register(&root, &["demo"], std::sync::Arc::new(dsh::demo::DemoModel))
-        .unwrap();
-    let config = WebConfig {
-        bind: "localhost:0".into(),
-        token_env: None,
-        mutations: true,
-    };
-    root.plugin(Web, config).await.unwrap();
-    let addr = root
-        .get::<WebServer>(WebServer::SERVICE)
-        .unwrap()
-        .local_addr();
+    let (rt, base) = serve_agents_at("localhost:0", true).await;
+    let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
     assert!(addr.ip().is_loopback(), "{addr}");
-    let base = format!("http://{addr}");
     let c = client();
     let r = post(&c, format!("{base}/api/tree"), serde_json::json!({})).await;
     assert_eq!(r.status(), 405);
