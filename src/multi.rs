@@ -85,11 +85,7 @@ async fn coordinate(
     };
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.name = Some(name.to_owned());
-    spec.system = Some(format!(
-        "You are a dsh worker in the directory {}. Do the task you are given and answer briefly. {}",
-        cwd.display(),
-        dsh_services::sandbox::PROMPT_GUIDANCE
-    ));
+    spec.system = Some(crate::stage::system_prompt(&cwd, &model));
     spec.store = Some(store.clone());
     spec.origin = Some(format!("cli/{name}"));
     if let Some(id) = resume {

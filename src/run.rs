@@ -55,16 +55,6 @@ pub struct RunArgs {
     pub store: StoreArgs,
 }
 
-/// The default system prompt.
-fn system_prompt(cwd: &std::path::Path) -> String {
-    format!(
-        "You are dsh, an agent working in the directory {}. Use the tools to inspect and change files \
-         and to run commands; keep answers short and concrete. {}",
-        cwd.display(),
-        dsh_services::sandbox::PROMPT_GUIDANCE
-    )
-}
-
 /// Where the session is written, and what it continues: a resumed session
 /// is loaded (repaired when a crash cut it) and appended to in place.
 fn place_session(
@@ -290,7 +280,11 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     let Route { provider, model } = route(rt, &args.agents).await?;
     let root = rt.root();
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
-    spec.system = Some(args.system.clone().unwrap_or_else(|| system_prompt(&cwd)));
+    spec.system = Some(
+        args.system
+            .clone()
+            .unwrap_or_else(|| crate::stage::system_prompt(&cwd, &model)),
+    );
     spec.max_steps = args.max_steps;
     place_session(store(rt, &args.store)?, args, &mut spec)?;
     let agent = Agent::create(&root, spec)

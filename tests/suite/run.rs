@@ -506,3 +506,54 @@ fn reasoning_goes_to_stderr_unless_quiet() {
         text(&out.stderr)
     );
 }
+
+/// The system prompt `dsh run` sends, as its `request/header` records it:
+/// who the agent is, where it works, how to use each tool, and the sandbox
+/// — the same text under every mode (the runtime context states the mode).
+#[test]
+fn the_system_prompt_has_its_sections_and_no_mode() {
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-prompt").unwrap();
+    let script = dir.join("s.json");
+    std::fs::write(&script, r#"{"steps": [{"text": "ok"}]}"#).unwrap();
+    let prompt_under = |mode: &str| {
+        let out = dsh(&[
+            "run",
+            "--script",
+            script.to_str().unwrap(),
+            "--approval",
+            "never",
+            "--permission-mode",
+            mode,
+            "--json",
+            "x",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let header = text(&out.stdout)
+            .lines()
+            .find(|l| l.contains("\"type\":\"request/header\""))
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .unwrap();
+        header["data"]["header"]["system"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let system = prompt_under("workspace-write");
+    for part in [
+        "You are dsh",
+        "# Environment",
+        "Working directory",
+        "# Tools",
+        "`read` before `edit`",
+        "[exit code: N]",
+        "# Sandbox",
+        "require_escalated",
+    ] {
+        assert!(system.contains(part), "no `{part}` in:\n{system}");
+    }
+    assert_eq!(
+        prompt_under("read-only"),
+        system,
+        "the prompt does not change with the mode"
+    );
+}
