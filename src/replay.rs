@@ -150,7 +150,7 @@ async fn drive(
     root.provide(Agents::SERVICE, agents)
         .map_err(|e| e.to_string())?;
     register_builtin(&root, &tools).map_err(|e| e.to_string())?;
-    llm.register(&root, &["replay"], model)
+    llm.register(&root, &["replay"], model.clone())
         .map_err(|e| e.to_string())?;
     // Children: the recorded tool names, each child served its own recorded
     // model output (`replay-<n>`, in creation order).
@@ -203,9 +203,20 @@ async fn drive(
         .map_err(|e| e.to_string())?;
     for prompt in inputs {
         agent
-            .run(prompt, Duration::from_secs(600))
-            .await
+            .followup(dsh_services::llm::Message::user_text(prompt.clone()))
             .map_err(|e| e.to_string())?;
+        // The recorded client's cancels, where the recording has them.
+        loop {
+            tokio::select! {
+                () = model.cancel_point() => {
+                    agent.cancel();
+                }
+                idle = agent.when_idle(Duration::from_secs(600)) => {
+                    idle.map_err(|e| e.to_string())?;
+                    break;
+                }
+            }
+        }
     }
     agent.session().flush().await.map_err(|e| e.to_string())?;
     let children: Vec<Events> = created

@@ -1,5 +1,11 @@
 //! The replay model: serves the recorded assistant output of a session log,
 //! one recorded step per call, through the normal chunk protocol.
+//!
+//! A step the client cancelled mid-stream (an interrupted
+//! `assistant/message` in a turn that ended `aborted`) is served as its
+//! delivered prefix, then the stream waits: [`ReplayModel::cancel_point`]
+//! tells the replaying client that the recording's cancel is due, and the
+//! stream ends `ABORTED` once the call is cancelled.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,12 +30,19 @@ pub enum RecordedStep {
     },
     /// The step's model call failed.
     Failed(LlmFailure),
+    /// The client cancelled the call after these blocks were delivered.
+    Interrupted {
+        /// The delivered prefix.
+        blocks: Vec<ContentBlock>,
+    },
 }
 
 /// Serves recorded steps in order.
 pub struct ReplayModel {
     steps: Arc<[RecordedStep]>,
     cursor: AtomicUsize,
+    /// Signalled when an interrupted step has delivered its prefix.
+    cancel_due: Arc<tokio::sync::Notify>,
 }
 
 impl ReplayModel {
@@ -42,6 +55,16 @@ impl ReplayModel {
         for e in events {
             match &e.as_ref().data {
                 EventData::StepStart { .. } => answered = false,
+                EventData::AssistantMessage {
+                    message,
+                    interrupted: true,
+                    ..
+                } => {
+                    answered = true;
+                    steps.push(RecordedStep::Interrupted {
+                        blocks: message.content.clone(),
+                    });
+                }
                 EventData::AssistantMessage {
                     message,
                     usage,
@@ -64,7 +87,14 @@ impl ReplayModel {
         ReplayModel {
             steps: steps.into(),
             cursor: AtomicUsize::new(0),
+            cancel_due: Arc::default(),
         }
+    }
+
+    /// Resolves when a recorded client cancel is due: an interrupted step
+    /// has delivered its prefix and its consumer asked for more.
+    pub async fn cancel_point(&self) {
+        self.cancel_due.notified().await;
     }
 
     /// Recorded steps.
@@ -88,7 +118,7 @@ impl LlmAdapter for ReplayModel {
         "replay"
     }
 
-    fn stream(&self, _request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
+    fn stream(&self, _request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let items: Vec<Result<_, LlmFailure>> = match self.steps.get(at) {
             None => vec![Err(LlmFailure::new(
@@ -100,6 +130,37 @@ impl LlmAdapter for ReplayModel {
                 ),
             ))],
             Some(RecordedStep::Failed(f)) => vec![Err(f.clone())],
+            Some(RecordedStep::Interrupted { blocks }) => {
+                // The prefix as it streamed (no block ends, usage or finish),
+                // then a wait the recorded cancel ends.
+                let prefix: Vec<Result<_, LlmFailure>> =
+                    chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
+                        .into_iter()
+                        .filter(|c| {
+                            !matches!(
+                                c,
+                                crate::llm::StreamChunk::BlockEnd { .. }
+                                    | crate::llm::StreamChunk::Usage { .. }
+                                    | crate::llm::StreamChunk::Finish { .. }
+                            )
+                        })
+                        .map(Ok)
+                        .collect();
+                let due = self.cancel_due.clone();
+                let wait = futures::stream::once(async move {
+                    // Asked for more: what came before is consumed.
+                    due.notify_one();
+                    cancel.cancelled().await;
+                    Err(LlmFailure::new(
+                        code::ABORTED,
+                        "the recorded client cancelled the call",
+                    ))
+                });
+                return Box::pin(futures::StreamExt::chain(
+                    futures::stream::iter(prefix),
+                    wait,
+                ));
+            }
             Some(RecordedStep::Answer { blocks, usage }) => {
                 let finish = if blocks
                     .iter()

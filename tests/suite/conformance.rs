@@ -73,6 +73,7 @@ fn every_supported_recording_replays_to_the_same_structure() {
         "fs-read",
         "fs-write",
         "subagent-spawn-in-process",
+        "cancel",
     ] {
         let cwd = workspace();
         let out = cwd.join("replayed.jsonl");
