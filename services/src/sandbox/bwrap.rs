@@ -19,6 +19,12 @@ use super::{Launch, PROBE_TIMEOUT, PermissionMode, Policy, on_path};
 
 /// The arguments to `bwrap` running `launch` under `policy`.
 pub(super) fn arguments(launch: &Launch, policy: Policy) -> Vec<OsString> {
+    // `danger-full-access` reaches bwrap only to cut the network: then the
+    // host stays writable.
+    let root = match policy.mode {
+        PermissionMode::DangerFullAccess => "--bind",
+        _ => "--ro-bind",
+    };
     let mut args: Vec<OsString> = [
         "--unshare-user",
         "--unshare-pid",
@@ -28,7 +34,7 @@ pub(super) fn arguments(launch: &Launch, policy: Policy) -> Vec<OsString> {
         "--die-with-parent",
         "--cap-drop",
         "ALL",
-        "--ro-bind",
+        root,
         "/",
         "/",
         "--dev",

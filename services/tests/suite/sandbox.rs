@@ -206,6 +206,18 @@ async fn the_network_is_cut_by_bwrap_and_landlock_refuses_to_pretend() {
     let (code, output) = run(&bwrap, &ws, cut, &script).await.unwrap();
     assert_ne!(code, Some(0), "{output}");
     assert!(!output.contains("connected"));
+    // Unconfined files with the network cut: writes anywhere, no connect.
+    let (_, outside) = layout();
+    let marker = outside.join("offline-but-free");
+    let free = Policy {
+        mode: PermissionMode::DangerFullAccess,
+        network: false,
+    };
+    let both = format!("echo x > {}; {script}", marker.display());
+    let (code, output) = run(&bwrap, &ws, free, &both).await.unwrap();
+    assert!(marker.exists(), "{output}");
+    assert_ne!(code, Some(0), "{output}");
+    assert!(!output.contains("connected"));
     // Landlock filters TCP only: a cut network cannot be promised.
     let landlock = sandbox(BackendChoice::Landlock);
     let err = run(&landlock, &ws, cut, &script).await.unwrap_err();
