@@ -332,18 +332,33 @@ fn an_answer_cut_at_the_token_limit_exits_1() {
     );
 }
 
-/// Serves `replies` (SSE `data:` payloads per request) on loopback from a
-/// thread, recording each request (head and body).
+/// Serves `replies` (SSE `data:` payloads per conversation request) on
+/// loopback from a thread, and answers each `x-dsh-purpose: session-title`
+/// request with a title, until `replies` are used and `titles` titles were
+/// asked (or a minute passed); every request (head and body), in order.
 fn deepseek_mock(
     replies: Vec<Vec<&'static str>>,
+    titles: usize,
 ) -> (String, std::thread::JoinHandle<Vec<String>>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let handle = std::thread::spawn(move || {
         let mut seen = Vec::new();
-        for events in replies {
-            let (mut sock, _) = listener.accept().unwrap();
+        let mut replies = std::collections::VecDeque::from(replies);
+        let mut titled = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while (!replies.is_empty() || titled < titles) && std::time::Instant::now() < deadline {
+            let mut sock = match listener.accept() {
+                Ok((sock, _)) => sock,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::yield_now();
+                    continue;
+                }
+                Err(e) => panic!("{e}"),
+            };
+            sock.set_nonblocking(false).unwrap();
             let mut buf = Vec::new();
             let mut chunk = [0u8; 8192];
             loop {
@@ -364,7 +379,20 @@ fn deepseek_mock(
                     }
                 }
             }
-            seen.push(String::from_utf8_lossy(&buf).to_string());
+            let request = String::from_utf8_lossy(&buf).to_string();
+            let events = if request
+                .to_lowercase()
+                .contains("x-dsh-purpose: session-title")
+            {
+                titled += 1;
+                vec![
+                    r#"{"choices":[{"delta":{"content":"\"Docs in the workspace.\""}}]}"#,
+                    r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+                ]
+            } else {
+                replies.pop_front().unwrap_or_default()
+            };
+            seen.push(request);
             let mut out = String::from(
                 "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
             );
@@ -388,18 +416,21 @@ fn body_of(request: &str) -> serde_json::Value {
 /// tool-call turn's reasoning goes back with the tool result.
 #[test]
 fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
-    let (url, server) = deepseek_mock(vec![
+    let (url, server) = deepseek_mock(
         vec![
-            r#"{"choices":[{"delta":{"role":"assistant","reasoning_content":""}}]}"#,
-            r#"{"choices":[{"delta":{"reasoning_content":"list the files first"}}]}"#,
-            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"glob","arguments":"{\"pattern\":\"*.md\"}"}}]}}]}"#,
-            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+            vec![
+                r#"{"choices":[{"delta":{"role":"assistant","reasoning_content":""}}]}"#,
+                r#"{"choices":[{"delta":{"reasoning_content":"list the files first"}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"glob","arguments":"{\"pattern\":\"*.md\"}"}}]}}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+            ],
+            vec![
+                r#"{"choices":[{"delta":{"content":"Two files."}}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            ],
         ],
-        vec![
-            r#"{"choices":[{"delta":{"content":"Two files."}}]}"#,
-            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
-        ],
-    ]);
+        1,
+    );
     let out = dsh_with(
         &[
             "run",
@@ -416,7 +447,20 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("Two files."));
-    let requests = server.join().unwrap();
+    let all = server.join().unwrap();
+    // One title request, thinking off, with the first prompt; the rest is
+    // the conversation.
+    let (titles, requests): (Vec<String>, Vec<String>) = all
+        .into_iter()
+        .partition(|r| r.to_lowercase().contains("x-dsh-purpose: session-title"));
+    assert_eq!(titles.len(), 1, "{titles:?}");
+    let title = body_of(&titles[0]);
+    assert_eq!(title["thinking"]["type"], "disabled");
+    assert!(title.get("tools").is_none());
+    assert!(
+        title.to_string().contains("what docs are there?"),
+        "{title}"
+    );
     let first = &requests[0];
     assert!(first.starts_with("POST /chat/completions"), "{first}");
     let lower = first.to_lowercase();
@@ -443,10 +487,13 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
     assert_eq!(turn["reasoning_content"], "list the files first");
     assert_eq!(turn["content"], "");
     // The effort flag reaches the wire; `off` turns thinking off.
-    let (url, server) = deepseek_mock(vec![vec![
-        r#"{"choices":[{"delta":{"content":"ok"}}]}"#,
-        r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
-    ]]);
+    let (url, server) = deepseek_mock(
+        vec![vec![
+            r#"{"choices":[{"delta":{"content":"ok"}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        ]],
+        1,
+    );
     let out = dsh_with(
         &[
             "run",
@@ -462,7 +509,13 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let body = body_of(&server.join().unwrap()[0]);
+    let conversation: Vec<String> = server
+        .join()
+        .unwrap()
+        .into_iter()
+        .filter(|r| !r.to_lowercase().contains("x-dsh-purpose"))
+        .collect();
+    let body = body_of(&conversation[0]);
     assert_eq!(body["thinking"]["type"], "disabled");
     assert!(body.get("reasoning_effort").is_none());
 }

@@ -103,10 +103,11 @@ fn render(sections: &[(&str, String)]) -> String {
 const TITLE_WORDS: usize = 5;
 
 /// Records a fallback title when the session has none yet (once per awake
-/// spell it looks; a session with a title is left alone).
-pub(super) fn title(agent: &Agent, me: &Awake) {
+/// spell it looks; a session with a title is left alone); the prompt it
+/// was made from (its seq and text), for a provider to title it better.
+pub(super) fn title(agent: &Agent, me: &Awake) -> Option<(u64, String)> {
     if me.titled.swap(true, std::sync::atomic::Ordering::AcqRel) {
-        return;
+        return None;
     }
     let first = agent.inner.session.with_log(|log| {
         let events = log.events();
@@ -118,9 +119,7 @@ pub(super) fn title(agent: &Agent, me: &Awake) {
             _ => None,
         })
     });
-    let Some((seq, text)) = first else {
-        return;
-    };
+    let (seq, text) = first?;
     let title: String = text
         .split_whitespace()
         .take(TITLE_WORDS)
@@ -130,7 +129,7 @@ pub(super) fn title(agent: &Agent, me: &Awake) {
         .take(80)
         .collect();
     if title.is_empty() {
-        return;
+        return None;
     }
     log_append(
         agent,
@@ -140,4 +139,136 @@ pub(super) fn title(agent: &Agent, me: &Awake) {
         },
         None,
     );
+    Some((seq, text))
+}
+
+/// Asks the route for a title of the session's first prompt, in a
+/// supervised child of the agent's scope (cancelled with it); the answer is
+/// a `session/title` from the provider, after the fallback.
+pub(super) async fn ask_for_title(agent: &Agent, me: &Awake, seq: u64, prompt: String) {
+    let spec = &agent.inner.spec;
+    let asks = me.llm.adapter(&spec.provider).is_some_and(|a| a.titles());
+    if !asks {
+        return;
+    }
+    let job = TitleJob {
+        agent: agent.downgrade(),
+        ctx: me.ctx.clone(),
+        llm: me.llm.clone(),
+        provider: spec.provider.clone(),
+        model: spec.model.clone(),
+        seq,
+        prompt,
+        cancel: tokio_util::sync::CancellationToken::new(),
+    };
+    let spawned = me
+        .ctx
+        .spawn(dsh_supervisors::WorkerSpec::new(
+            "title", "title", TitleActor, job,
+        ))
+        .await;
+    if let Err(e) = spawned {
+        tracing::debug!(agent = %agent.inner.id, "no title request: {e}");
+    }
+}
+
+/// What a title request says to the model.
+const TITLE_SYSTEM: &str = "Name the conversation that starts with the user's message below: answer with a title of at most six words, in the message's language, with no quotes and no final punctuation.";
+
+/// How long a title may take.
+const TITLE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+struct TitleActor;
+
+struct TitleJob {
+    agent: super::WeakAgent,
+    ctx: dsh_supervisors::Context,
+    llm: Arc<dsh_services::llm::LlmRuntime>,
+    provider: String,
+    model: String,
+    seq: u64,
+    prompt: String,
+    cancel: tokio_util::sync::CancellationToken,
+}
+
+impl ractor::Actor for TitleActor {
+    type Msg = ();
+    type State = TitleJob;
+    type Arguments = TitleJob;
+
+    async fn pre_start(
+        &self,
+        _me: ractor::ActorRef<()>,
+        job: TitleJob,
+    ) -> Result<TitleJob, ractor::ActorProcessingErr> {
+        Ok(job)
+    }
+
+    async fn post_start(
+        &self,
+        me: ractor::ActorRef<()>,
+        job: &mut TitleJob,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        let asked = tokio::time::timeout(TITLE_WAIT, generate(job)).await;
+        if let (Ok(Some(title)), Some(agent)) = (asked, job.agent.upgrade()) {
+            agent.record(
+                "session/title",
+                json!({
+                    "title": title,
+                    "messageSeqs": [job.seq],
+                    "source": {"kind": "provider", "provider": "dsh/title",
+                               "model": {"provider": job.provider, "model": job.model}},
+                }),
+            );
+        }
+        me.stop(None);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ractor::ActorRef<()>,
+        job: &mut TitleJob,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        job.cancel.cancel();
+        Ok(())
+    }
+}
+
+/// The model's title, normalized (one line, no quotes, at most 80 chars).
+async fn generate(job: &TitleJob) -> Option<String> {
+    use futures::StreamExt;
+    let request = dsh_services::llm::LlmRequest {
+        provider: job.provider.clone(),
+        model: job.model.clone(),
+        system: Some(Arc::from(TITLE_SYSTEM)),
+        messages: dsh_services::llm::History::of(vec![Arc::new(Message::user_text(
+            job.prompt.clone(),
+        ))]),
+        tools: Arc::from(Vec::new()),
+        temperature: None,
+        max_tokens: Some(64),
+        options: Default::default(),
+        session: None,
+        purpose: Some("session-title"),
+    };
+    let mut stream = job
+        .llm
+        .stream(&job.ctx, request, job.cancel.clone())
+        .await
+        .ok()?;
+    let mut text = String::new();
+    while let Some(chunk) = stream.next().await {
+        if let dsh_services::llm::StreamChunk::TextDelta { text: t, .. } = chunk.ok()? {
+            text.push_str(&t);
+        }
+    }
+    let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let title: String = line
+        .trim_matches(|c: char| c == '"' || c == '\'' || c == '“' || c == '”')
+        .trim_end_matches(['.', '。'])
+        .chars()
+        .take(80)
+        .collect();
+    (!title.is_empty()).then_some(title)
 }

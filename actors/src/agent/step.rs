@@ -114,7 +114,9 @@ async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
         None => inner.spec.system.as_deref().map(Arc::from),
     };
     super::context::refresh(at.agent, me);
-    super::context::title(at.agent, me);
+    if let Some((seq, prompt)) = super::context::title(at.agent, me) {
+        super::context::ask_for_title(at.agent, me, seq, prompt).await;
+    }
     let envelope = envelope(inner, me, system.as_deref());
     log_envelope(at, &envelope.header);
     let request = LlmRequest {

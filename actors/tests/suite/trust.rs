@@ -323,3 +323,76 @@ async fn the_model_is_told_the_policies_once_and_again_when_they_change() {
     assert_eq!(snapshots(&last).len(), 2, "{last:?}");
     h.rt.shutdown().await;
 }
+
+/// Answers a title request with a title, anything else with "ok"; asks to
+/// title sessions.
+struct Titler(std::sync::Mutex<Vec<Option<&'static str>>>);
+
+impl dsh_services::llm::LlmAdapter for Titler {
+    fn name(&self) -> &str {
+        "titler"
+    }
+    fn titles(&self) -> bool {
+        true
+    }
+    fn stream(
+        &self,
+        request: dsh_services::llm::LlmRequest,
+        _cancel: CancellationToken,
+    ) -> dsh_services::llm::ChunkStream {
+        self.0.lock().unwrap().push(request.purpose);
+        let text = match request.purpose {
+            Some("session-title") => "\"Counting the stars.\"",
+            _ => "ok",
+        };
+        super::harness::answer(vec![dsh_services::llm::ContentBlock::text(text)])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_titles_sessions_is_asked_once_beside_the_conversation() {
+    let h = Harness::new().await;
+    let titler = Arc::new(Titler(Default::default()));
+    h.adapter("titler", titler.clone());
+    let agent = h.agent("titler").await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let tx = std::sync::Mutex::new(Some(tx));
+    agent.session().observe(Arc::new(move |e| {
+        let json = e.to_json();
+        if e.kind() == "session/title"
+            && json["data"]["source"]["kind"] == "provider"
+            && let Some(tx) = tx.lock().unwrap().take()
+        {
+            let _ = tx.send(json["data"].clone());
+        }
+    }));
+    agent.run("how many stars are there?", WAIT).await.unwrap();
+    let titled = tokio::time::timeout(WAIT, rx).await.unwrap().unwrap();
+    assert_eq!(titled["title"], "Counting the stars");
+    assert_eq!(titled["source"]["model"]["provider"], "titler");
+    agent.run("and planets?", WAIT).await.unwrap();
+    let purposes = titler.0.lock().unwrap().clone();
+    assert_eq!(
+        purposes
+            .iter()
+            .filter(|p| **p == Some("session-title"))
+            .count(),
+        1,
+        "{purposes:?}"
+    );
+    // The fallback came first, the provider's after it.
+    let titles: Vec<String> = agent
+        .session()
+        .events()
+        .iter()
+        .filter(|e| e.kind() == "session/title")
+        .map(|e| {
+            e.to_json()["data"]["source"]["kind"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(titles, ["fallback", "provider"]);
+    h.rt.shutdown().await;
+}

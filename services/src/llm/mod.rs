@@ -251,6 +251,11 @@ impl std::ops::Deref for History {
 }
 
 impl History {
+    /// A history of exactly `messages` (an auxiliary request's).
+    pub fn of(messages: Vec<Arc<Message>>) -> History {
+        History(Arc::new(messages))
+    }
+
     /// The messages as a vector (clones the `Arc`s, not the messages).
     pub fn to_vec(&self) -> Vec<Arc<Message>> {
         self.0.as_ref().clone()

@@ -656,6 +656,12 @@ impl LlmAdapter for OpenAiCompatible {
         "openai-compatible"
     }
 
+    /// DeepSeek's harness titles its sessions; a generic endpoint is left
+    /// to the fallback title.
+    fn titles(&self) -> bool {
+        matches!(self.config.dialect, Dialect::DeepSeek { .. })
+    }
+
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
         let url = format!(
             "{}/chat/completions",

@@ -55,6 +55,13 @@ pub trait LlmAdapter: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// Starts one call.
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream;
+
+    /// Whether agents on this route ask it for a session title (one
+    /// auxiliary request per new session). Real endpoints may; scripted
+    /// and replay models, whose calls are counted steps, do not.
+    fn titles(&self) -> bool {
+        false
+    }
 }
 
 /// `llm/stream` (waterfall): wraps every model call. A listener may change
