@@ -89,30 +89,36 @@ impl Tool for Park {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order() {
-    let peers = super::peers::peers();
+/// The agent services with `model` on `route`, and the web plugin (with
+/// mutations) on a free loopback port; the runtime and the page's URL.
+async fn serve_page(route: &str, model: Arc<dyn LlmAdapter>) -> (Runtime, String) {
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let root = rt.root();
     root.plugin(dsh::catalogue::AgentServices, Default::default())
         .await
         .unwrap();
     let llm = root.get::<LlmRuntime>(LlmRuntime::SERVICE).unwrap();
-    llm.register(&root, &["board"], Arc::new(Board)).unwrap();
-    let tools = root.get::<ToolRegistry>(ToolRegistry::SERVICE).unwrap();
-    tools.register(&root, Arc::new(Park)).unwrap();
+    llm.register(&root, &[route], model).unwrap();
     let config = WebConfig {
         bind: "127.0.0.1:0".into(),
         token_env: None,
         mutations: true,
     };
     root.plugin(Web, config).await.unwrap();
-    let base = format!(
-        "http://{}",
-        root.get::<WebServer>(WebServer::SERVICE)
-            .unwrap()
-            .local_addr()
-    );
+    let addr = root
+        .get::<WebServer>(WebServer::SERVICE)
+        .unwrap()
+        .local_addr();
+    (rt, format!("http://{addr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order() {
+    let peers = super::peers::peers();
+    let (rt, base) = serve_page("board", Arc::new(Board)).await;
+    let root = rt.root();
+    let tools = root.get::<ToolRegistry>(ToolRegistry::SERVICE).unwrap();
+    tools.register(&root, Arc::new(Park)).unwrap();
     let mut spec = AgentSpec::new("board", "m", std::env::temp_dir());
     spec.name = Some("coordinator".into());
     let coordinator = Agent::create(&root, spec).await.unwrap();
@@ -209,25 +215,8 @@ impl LlmAdapter for Asker {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_a_pending_approval_and_answers_it() {
     let peers = super::peers::peers();
-    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let (rt, base) = serve_page("asker", Arc::new(Asker)).await;
     let root = rt.root();
-    root.plugin(dsh::catalogue::AgentServices, Default::default())
-        .await
-        .unwrap();
-    let llm = root.get::<LlmRuntime>(LlmRuntime::SERVICE).unwrap();
-    llm.register(&root, &["asker"], Arc::new(Asker)).unwrap();
-    let config = WebConfig {
-        bind: "127.0.0.1:0".into(),
-        token_env: None,
-        mutations: true,
-    };
-    root.plugin(Web, config).await.unwrap();
-    let base = format!(
-        "http://{}",
-        root.get::<WebServer>(WebServer::SERVICE)
-            .unwrap()
-            .local_addr()
-    );
     let agent = Agent::create(&root, AgentSpec::new("asker", "m", std::env::temp_dir()))
         .await
         .unwrap();

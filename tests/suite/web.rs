@@ -358,6 +358,29 @@ async fn serve_agents_at(bind: &str, mutations: bool) -> (Runtime, String) {
     (rt, format!("http://{}", web.local_addr()))
 }
 
+/// Creates an agent through the API with `prompt` and waits until its
+/// turn is over; its id and handle.
+async fn created_idle(
+    c: &reqwest::Client,
+    base: &str,
+    rt: &Runtime,
+    prompt: &str,
+) -> (String, dsh::actors::agent::Agent) {
+    let created: serde_json::Value = post(
+        c,
+        format!("{base}/api/agents"),
+        serde_json::json!({"prompt": prompt}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let a = agent(rt, &id);
+    a.when_idle(WAIT).await.unwrap();
+    (id, a)
+}
+
 fn agent(rt: &Runtime, id: &str) -> dsh::actors::agent::Agent {
     rt.root()
         .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)
@@ -585,18 +608,7 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
 async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() {
     let (rt, base) = serve_agents(true).await;
     let c = client();
-    let created: serde_json::Value = post(
-        &c,
-        format!("{base}/api/agents"),
-        serde_json::json!({"prompt": "Write one line about sleep."}),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let id = created["id"].as_str().unwrap().to_owned();
-    let a = agent(&rt, &id);
-    a.when_idle(WAIT).await.unwrap();
+    let (id, a) = created_idle(&c, &base, &rt, "Write one line about sleep.").await;
     a.hibernate().await.unwrap();
     let node = a.node_id();
 
@@ -985,18 +997,7 @@ async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
     assert_eq!(r.status(), 405);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "METHOD_NOT_ALLOWED");
-    let created: serde_json::Value = post(
-        &c,
-        format!("{base}/api/agents"),
-        serde_json::json!({"prompt": "Write one line about order."}),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let id = created["id"].as_str().unwrap().to_owned();
-    let a = agent(&rt, &id);
-    a.when_idle(WAIT).await.unwrap();
+    let (_, a) = created_idle(&c, &base, &rt, "Write one line about order.").await;
     let node = a.node_id();
     let services = rt
         .tree()

@@ -249,7 +249,10 @@ impl Tool for Bash {
             // Whatever the command started dies with the call: its group,
             // and what left the group (setsid, double fork) by its marker.
             kill_group(pid);
-            kill_marked(marker).await;
+            // Under bwrap the PID namespace took everything with it already.
+            if !matches!(backend, Some(Backend::Bwrap(_))) {
+                kill_marked(marker).await;
+            }
             if !read_all {
                 // Descendants holding the pipes are gone: the rest is EOF.
                 let _ = tokio::time::timeout(DRAIN, &mut reading).await;
