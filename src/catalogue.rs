@@ -333,6 +333,7 @@ fn endpoint(
         first_byte_timeout: secs(t.request_s, OpenAiConfig::FIRST_BYTE),
         total_timeout: secs(t.total_s, OpenAiConfig::TOTAL),
         dialect,
+        user_id: matches!(dialect, Dialect::DeepSeek { .. }).then(crate::home::user_id),
     })?)
 }
 

@@ -5,6 +5,7 @@
 //! - [`out`]: stdout and stderr that a closed reader does not crash
 //!   (`out!`, `outln!`, `err!`, `errln!`).
 //! - [`exit`]: how a command ends (exit codes, library errors turned into them).
+//! - [`home`]: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`args`]: the options every agent-creating command shares (model,
 //!   policy, plugin tree, workspace, sessions store).
 //! - [`demo`]: the keyless demo model (a pure function of the conversation).
@@ -36,6 +37,7 @@ pub mod catalogue;
 pub mod config;
 pub mod demo;
 pub mod exit;
+pub mod home;
 pub mod multi;
 pub mod out;
 pub mod replay;

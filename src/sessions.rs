@@ -68,8 +68,7 @@ pub fn sessions(args: SessionsArgs) -> Exit {
 pub fn sessions_dir(given: Option<PathBuf>) -> PathBuf {
     given
         .or_else(|| std::env::var_os("DSH_SESSIONS_DIR").map(PathBuf::from))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".dsh/sessions")))
-        .unwrap_or_else(|| PathBuf::from(".dsh/sessions"))
+        .unwrap_or_else(|| crate::home::dir().join("sessions"))
 }
 
 /// The session store: the SQLite database `--sessions-db` (else

@@ -134,6 +134,7 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         first_byte_timeout: Duration::from_secs(120),
         total_timeout: Duration::from_secs(600),
         dialect: Default::default(),
+        user_id: None,
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

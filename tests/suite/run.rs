@@ -15,6 +15,7 @@ fn dsh(args: &[&str]) -> Output {
 /// caller's), sessions in a fresh directory.
 fn dsh_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     let sessions = dsh::kernel::scratch::fresh_dir("dsh-run-sessions").unwrap();
+    let home = dsh::kernel::scratch::fresh_dir("dsh-run-home").unwrap();
     let mut c = Command::new(env!("CARGO_BIN_EXE_dsh"));
     c.args(args)
         .current_dir(repo())
@@ -23,7 +24,8 @@ fn dsh_with(args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("DSH_APPROVAL")
         .env_remove("DEEPSEEK_API_KEY")
         .env_remove("DEEPSEEK_BASE_URL")
-        .env("DSH_SESSIONS_DIR", &sessions);
+        .env("DSH_SESSIONS_DIR", &sessions)
+        .env("HOME", &home);
     for (k, v) in env {
         c.env(k, v);
     }
@@ -416,6 +418,8 @@ fn body_of(request: &str) -> serde_json::Value {
 /// tool-call turn's reasoning goes back with the tool result.
 #[test]
 fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
+    let home = dsh::kernel::scratch::fresh_dir("dsh-run-deepseek-home").unwrap();
+    let home = home.to_str().unwrap();
     let (url, server) = deepseek_mock(
         vec![
             vec![
@@ -443,6 +447,7 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
         &[
             ("DEEPSEEK_API_KEY", "sk-deepseek-test"),
             ("DEEPSEEK_BASE_URL", url.as_str()),
+            ("HOME", home),
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -470,6 +475,20 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
     );
     assert!(lower.contains("user-agent: dsh/"), "{first}");
     assert!(lower.contains("x-deepseek-harness-session-id: "), "{first}");
+    // The anonymous installation id: a UUID kept in ~/.dsh, the same on
+    // every request of every run.
+    let user_id = header(first, "x-deepseek-harness-user-id").expect("a user id header");
+    assert!(uuid_like(&user_id), "{user_id}");
+    assert_eq!(
+        std::fs::read_to_string(format!("{home}/.dsh/user-id"))
+            .unwrap()
+            .trim(),
+        user_id
+    );
+    assert_eq!(
+        header(&titles[0], "x-deepseek-harness-user-id").as_deref(),
+        Some(user_id.as_str())
+    );
     assert!(!lower.contains("x-dsh-purpose"), "{first}");
     let body = body_of(first);
     assert_eq!(body["model"], "deepseek-v4-flash");
@@ -506,6 +525,7 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
         &[
             ("DEEPSEEK_API_KEY", "k"),
             ("DEEPSEEK_BASE_URL", url.as_str()),
+            ("HOME", home),
         ],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -518,6 +538,30 @@ fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
     let body = body_of(&conversation[0]);
     assert_eq!(body["thinking"]["type"], "disabled");
     assert!(body.get("reasoning_effort").is_none());
+    assert_eq!(
+        header(&conversation[0], "x-deepseek-harness-user-id").as_deref(),
+        Some(user_id.as_str()),
+        "the next run sends the same id"
+    );
+}
+
+/// The value of header `name` in a raw HTTP request.
+fn header(request: &str, name: &str) -> Option<String> {
+    request[..request.find("\r\n\r\n")?].lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+    })
+}
+
+fn uuid_like(s: &str) -> bool {
+    s.len() == 36
+        && s.char_indices().all(|(i, c)| {
+            if [8, 13, 18, 23].contains(&i) {
+                c == '-'
+            } else {
+                c.is_ascii_hexdigit()
+            }
+        })
 }
 
 #[test]
@@ -609,4 +653,22 @@ fn the_system_prompt_has_its_sections_and_no_mode() {
         system,
         "the prompt does not change with the mode"
     );
+}
+
+/// The anonymous id survives runs, replaces a file that holds no UUID, and
+/// a home that cannot be written still gives an id (for that run only).
+#[test]
+fn the_anonymous_id_is_stable_and_a_bad_file_is_replaced() {
+    let home = dsh::kernel::scratch::fresh_dir("dsh-home-id").unwrap();
+    let first = dsh::home::user_id_in(&home);
+    assert!(uuid_like(&first), "{first}");
+    assert_eq!(dsh::home::user_id_in(&home), first);
+    std::fs::write(home.join("user-id"), "not an id; rm -rf /").unwrap();
+    let replaced = dsh::home::user_id_in(&home);
+    assert!(uuid_like(&replaced) && replaced != first, "{replaced}");
+    assert_eq!(dsh::home::user_id_in(&home), replaced);
+    // A home that is a file: nothing can be kept, the run goes on.
+    let blocked = home.join("user-id");
+    let once = dsh::home::user_id_in(&blocked);
+    assert!(uuid_like(&once), "{once}");
 }

@@ -39,6 +39,9 @@ pub struct OpenAiConfig {
     pub total_timeout: Duration,
     /// What the endpoint speaks beyond plain chat completions.
     pub dialect: Dialect,
+    /// The stable anonymous id of this installation, sent to DeepSeek as
+    /// `x-deepseek-harness-user-id` (never in a body or to another dialect).
+    pub user_id: Option<String>,
 }
 
 /// DeepSeek's official API when `$DEEPSEEK_BASE_URL` names none.
@@ -132,6 +135,7 @@ impl OpenAiConfig {
             first_byte_timeout: Self::FIRST_BYTE,
             total_timeout: Self::TOTAL,
             dialect: Dialect::OpenAi,
+            user_id: None,
         }
     }
 }
@@ -145,6 +149,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("first_byte_timeout", &self.first_byte_timeout)
             .field("total_timeout", &self.total_timeout)
             .field("dialect", &self.dialect)
+            .field("user_id", &self.user_id)
             .finish()
     }
 }
@@ -596,6 +601,22 @@ impl Translator {
     }
 }
 
+/// A `Retry-After` value as a wait in milliseconds: delay seconds or an
+/// HTTP date, measured from `now`. Zero, a date already past and anything
+/// unreadable give `None` (the listener's own backoff applies).
+pub fn retry_after_ms(value: &str, now: std::time::SystemTime) -> Option<u64> {
+    let value = value.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => httpdate::parse_http_date(value)
+            .ok()?
+            .duration_since(now)
+            .ok()?,
+    };
+    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+    (ms > 0).then_some(ms)
+}
+
 /// Classifies an HTTP error status.
 fn status_failure(
     status: reqwest::StatusCode,
@@ -678,8 +699,13 @@ impl LlmAdapter for OpenAiCompatible {
         if let Some(purpose) = request.purpose {
             builder = builder.header("x-dsh-purpose", purpose);
         }
-        if let (Dialect::DeepSeek { .. }, Some(session)) = (self.config.dialect, &request.session) {
-            builder = builder.header("x-deepseek-harness-session-id", session.as_ref());
+        if let Dialect::DeepSeek { .. } = self.config.dialect {
+            if let Some(user) = &self.config.user_id {
+                builder = builder.header("x-deepseek-harness-user-id", user);
+            }
+            if let Some(session) = &request.session {
+                builder = builder.header("x-deepseek-harness-session-id", session.as_ref());
+            }
         }
         let now = tokio::time::Instant::now();
         let limits = Limits {
@@ -778,8 +804,7 @@ fn async_stream(
                                 .headers()
                                 .get("retry-after")
                                 .and_then(|v| v.to_str().ok())
-                                .and_then(|v| v.trim().parse::<u64>().ok())
-                                .map(|s| s * 1000);
+                                .and_then(|v| retry_after_ms(v, std::time::SystemTime::now()));
                             let request_id = ["x-request-id", "x-deepseek-request-id"]
                                 .iter()
                                 .find_map(|h| response.headers().get(*h))

@@ -155,6 +155,7 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         first_byte_timeout: Duration::from_secs(30),
         total_timeout: Duration::from_secs(600),
         dialect: Default::default(),
+        user_id: None,
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -388,6 +389,7 @@ async fn every_wait_for_an_endpoint_has_an_end() {
             first_byte_timeout: Duration::from_millis(300),
             total_timeout: Duration::from_millis(900),
             dialect: Default::default(),
+            user_id: None,
         })
         .unwrap();
         llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -565,4 +567,48 @@ async fn an_auxiliary_request_names_its_purpose_in_a_header() {
         sent[1]
     );
     rt.shutdown().await;
+}
+
+/// `Retry-After` in both of its forms: delay seconds, or an HTTP date
+/// measured from now; zero, a past date and garbage leave the wait to the
+/// listener's backoff.
+#[test]
+fn retry_after_reads_seconds_and_http_dates() {
+    use dsh_services::llm::openai::retry_after_ms;
+    let now = std::time::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
+    assert_eq!(retry_after_ms("7", now), Some(7_000));
+    assert_eq!(retry_after_ms(" 2 ", now), Some(2_000));
+    let later = httpdate_of(now + Duration::from_secs(90));
+    assert_eq!(retry_after_ms(&later, now), Some(90_000), "{later}");
+    let earlier = httpdate_of(now - Duration::from_secs(5));
+    assert_eq!(retry_after_ms(&earlier, now), None);
+    for bad in ["0", "-3", "soon", "", "Wed, 99 Foo 2026 00:00:00 GMT"] {
+        assert_eq!(retry_after_ms(bad, now), None, "{bad:?}");
+    }
+}
+
+/// An IMF-fixdate, written by hand so the test does not share the parser.
+fn httpdate_of(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let weekday = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days % 7) as usize];
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ][(month - 1) as usize];
+    format!(
+        "{weekday}, {day:02} {month} {year} {:02}:{:02}:{:02} GMT",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
