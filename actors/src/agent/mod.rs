@@ -635,6 +635,7 @@ struct Awake {
 struct Envelope {
     generation: u64,
     system: Option<String>,
+    call: envelope::CallConfig,
     schemas: Arc<[ToolSchema]>,
     header: Arc<serde_json::Value>,
 }

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::driver::log_append;
-use super::envelope::envelope;
+use super::envelope::{CallConfig, envelope};
 use super::events::AgentRequest;
 use super::tool_exec::{execute, release_step_children};
 use super::{Agent, Awake};
@@ -117,36 +117,51 @@ async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
     if let Some((seq, prompt)) = super::context::title(at.agent, me) {
         super::context::ask_for_title(at.agent, me, seq, prompt).await;
     }
-    let envelope = envelope(inner, me, system.as_deref());
-    log_envelope(at, &envelope.header);
-    let request = LlmRequest {
+    // The route's defaults as they stand; the waterfall may name its own.
+    let defaults = me.llm.defaults(&inner.spec.provider, &inner.spec.model);
+    let mut proposed = LlmRequest {
         provider: inner.spec.provider.clone(),
         model: inner.spec.model.clone(),
-        system,
+        system: system.clone(),
         messages: inner.session.derive_messages(),
-        tools: envelope.schemas.clone(),
+        tools: Arc::from([]),
         temperature: inner.spec.temperature,
         max_tokens: inner.spec.max_tokens,
         options: Default::default(),
         session: Some(inner.id.clone()),
         purpose: None,
     };
+    let planned = CallConfig::of(&proposed, defaults);
+    let envelope = envelope(inner, me, system.as_deref(), &planned);
+    proposed.tools = envelope.schemas.clone();
     let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
     let wrapped = AgentRequest {
         agent: inner.id.to_string(),
-        request,
+        request: proposed,
     };
-    me.ctx
+    let mut request = me
+        .ctx
         .events()
         .waterfall(&target, wrapped, |r: AgentRequest| async move { r.request })
         .await
-        .map_err(|e| LlmFailure::new(code::LISTENER_PANICKED, e.to_string()))
+        .map_err(|e| LlmFailure::new(code::LISTENER_PANICKED, e.to_string()))?;
+    // What is sent is what is logged: the defaults go into the request, and
+    // a step that named its own effort or cap logs those.
+    let call = CallConfig::of(&request, defaults);
+    call.fill(&mut request);
+    let header = if call == planned {
+        envelope.header
+    } else {
+        self::envelope(inner, me, system.as_deref(), &call).header
+    };
+    log_envelope(at, &header, defaults.context_window);
+    Ok(request)
 }
 
 /// The request envelope is logged state: a full `request/header` snapshot
 /// at the first request of this agent instance, then whenever it changes
 /// (with the route, when that changed too).
-fn log_envelope(at: At<'_>, header: &Arc<serde_json::Value>) {
+fn log_envelope(at: At<'_>, header: &Arc<serde_json::Value>, context_window: Option<u64>) {
     let inner = &at.agent.inner;
     let (first, changed) = inner.session.with_log(|log| {
         let logged = log.request_header();
@@ -179,7 +194,7 @@ fn log_envelope(at: At<'_>, header: &Arc<serde_json::Value>) {
     let route = RequestContext {
         provider: inner.spec.provider.clone(),
         model: inner.spec.model.clone(),
-        context_window: None,
+        context_window,
     };
     let differs = inner
         .session

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use dsh_services::llm::ToolSchema;
 use dsh_services::tools::RegisteredTool;
 
-use super::envelope::header_value;
+use super::envelope::{CallConfig, header_value};
 use super::spec::same_template;
 use super::{AgentSpec, lock};
 
@@ -55,18 +55,19 @@ impl Templates {
         spec: &Arc<AgentSpec>,
         system: Option<&str>,
         tools: &[Arc<RegisteredTool>],
+        call: &CallConfig,
     ) -> (Arc<[ToolSchema]>, Arc<serde_json::Value>) {
         let mut shared = lock(&self.envelopes);
         if let Some(at) = shared
             .iter()
-            .position(|e| e.built_from(spec, system, tools))
+            .position(|e| e.built_from(spec, system, tools, call))
             && let Some(hit) = shared.remove(at)
         {
             let found = (hit.schemas.clone(), hit.header.clone());
             shared.push_front(hit);
             return found;
         }
-        let (schemas, header) = built(spec, system, tools);
+        let (schemas, header) = built(spec, system, tools, call);
         let (schemas, header) = match shared.iter().find(|e| *e.header == header) {
             Some(equal) => (equal.schemas.clone(), equal.header.clone()),
             None => (schemas.into(), Arc::new(header)),
@@ -75,6 +76,7 @@ impl Templates {
             spec: Arc::downgrade(spec),
             system: system.map(str::to_owned),
             tools: tools.iter().map(Arc::downgrade).collect(),
+            call: call.clone(),
             schemas: schemas.clone(),
             header: header.clone(),
         });
@@ -90,6 +92,7 @@ struct SharedEnvelope {
     spec: Weak<AgentSpec>,
     system: Option<String>,
     tools: Box<[Weak<RegisteredTool>]>,
+    call: CallConfig,
     schemas: Arc<[ToolSchema]>,
     header: Arc<serde_json::Value>,
 }
@@ -101,9 +104,11 @@ impl SharedEnvelope {
         spec: &Arc<AgentSpec>,
         system: Option<&str>,
         tools: &[Arc<RegisteredTool>],
+        call: &CallConfig,
     ) -> bool {
         std::ptr::eq(self.spec.as_ptr(), Arc::as_ptr(spec))
             && self.system.as_deref() == system
+            && self.call == *call
             && self.tools.len() == tools.len()
             && self
                 .tools
@@ -121,9 +126,10 @@ fn built(
     spec: &AgentSpec,
     system: Option<&str>,
     tools: &[Arc<RegisteredTool>],
+    call: &CallConfig,
 ) -> (Vec<ToolSchema>, serde_json::Value) {
     let schemas: Vec<ToolSchema> = tools.iter().map(|t| t.schema.clone()).collect();
-    let header = header_value(spec, system, &schemas);
+    let header = header_value(spec, system, &schemas, call);
     (schemas, header)
 }
 
@@ -132,7 +138,8 @@ pub(super) fn unshared_envelope(
     spec: &AgentSpec,
     system: Option<&str>,
     tools: &[Arc<RegisteredTool>],
+    call: &CallConfig,
 ) -> (Arc<[ToolSchema]>, Arc<serde_json::Value>) {
-    let (schemas, header) = built(spec, system, tools);
+    let (schemas, header) = built(spec, system, tools, call);
     (schemas.into(), Arc::new(header))
 }

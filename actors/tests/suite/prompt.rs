@@ -1,6 +1,6 @@
 //! System prompt assembly inside the agent loop, and the agent's events.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dsh_actors::agent::{Agent, AgentRequest, AgentSpec, AgentTurnStopping};
 use dsh_services::prompt::{
@@ -197,4 +197,109 @@ async fn turn_stopping_can_continue_a_turn_and_agent_request_can_rewrite_it() {
         .unwrap();
     assert_eq!(continuation, "keep going");
     assert_eq!(*seen_temperature.lock().unwrap(), [Some(0.25), Some(0.25)]);
+}
+
+/// A route that supplies defaults (DeepSeek's effort and output cap) and
+/// records what it is sent.
+struct Defaulting {
+    sent: Mutex<Vec<(Option<u64>, Option<serde_json::Value>)>>,
+    steps: Mutex<Vec<dsh_services::llm::ContentBlock>>,
+}
+
+impl dsh_services::llm::LlmAdapter for Defaulting {
+    fn name(&self) -> &str {
+        "defaulting"
+    }
+    fn defaults(&self, _model: &str) -> dsh_services::llm::ModelDefaults {
+        dsh_services::llm::ModelDefaults {
+            reasoning_effort: Some("high"),
+            max_tokens: Some(4096),
+            context_window: Some(64_000),
+        }
+    }
+    fn stream(
+        &self,
+        request: dsh_services::llm::LlmRequest,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> dsh_services::llm::ChunkStream {
+        self.sent.lock().unwrap().push((
+            request.max_tokens,
+            request.options.get("reasoning_effort").cloned(),
+        ));
+        let next = self.steps.lock().unwrap().remove(0);
+        super::harness::answer(vec![next])
+    }
+}
+
+/// The effort and output cap a request carries are logged in
+/// `request/header`: the route's defaults marked `adapterDefaults` (and
+/// written into the request itself), a step's own effort from
+/// `agent/request` as a `change`; the route's context window goes to
+/// `request/context`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_effective_effort_and_cap_are_logged_in_the_request_header() {
+    let h = Harness::new().await;
+    let adapter = Arc::new(Defaulting {
+        sent: Mutex::default(),
+        steps: Mutex::new(vec![
+            dsh_services::llm::ContentBlock::ToolCall {
+                id: "c1".into(),
+                name: "echo".into(),
+                arguments: r#"{"text":"x"}"#.into(),
+            },
+            dsh_services::llm::ContentBlock::text("done"),
+        ]),
+    });
+    h.adapter("deep", adapter.clone());
+    // The second step thinks harder.
+    let steps = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    h.rt.root()
+        .on_waterfall(move |mut r: AgentRequest, next| {
+            if steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                r.request
+                    .options
+                    .insert("reasoning_effort".into(), serde_json::json!("max"));
+            }
+            next.run(r)
+        })
+        .unwrap();
+    let agent = h.agent("deep").await;
+    let summary = agent.run("go", WAIT).await.unwrap();
+    assert_eq!(summary.text, "done");
+    assert_eq!(
+        *adapter.sent.lock().unwrap(),
+        [
+            (Some(4096), Some(serde_json::json!("high"))),
+            (Some(4096), Some(serde_json::json!("max"))),
+        ]
+    );
+    let events = agent.session().events();
+    let headers: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::RequestHeader { header, reason } => Some((header.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    let (first, reason) = &headers[0];
+    assert_eq!(reason, "initial");
+    assert_eq!(first["config"]["reasoningEffort"], "high");
+    assert_eq!(first["config"]["maxTokens"], 4096);
+    assert_eq!(
+        first["adapterDefaults"],
+        serde_json::json!({"reasoningEffort": true, "maxTokens": true})
+    );
+    let (second, reason) = &headers[1];
+    assert_eq!(reason, "change");
+    assert_eq!(second["config"]["reasoningEffort"], "max");
+    assert_eq!(
+        second["adapterDefaults"],
+        serde_json::json!({"maxTokens": true})
+    );
+    let window = events.iter().find_map(|e| match &e.data {
+        EventData::RequestContext(c) => Some(c.context_window),
+        _ => None,
+    });
+    assert_eq!(window, Some(Some(64_000)));
 }

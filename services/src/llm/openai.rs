@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmStream};
+use super::runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults};
 use super::{
     BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage, code,
 };
@@ -49,6 +49,9 @@ pub const DEEPSEEK_BASE_URL: &str = "https://api.deepseek.com";
 
 /// The model a DeepSeek route serves unless one is named.
 pub const DEEPSEEK_MODEL: &str = "deepseek-v4-flash";
+
+/// The context window of DeepSeek's models, in tokens.
+pub const DEEPSEEK_CONTEXT_WINDOW: u64 = 1_000_000;
 
 /// How an endpoint's wire format differs from plain OpenAI chat completions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -681,6 +684,19 @@ impl LlmAdapter for OpenAiCompatible {
     /// to the fallback title.
     fn titles(&self) -> bool {
         matches!(self.config.dialect, Dialect::DeepSeek { .. })
+    }
+
+    /// DeepSeek's: the configured effort and output cap, and upstream's
+    /// context window for its models (1,000,000 tokens).
+    fn defaults(&self, _model: &str) -> ModelDefaults {
+        match self.config.dialect {
+            Dialect::OpenAi => ModelDefaults::default(),
+            Dialect::DeepSeek { effort, max_tokens } => ModelDefaults {
+                reasoning_effort: Some(effort.as_str()),
+                max_tokens: Some(max_tokens),
+                context_window: Some(DEEPSEEK_CONTEXT_WINDOW),
+            },
+        }
     }
 
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {

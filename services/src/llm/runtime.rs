@@ -62,6 +62,26 @@ pub trait LlmAdapter: Send + Sync + 'static {
     fn titles(&self) -> bool {
         false
     }
+
+    /// What this adapter fills in for `model` when a request leaves it out
+    /// (logged in `request/header` as adapter defaults), and the model's
+    /// context window when the adapter knows it.
+    fn defaults(&self, model: &str) -> ModelDefaults {
+        let _ = model;
+        ModelDefaults::default()
+    }
+}
+
+/// The call settings an adapter supplies for a model (see
+/// [`LlmAdapter::defaults`]); `None`: the adapter adds none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelDefaults {
+    /// The reasoning effort of a request that names none.
+    pub reasoning_effort: Option<&'static str>,
+    /// The output-token ceiling of a request that names none.
+    pub max_tokens: Option<u64>,
+    /// How many tokens the model reads at most (prompt and answer).
+    pub context_window: Option<u64>,
 }
 
 /// `llm/stream` (waterfall): wraps every model call. A listener may change
@@ -134,6 +154,16 @@ impl LlmRuntime {
     /// The adapter serving `provider`.
     pub fn adapter(&self, provider: &str) -> Option<Arc<dyn LlmAdapter>> {
         self.routes.read().ok()?.get(provider).cloned()
+    }
+
+    /// What the adapter serving `provider` fills in for `model` (nothing
+    /// for a route that is not registered).
+    pub fn defaults(&self, provider: &str, model: &str) -> ModelDefaults {
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        routes
+            .get(provider)
+            .map(|a| a.defaults(model))
+            .unwrap_or_default()
     }
 
     /// Registered provider routes, sorted.

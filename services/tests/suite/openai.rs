@@ -471,6 +471,22 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
     assert_eq!(body["thinking"]["type"], "disabled");
     assert!(body.get("reasoning_effort").is_none());
     request.purpose = None;
+    // What the route tells the agent it fills in (logged in its header).
+    use dsh_services::llm::{LlmAdapter, ModelDefaults};
+    let mut config = OpenAiConfig::new("http://127.0.0.1:9", None);
+    config.dialect = deepseek(ReasoningEffort::Low);
+    let adapter = OpenAiCompatible::new(config.clone()).unwrap();
+    assert_eq!(
+        adapter.defaults("deepseek-v4-pro"),
+        ModelDefaults {
+            reasoning_effort: Some("low"),
+            max_tokens: Some(256_000),
+            context_window: Some(1_000_000),
+        }
+    );
+    config.dialect = Dialect::OpenAi;
+    let plain = OpenAiCompatible::new(config).unwrap();
+    assert_eq!(plain.defaults("m"), ModelDefaults::default());
     // Plain OpenAI: nothing of that, and `content: null` beside tool calls.
     request.options.clear();
     let body = request_body(&request, Dialect::OpenAi).unwrap();
