@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::scripted::chunks_for;
 use crate::llm::{
-    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, TokenUsage, code,
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, StreamChunk,
+    TokenUsage, code,
 };
 use crate::session::{EventData, SessionEvent, TurnEndReason};
 
@@ -27,6 +28,9 @@ pub enum RecordedStep {
         blocks: Vec<ContentBlock>,
         /// Usage, when recorded.
         usage: Option<TokenUsage>,
+        /// The output-token ceiling cut the answer (its recorded `finish`
+        /// chunk says `max-tokens`).
+        cut: bool,
     },
     /// The step's model call failed.
     Failed(LlmFailure),
@@ -52,9 +56,14 @@ impl ReplayModel {
     pub fn from_events(events: &[impl AsRef<SessionEvent>]) -> ReplayModel {
         let mut steps = Vec::new();
         let mut answered = false;
+        let mut cut = false;
         for e in events {
             match &e.as_ref().data {
-                EventData::StepStart { .. } => answered = false,
+                EventData::StepStart { .. } => (answered, cut) = (false, false),
+                EventData::AssistantChunk {
+                    chunk: StreamChunk::Finish { reason, .. },
+                    ..
+                } => cut = *reason == FinishReason::MaxTokens,
                 EventData::AssistantMessage {
                     message,
                     interrupted: true,
@@ -75,6 +84,7 @@ impl ReplayModel {
                     steps.push(RecordedStep::Answer {
                         blocks: message.content.clone(),
                         usage: *usage,
+                        cut,
                     });
                 }
                 EventData::TurnEnd {
@@ -139,9 +149,9 @@ impl LlmAdapter for ReplayModel {
                         .filter(|c| {
                             !matches!(
                                 c,
-                                crate::llm::StreamChunk::BlockEnd { .. }
-                                    | crate::llm::StreamChunk::Usage { .. }
-                                    | crate::llm::StreamChunk::Finish { .. }
+                                StreamChunk::BlockEnd { .. }
+                                    | StreamChunk::Usage { .. }
+                                    | StreamChunk::Finish { .. }
                             )
                         })
                         .map(Ok)
@@ -161,8 +171,10 @@ impl LlmAdapter for ReplayModel {
                     wait,
                 ));
             }
-            Some(RecordedStep::Answer { blocks, usage }) => {
-                let finish = if blocks
+            Some(RecordedStep::Answer { blocks, usage, cut }) => {
+                let finish = if *cut {
+                    FinishReason::MaxTokens
+                } else if blocks
                     .iter()
                     .any(|b| matches!(b, ContentBlock::ToolCall { .. }))
                 {

@@ -74,14 +74,18 @@ fn every_supported_recording_replays_to_the_same_structure() {
         "fs-write",
         "subagent-spawn-in-process",
         "cancel",
+        // Ours (tests/fixtures/recordings): shapes upstream's ten lack.
+        "max-tokens-continue",
     ] {
         let cwd = workspace();
         let out = cwd.join("replayed.jsonl");
-        let run = replay(
-            &recordings().join(scenario).join("session.jsonl"),
-            &cwd,
-            &out,
-        );
+        let upstream = recordings().join(scenario);
+        let dir = if upstream.is_dir() {
+            upstream
+        } else {
+            recordings().join("../recordings").join(scenario)
+        };
+        let run = replay(&dir.join("session.jsonl"), &cwd, &out);
         assert!(run.status.success(), "{scenario}: {}", text(&run.stderr));
         assert!(
             text(&run.stdout).starts_with("replay agrees with the recording"),
@@ -104,6 +108,15 @@ fn every_supported_recording_replays_to_the_same_structure() {
                 assert!(r[0].1.contains("alpha") && r[1].1.contains("beta"), "{r:?}");
             }
             "bash-tool-turn" => assert!(results(&out)[0].1.contains("TERMINAL_OK")),
+            "max-tokens-continue" => {
+                let shape = dsh::services::session::compare::shape(
+                    &dsh::services::session::jsonl::parse(&std::fs::read_to_string(&out).unwrap())
+                        .unwrap()
+                        .1,
+                );
+                let ends: Vec<&str> = shape.iter().map(|t| t.end.as_str()).collect();
+                assert_eq!(ends, ["max-tokens", "completed"]);
+            }
             "subagent-spawn-in-process" => {
                 assert!(
                     results(&out)[0].1.contains("CHILD_OK"),
