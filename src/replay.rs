@@ -7,7 +7,7 @@ use std::time::Duration;
 use dsh_actors::agent::{Agent, AgentSpec, Agents};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
-use dsh_services::replay::ReplayModel;
+use dsh_services::replay::{CancelPoint, ReplayModel};
 use dsh_services::session::compare::{compare, prompts, shape};
 use dsh_services::session::jsonl;
 use dsh_services::tools::ToolRegistry;
@@ -201,6 +201,13 @@ async fn drive(
     let agent = Agent::create(&root, spec)
         .await
         .map_err(|e| e.to_string())?;
+    // Tool calls the agent has made, for a cancel due while they run.
+    let (calls_tx, calls) = tokio::sync::watch::channel(0usize);
+    let watcher = agent.session().observe(Arc::new(move |e| {
+        if matches!(e.data, dsh_services::session::EventData::ToolCall { .. }) {
+            calls_tx.send_modify(|n| *n += 1);
+        }
+    }));
     for prompt in inputs {
         agent
             .followup(dsh_services::llm::Message::user_text(prompt.clone()))
@@ -208,7 +215,19 @@ async fn drive(
         // The recorded client's cancels, where the recording has them.
         loop {
             tokio::select! {
-                () = model.cancel_point() => {
+                point = model.cancel_point() => {
+                    if let CancelPoint::ToolsStarted { calls: n } = point {
+                        let mut calls = calls.clone();
+                        // The turn may end first (a tool that fails at
+                        // once); then there is nothing left to cancel.
+                        tokio::select! {
+                            _ = calls.wait_for(|made| *made >= n) => {}
+                            idle = agent.when_idle(Duration::from_secs(600)) => {
+                                idle.map_err(|e| e.to_string())?;
+                                break;
+                            }
+                        }
+                    }
                     agent.cancel();
                 }
                 idle = agent.when_idle(Duration::from_secs(600)) => {
@@ -218,6 +237,7 @@ async fn drive(
             }
         }
     }
+    agent.session().unobserve(watcher);
     agent.session().flush().await.map_err(|e| e.to_string())?;
     let children: Vec<Events> = created
         .lock()

@@ -31,6 +31,9 @@ pub enum RecordedStep {
         /// The output-token ceiling cut the answer (its recorded `finish`
         /// chunk says `max-tokens`).
         cut: bool,
+        /// The client cancelled the turn while this step's tool calls ran:
+        /// the number of tool calls the session had made by then.
+        cancelled_in_tools: Option<usize>,
     },
     /// The step's model call failed.
     Failed(LlmFailure),
@@ -41,12 +44,26 @@ pub enum RecordedStep {
     },
 }
 
+/// When the recorded client cancelled (see [`ReplayModel::cancel_point`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelPoint {
+    /// Now: the interrupted step has delivered its prefix.
+    Streaming,
+    /// Once the session has made this many tool calls in all (the step's
+    /// calls are running).
+    ToolsStarted {
+        /// Tool calls of the session, this step's included.
+        calls: usize,
+    },
+}
+
 /// Serves recorded steps in order.
 pub struct ReplayModel {
     steps: Arc<[RecordedStep]>,
     cursor: AtomicUsize,
-    /// Signalled when an interrupted step has delivered its prefix.
+    /// Signalled when a recorded cancel is due, with when.
     cancel_due: Arc<tokio::sync::Notify>,
+    due: Arc<std::sync::Mutex<Option<CancelPoint>>>,
 }
 
 impl ReplayModel {
@@ -57,8 +74,27 @@ impl ReplayModel {
         let mut steps = Vec::new();
         let mut answered = false;
         let mut cut = false;
+        let mut calls = 0usize;
         for e in events {
             match &e.as_ref().data {
+                EventData::TurnEnd {
+                    reason: TurnEndReason::Aborted { .. },
+                    ..
+                } if answered => {
+                    // Aborted after a whole answer: the cancel came while
+                    // its tool calls ran.
+                    if let Some(RecordedStep::Answer {
+                        blocks,
+                        cancelled_in_tools,
+                        ..
+                    }) = steps.last_mut()
+                        && blocks
+                            .iter()
+                            .any(|b| matches!(b, ContentBlock::ToolCall { .. }))
+                    {
+                        *cancelled_in_tools = Some(calls);
+                    }
+                }
                 EventData::StepStart { .. } => (answered, cut) = (false, false),
                 EventData::AssistantChunk {
                     chunk: StreamChunk::Finish { reason, .. },
@@ -81,10 +117,12 @@ impl ReplayModel {
                     ..
                 } => {
                     answered = true;
+                    calls += message.tool_calls().count();
                     steps.push(RecordedStep::Answer {
                         blocks: message.content.clone(),
                         usage: *usage,
                         cut,
+                        cancelled_in_tools: None,
                     });
                 }
                 EventData::TurnEnd {
@@ -98,13 +136,27 @@ impl ReplayModel {
             steps: steps.into(),
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
+            due: Arc::default(),
         }
     }
 
     /// Resolves when a recorded client cancel is due: an interrupted step
-    /// has delivered its prefix and its consumer asked for more.
-    pub async fn cancel_point(&self) {
-        self.cancel_due.notified().await;
+    /// has delivered its prefix and its consumer asked for more (cancel
+    /// now), or a step whose tool calls the client cancelled was served
+    /// (cancel once they run).
+    pub async fn cancel_point(&self) -> CancelPoint {
+        loop {
+            self.cancel_due.notified().await;
+            let due = self.due.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(point) = due {
+                return point;
+            }
+        }
+    }
+
+    fn cancel_at(&self, point: CancelPoint) {
+        *self.due.lock().unwrap_or_else(|p| p.into_inner()) = Some(point);
+        self.cancel_due.notify_one();
     }
 
     /// Recorded steps.
@@ -156,10 +208,11 @@ impl LlmAdapter for ReplayModel {
                         })
                         .map(Ok)
                         .collect();
-                let due = self.cancel_due.clone();
+                let (notify, due) = (self.cancel_due.clone(), self.due.clone());
                 let wait = futures::stream::once(async move {
                     // Asked for more: what came before is consumed.
-                    due.notify_one();
+                    *due.lock().unwrap_or_else(|p| p.into_inner()) = Some(CancelPoint::Streaming);
+                    notify.notify_one();
                     cancel.cancelled().await;
                     Err(LlmFailure::new(
                         code::ABORTED,
@@ -171,7 +224,15 @@ impl LlmAdapter for ReplayModel {
                     wait,
                 ));
             }
-            Some(RecordedStep::Answer { blocks, usage, cut }) => {
+            Some(RecordedStep::Answer {
+                blocks,
+                usage,
+                cut,
+                cancelled_in_tools,
+            }) => {
+                if let Some(calls) = *cancelled_in_tools {
+                    self.cancel_at(CancelPoint::ToolsStarted { calls });
+                }
                 let finish = if *cut {
                     FinishReason::MaxTokens
                 } else if blocks
