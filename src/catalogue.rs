@@ -243,7 +243,23 @@ impl Plugin for AgentServices {
         });
         let agents = Agents::start(&ctx, hibernation).await?;
         ctx.provide(Agents::SERVICE, agents.clone())?;
-        ctx.provide(SystemPrompt::SERVICE, Arc::new(SystemPrompt::new()))?;
+        let prompt = Arc::new(SystemPrompt::new());
+        ctx.provide(SystemPrompt::SERVICE, prompt.clone())?;
+        // What the tools an agent sees say about using them, and what the
+        // sandbox means for the model: sections after the persona.
+        prompt.section(&ctx, dsh_services::tools::guidance::section(tools.clone()))?;
+        prompt.section(
+            &ctx,
+            PromptSection {
+                name: "sandbox".into(),
+                order: 150,
+                text: Text::Static(format!(
+                    "# Sandbox\n{}",
+                    dsh_services::sandbox::PROMPT_GUIDANCE
+                )),
+                complete: false,
+            },
+        )?;
         ctx.provide(
             Sandbox::SERVICE,
             Arc::new(Sandbox::new(config.sandbox_settings())),

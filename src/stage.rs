@@ -273,27 +273,17 @@ fn question(ask: &ApprovalAsk) -> String {
     )
 }
 
-/// The system prompt of the agents the CLI starts, in sections: who the
-/// agent is, where it works, how to use each built-in tool, and how the
-/// sandbox and escalation work. Nothing in it changes with the permission
-/// mode or the approval policy (the runtime-context message states those),
-/// so its cached prefix survives a change.
+/// The persona of the agents the CLI starts: who the agent is and where it
+/// works. The `agent-services` plugin adds the rest of the system prompt as
+/// sections after it: guidance for each tool the agent can see, then how
+/// the sandbox and escalation work. Nothing in it changes with the
+/// permission mode or the approval policy (the runtime-context message
+/// states those), so its cached prefix survives a change.
 pub fn system_prompt(cwd: &std::path::Path, model: &str) -> String {
-    let identity = "You are dsh, a coding agent. You work in a workspace with the tools below: inspect before you change, make the change the task asks for and no more, and answer briefly and concretely. When the task is unclear, say what you would do and ask. When another agent delegated the task to you, you cannot ask: do it and report what you did and found.";
-    let environment = format!(
-        "# Environment\nWorking directory (the workspace): {}\nModel: {model}\nPaths in tool arguments are relative to the workspace unless absolute.",
-        cwd.display()
-    );
-    let tools = "# Tools\n\
-- `read` before `edit` or `write` over an existing file: a change to a file you have not read in its current state is refused. Read large files in parts with `offset` and `limit`.\n\
-- `edit` replaces literal text that occurs exactly once (or every occurrence with `replace_all`); give enough context in `old_string` to make it unique.\n\
-- `glob` finds files by name and `grep` finds text in them; prefer them to `find`, `ls -R` or `grep -r` in `bash`: they skip VCS metadata and cap their output.\n\
-- `bash` runs one command in a fresh shell: pass `workdir` rather than `cd`, give a short `description`, and check the result: stderr follows a `[stderr]` line and a failure ends with `[exit code: N]`. Long output is cut to its tail; narrow the command instead of reading pages of it.\n\
-- `todo_write` keeps a short plan for work of several steps; keep one item in progress.\n\
-- `subagent`, `workflow` and `ralph` (when offered) hand work to other agents: a subagent for a separate question whose answer is all you need, a workflow to fan one task out over many inputs, a Ralph loop for work that takes several fresh attempts. Each child works in the same workspace with at most your permissions.";
+    let identity = "You are dsh, a coding agent. You work in a workspace with the tools you are given: inspect before you change, make the change the task asks for and no more, and answer briefly and concretely. When the task is unclear, say what you would do and ask. When another agent delegated the task to you, you cannot ask: do it and report what you did and found.";
     format!(
-        "{identity}\n\n{environment}\n\n{tools}\n\n# Sandbox\n{}",
-        dsh_services::sandbox::PROMPT_GUIDANCE
+        "{identity}\n\n# Environment\nWorking directory (the workspace): {}\nModel: {model}\nPaths in tool arguments are relative to the workspace unless absolute.",
+        cwd.display()
     )
 }
 

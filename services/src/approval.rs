@@ -33,7 +33,7 @@ impl ApprovalPolicy {
     pub fn describe(self) -> &'static str {
         match self {
             ApprovalPolicy::Ask => {
-                "Approval policy: ask. A call that must run outside the sandbox (`sandbox_permissions: \"require_escalated\"` with a `justification`) is put to the user, who allows or refuses that one call."
+                "Approval policy: ask. A call that needs a wider mode than the agent's (`sandbox_permissions` naming it, with a `justification`) is put to the user, who allows or refuses that one call."
             }
             ApprovalPolicy::Never => {
                 "Approval policy: never. Nothing is put to the user here: a call that needs approval is refused, so do not ask to run outside the sandbox (leave `sandbox_permissions` out)."

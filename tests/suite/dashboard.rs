@@ -199,7 +199,7 @@ impl LlmAdapter for Asker {
                     arguments: serde_json::json!({
                         "command": "echo approved-from-the-page",
                         "description": "probe",
-                        "sandbox_permissions": "require_escalated",
+                        "sandbox_permissions": "danger-full-access",
                         "justification": "shown in the dashboard"
                     })
                     .to_string(),

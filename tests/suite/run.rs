@@ -641,13 +641,17 @@ fn the_system_prompt_has_its_sections_and_no_mode() {
         "# Environment",
         "Working directory",
         "# Tools",
-        "`read` before `edit`",
+        "- Read a file before you edit",
         "[exit code: N]",
+        "`subagent`",
         "# Sandbox",
-        "require_escalated",
+        "`sandbox_permissions` naming the mode",
     ] {
         assert!(system.contains(part), "no `{part}` in:\n{system}");
     }
+    // Persona, then the tools' guidance, then the sandbox.
+    let at = |part: &str| system.find(part).unwrap();
+    assert!(at("You are dsh") < at("# Tools") && at("# Tools") < at("# Sandbox"));
     assert_eq!(
         prompt_under("read-only"),
         system,

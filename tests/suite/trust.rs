@@ -54,7 +54,7 @@ fn bash(command: &str) -> Value {
 fn escalated_bash(command: &str) -> Value {
     json!({"name": "bash", "arguments": {
         "command": command, "description": "probe",
-        "sandbox_permissions": "require_escalated", "justification": "the probe needs it"
+        "sandbox_permissions": "danger-full-access", "justification": "the probe needs it"
     }})
 }
 
@@ -341,7 +341,7 @@ fn the_terminal_is_asked_and_only_its_yes_lets_one_call_out() {
         );
         let transcript = on_a_terminal(&p, &file, answer);
         assert!(
-            transcript.contains("reason: run outside the sandbox"),
+            transcript.contains("reason: run under danger-full-access"),
             "{transcript}"
         );
         assert!(transcript.contains("the probe needs it"), "{transcript}");

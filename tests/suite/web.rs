@@ -904,7 +904,7 @@ async fn an_http_client_answers_approvals() {
     let script = dir.join("script.json");
     let call = serde_json::json!({"name": "bash", "arguments": {
         "command": format!("touch {}", marker.display()), "description": "probe",
-        "sandbox_permissions": "require_escalated", "justification": "write the marker"
+        "sandbox_permissions": "danger-full-access", "justification": "write the marker"
     }});
     let steps = serde_json::json!({"steps": [{"tool_calls": [call]}, {"text": "done"}]});
     std::fs::write(&script, steps.to_string()).unwrap();

@@ -53,10 +53,17 @@ impl Tool for RalphTool {
             description: "Run a Ralph loop: a fresh agent per round works on one fixed objective, \
                           with the shared workspace as memory and a structured handoff between \
                           rounds. Use it only when explicitly asked for a Ralph loop. Completion \
-                          and blockers are the workers' claims, not verification."
+                          and blockers are the workers' claims, not verification: check the \
+                          result yourself before you report it done."
                 .into(),
             parameters: parameters::<RalphArgs>(),
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "`ralph` runs a Ralph loop (fresh workers, one objective, rounds until done or blocked); start one only when the user asks for a Ralph loop, and verify its claimed result.",
+        )
     }
 
     /// A cancelled call stops its run, waits for its children, and records the end.

@@ -465,6 +465,12 @@ pub struct ChildEntry {
     pub label: String,
     /// `running`, `idle` (resident between turns) or `ready` (on disk only).
     pub status: &'static str,
+    /// Its direct parent's session id (listed with descendants only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// 1 for a direct child, 2 for its child, … (descendants only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
 }
 
 /// The `subagents` service: the provider registry and the continuable
@@ -793,10 +799,12 @@ impl Subagents {
             .and_then(|r| r.get(child).cloned());
         match live {
             None => Ok(()),
-            Some(r) if r.parent != parent.id() => Err(SubagentError::Unauthorized {
-                caller: parent.id().into(),
-                child: child.into(),
-            }),
+            Some(r) if !self.descends_from(&r.parent, parent.id()) => {
+                Err(SubagentError::Unauthorized {
+                    caller: parent.id().into(),
+                    child: child.into(),
+                })
+            }
             Some(r) => {
                 r.agent.cancel();
                 Ok(())
@@ -804,28 +812,88 @@ impl Subagents {
         }
     }
 
+    /// Whether the resident child whose parent is `parent` is `ancestor`'s
+    /// child or deeper descendant (followed through resident children).
+    fn descends_from(&self, parent: &str, ancestor: &str) -> bool {
+        let Ok(resident) = self.resident.lock() else {
+            return false;
+        };
+        let mut at = parent.to_owned();
+        // A chain longer than any delegation depth is no descent.
+        for _ in 0..64 {
+            if at == ancestor {
+                return true;
+            }
+            match resident.get(&at) {
+                Some(r) => at = r.parent.clone(),
+                None => return false,
+            }
+        }
+        false
+    }
+
     /// The continuable children of `parent`: resident ones, then those only
     /// on disk (found by their header's `parentSession`).
     pub async fn children(&self, parent: &Agent) -> Vec<ChildEntry> {
+        self.children_of(parent.id(), store_of(parent)).await
+    }
+
+    /// Every continuable descendant of `parent`, in pre-order (each child
+    /// followed by its own descendants), each with its direct parent and
+    /// depth.
+    pub async fn descendants(&self, parent: &Agent) -> Vec<ChildEntry> {
+        let store = store_of(parent);
+        let mut out = Vec::new();
+        // (parent id, depth, its children still to visit, reversed)
+        let mut first = self.children_of(parent.id(), store.clone()).await;
+        first.reverse();
+        let mut stack = vec![(parent.id().to_owned(), 1u32, first)];
+        let mut seen = std::collections::HashSet::new();
+        while let Some((above, depth, mut pending)) = stack.pop() {
+            let Some(mut child) = pending.pop() else {
+                continue;
+            };
+            stack.push((above.clone(), depth, pending));
+            if !seen.insert(child.id.clone()) || depth > 64 {
+                continue;
+            }
+            child.parent = Some(above);
+            child.depth = Some(depth);
+            let id = child.id.clone();
+            out.push(child);
+            let mut below = self.children_of(&id, store.clone()).await;
+            below.reverse();
+            stack.push((id, depth + 1, below));
+        }
+        out
+    }
+
+    async fn children_of(
+        &self,
+        parent: &str,
+        store: Option<Arc<dyn SessionPersistence>>,
+    ) -> Vec<ChildEntry> {
         let mut out: Vec<ChildEntry> = self
             .resident
             .lock()
             .map(|r| {
                 r.iter()
-                    .filter(|(_, c)| c.parent == parent.id())
+                    .filter(|(_, c)| c.parent == parent)
                     .map(|(id, c)| ChildEntry {
                         id: id.clone(),
                         label: c.label.clone(),
                         status: if c.agent.is_idle() { "idle" } else { "running" },
+                        parent: None,
+                        depth: None,
                     })
                     .collect()
             })
             .unwrap_or_default();
-        let Some(store) = store_of(parent) else {
+        let Some(store) = store else {
             return out;
         };
         let resident: Vec<String> = out.iter().map(|c| c.id.clone()).collect();
-        let parent_id = parent.id().to_owned();
+        let parent_id = parent.to_owned();
         // Store reads block: off the async workers.
         let stored = tokio::task::spawn_blocking(move || {
             let mut found = Vec::new();
@@ -846,6 +914,8 @@ impl Subagents {
                         id: s.id,
                         label: descriptor_label(&loaded.events).unwrap_or_default(),
                         status: "ready",
+                        parent: None,
+                        depth: None,
                     });
                 }
             }

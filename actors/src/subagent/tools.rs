@@ -101,9 +101,24 @@ struct InterruptArgs {
     agent_id: String,
 }
 
-/// `list_agents` takes nothing.
+/// What a `list_agents` call takes.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
-struct NoArgs {}
+struct ListArgs {
+    /// `children` (the default) lists your direct children; `descendants`
+    /// walks the whole tree below you.
+    #[serde(default)]
+    scope: Option<ListScope>,
+}
+
+/// How far `list_agents` looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+enum ListScope {
+    /// Direct children.
+    Children,
+    /// Everything below, in pre-order.
+    Descendants,
+}
 
 fn caller(cx: &ToolContext) -> Result<Agent, ToolError> {
     Agent::calling(&cx.ctx)
@@ -130,11 +145,28 @@ impl Tool for SubagentTool {
         ToolSchema {
             name: self.config.tool_name.clone(),
             description: format!(
-                "Delegate a self-contained task to a subagent (a separate agent working in its \
-                 own context). It returns its final result, not its intermediate steps. {context}"
+                "Delegate a self-contained task to a subagent: a separate agent with its own \
+                 context, working in the same workspace with at most your permissions. It \
+                 returns its final result, not its intermediate steps, so ask it for what you \
+                 need back (findings, paths, a diff summary). {context} Several calls in one \
+                 step run in parallel.{background}",
+                background = if self.config.background {
+                    " With `run_in_background` it starts and you get its id at once; you are \
+                     told when it finishes, and send_message gives it more work."
+                } else {
+                    ""
+                }
             ),
             parameters,
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(if self.config.background {
+            "Hand a separate question or a self-contained part of the work to `subagent` when its result is all you need: it sees none of this conversation, so its prompt must carry every fact it needs. Start several at once for independent parts; with `run_in_background` they run while you work, `list_agents` recalls them, `send_message` continues one and `interrupt_agent` stops one's turn."
+        } else {
+            "A forked subagent starts from a copy of this conversation: use it to try something on the side without filling your own context with the details."
+        })
     }
 
     fn is_concurrency_safe(&self) -> bool {
@@ -215,9 +247,12 @@ impl Tool for SendMessage {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "send_message".into(),
-            description: "Send a message to a background subagent by its id, continuing its \
-                          conversation as its next turn. Returns only a delivery confirmation; \
-                          a failure means the message was not delivered."
+            description: "Send a message to a background subagent you started, by its id, \
+                          continuing the same conversation: the message becomes its next \
+                          turn, after the one it is working on, so it cannot redirect work \
+                          already under way (interrupt_agent does). Returns only that the \
+                          message was delivered, no answer; a failure means it was not. A \
+                          stored (ready) subagent is resumed for it."
                 .into(),
             parameters: parameters::<SendArgs>(),
         }
@@ -251,8 +286,11 @@ impl Tool for InterruptAgent {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "interrupt_agent".into(),
-            description: "Cancel a background subagent's current turn by its id. Queued \
-                          messages stay; interrupting a finished agent is a no-op."
+            description: "Cancel the current turn of a background subagent you started, or \
+                          of any agent below it, by its id. Messages queued for it stay \
+                          queued; interrupting an agent between turns does nothing. Use it \
+                          when a subagent works on something that is no longer needed or \
+                          has gone wrong; send it a corrected task with send_message after."
                 .into(),
             parameters: parameters::<InterruptArgs>(),
         }
@@ -283,11 +321,17 @@ impl Tool for ListAgents {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "list_agents".into(),
-            description: "List your continuable background subagents by id and label. running: \
-                          working now; idle: loaded, between turns; ready: on disk only, \
-                          resumable with send_message."
+            description: "List your continuable background subagents by id and label, to \
+                          recall which you started (you are told when one finishes: do not \
+                          poll). Status: running (working now), idle (loaded, between turns, \
+                          perhaps waiting on agents it started) or ready (stored only: \
+                          resumable, and send_message starts its next turn). The list is a \
+                          snapshot; send_message makes the real check. With scope \
+                          `descendants` the whole tree below you is listed, each entry with \
+                          its direct parent's id and its depth; send_message reaches depth-1 \
+                          entries only, interrupt_agent any of them."
                 .into(),
-            parameters: parameters::<NoArgs>(),
+            parameters: parameters::<ListArgs>(),
         }
     }
 
@@ -300,8 +344,12 @@ impl Tool for ListAgents {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
+            let ListArgs { scope } = cx.parse()?;
             let parent = caller(&cx)?;
-            let children = self.0.children(&parent).await;
+            let children = match scope.unwrap_or(ListScope::Children) {
+                ListScope::Children => self.0.children(&parent).await,
+                ListScope::Descendants => self.0.descendants(&parent).await,
+            };
             let value: Value = serde_json::to_value(&children).unwrap_or_default();
             Ok(ToolOutput {
                 content: vec![dsh_services::llm::ContentBlock::text(value.to_string())],

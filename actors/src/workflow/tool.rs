@@ -50,10 +50,20 @@ impl Tool for WorkflowTool {
                           Globals: `args`; `agent(prompt, {label?, phase?, schema?})` returns a \
                           promise of the child's final text (or its structured value when a \
                           JSON object schema is given; null when the child failed); \
-                          `phase(title)`; `log(message)`. Fan out with Promise.all."
+                          `phase(title)`; `log(message)`. Fan out with Promise.all; the \
+                          children run in parallel under a concurrency cap, each in the same \
+                          workspace with at most your permissions, and the call returns the \
+                          script's value once every child has finished. `meta` names the run \
+                          (`name`, `description`) for the user watching it."
                 .into(),
             parameters: parameters::<WorkflowArgs>(),
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Use `workflow` when the shape of the work is known in advance: the same task over many inputs (files, modules, questions), or fixed phases such as survey, change, verify. One script with `agent()` calls under Promise.all does in one step what many subagent calls would, and returns one combined value.",
+        )
     }
 
     /// A cancelled call stops its run, waits for its children, and records the end.

@@ -80,7 +80,11 @@ fn the_multi_agent_tools_send_the_schemas_they_always_did() {
     );
     same(
         parameters(&ListAgents(subagents.clone())),
-        json!({"type": "object", "properties": {}}),
+        json!({"type": "object", "properties": {"scope": {
+            "type": "string",
+            "enum": ["children", "descendants"],
+            "description": "`children` (the default) lists your direct children; `descendants` walks the whole tree below you."
+        }}}),
     );
     let engine = WorkflowEngine::new(subagents.clone(), "spawn", WorkflowLimits::default());
     same(

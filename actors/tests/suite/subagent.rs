@@ -490,3 +490,68 @@ async fn fork_seeds_the_completed_turns_and_filters_personas_and_policy_shape_th
     assert!(tools.contains(&"echo".to_owned()));
     h.rt.shutdown().await;
 }
+
+/// `list_agents` with scope `descendants`: the whole tree below the caller
+/// in pre-order, each entry with its direct parent and depth; the caller
+/// may interrupt any of them, a stranger none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descendants_are_listed_in_pre_order_and_may_be_interrupted_from_above() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    h.adapter("c", Arc::new(Capture::default()));
+    let parent = Agent::create(&h.rt.root(), AgentSpec::new("c", "m", std::env::temp_dir()))
+        .await
+        .unwrap();
+    let agents = h.rt.root().get::<Agents>(Agents::SERVICE).unwrap();
+    let start = |above: &Agent, label: &str| {
+        let request = StartRequest::new(above, "work", CancellationToken::new());
+        let (s, label) = (s.clone(), label.to_owned());
+        async move { s.start_continuable("spawn", &label, request).await.unwrap() }
+    };
+    let a = start(&parent, "a").await;
+    let a_agent = agents.get(&a).unwrap();
+    let a1 = start(&a_agent, "a1").await;
+    let b = start(&parent, "b").await;
+    for id in [&a, &a1, &b] {
+        agents
+            .get(id)
+            .unwrap()
+            .when_idle(Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    let tree: Vec<(String, Option<String>, Option<u32>)> = s
+        .descendants(&parent)
+        .await
+        .into_iter()
+        .map(|e| (e.label, e.parent, e.depth))
+        .collect();
+    let mut expected = vec![
+        ("a".to_owned(), Some(parent.id().to_owned()), Some(1)),
+        ("a1".to_owned(), Some(a.clone()), Some(2)),
+        ("b".to_owned(), Some(parent.id().to_owned()), Some(1)),
+    ];
+    // Siblings come in the registry's order; each child precedes its own.
+    if tree.first().map(|t| t.0.as_str()) == Some("b") {
+        expected.rotate_left(2);
+    }
+    assert_eq!(tree, expected);
+    let direct: Vec<String> = s
+        .children(&parent)
+        .await
+        .into_iter()
+        .map(|e| e.label)
+        .collect();
+    assert_eq!(direct.len(), 2, "{direct:?}");
+    assert!(
+        s.interrupt(&parent, &a1).is_ok(),
+        "a grandchild is the parent's to stop"
+    );
+    let stranger = h.agent("c").await;
+    assert!(matches!(
+        s.interrupt(&stranger, &a1),
+        Err(SubagentError::Unauthorized { .. })
+    ));
+    parent.dispose().await;
+    h.rt.shutdown().await;
+}

@@ -49,12 +49,16 @@ impl Tool for Mode {
         self: Arc<Self>,
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        async move { Ok(ToolOutput::text(cx.policy.mode.as_str())) }.boxed()
+        async move {
+            let offline = if cx.policy.network { "" } else { " offline" };
+            Ok(ToolOutput::text(format!("{}{offline}", cx.policy.mode)))
+        }
+        .boxed()
     }
 }
 
 fn escalate(justification: &str) -> serde_json::Value {
-    json!({"sandbox_permissions": "require_escalated", "justification": justification})
+    json!({"sandbox_permissions": "danger-full-access", "justification": justification})
 }
 
 /// Runs one turn of `steps` on a fresh agent of `spec`'s policy; the tool
@@ -137,7 +141,7 @@ async fn only_an_approved_escalation_runs_unconfined_and_every_ask_is_logged() {
         vec![
             calls(&[("mode", json!({}))]),
             calls(&[("mode", escalate("to reach the build cache"))]),
-            calls(&[("mode", json!({"sandbox_permissions": "require_escalated"}))]),
+            calls(&[("mode", json!({"sandbox_permissions": "danger-full-access"}))]),
             text("done"),
         ]
     };
@@ -187,8 +191,46 @@ async fn only_an_approved_escalation_runs_unconfined_and_every_ask_is_logged() {
     answerer.dispose().await;
     // A read-only agent's escalation asks too; refused, it stays read-only.
     let (_, texts) = turn(&h, "r", steps(), Some(READ_ONLY_OFFLINE)).await;
-    assert_eq!(texts[0], "read-only");
+    assert_eq!(texts[0], "read-only offline");
     assert!(texts[1].contains("read-only"), "{}", texts[1]);
+    h.rt.shutdown().await;
+}
+
+/// `sandbox_permissions` names the mode one call needs: a read-only agent
+/// asking for `workspace-write` gets that and no more (its network stays
+/// cut); `danger-full-access` brings everything; a mode no wider than the
+/// agent's asks nobody; a name outside the two is refused by the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalation_widens_to_the_mode_it_names_and_no_further() {
+    let h = Harness::new().await;
+    h.tools.register(&h.rt.root(), Arc::new(Mode)).unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    h.rt.root()
+        .on_waterfall(move |_ask: ApprovalAsk, _next| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { ApprovalOutcome::AllowedOnce }
+        })
+        .unwrap();
+    let wider = |mode: &str| json!({"sandbox_permissions": mode, "justification": "needed"});
+    let steps = vec![
+        calls(&[("mode", wider("workspace-write"))]),
+        calls(&[("mode", wider("danger-full-access"))]),
+        calls(&[("mode", wider("read-only"))]),
+        calls(&[("mode", json!({}))]),
+        text("done"),
+    ];
+    let (_, texts) = turn(&h, "ro", steps, Some(READ_ONLY_OFFLINE)).await;
+    assert_eq!(texts[0], "workspace-write offline");
+    assert_eq!(texts[1], "danger-full-access");
+    assert!(texts[2].starts_with("INVALID_ARGS"), "{}", texts[2]);
+    assert_eq!(texts[3], "read-only offline", "the grant was for one call");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // Already workspace-write: asking for it asks nobody.
+    let steps = vec![calls(&[("mode", wider("workspace-write"))]), text("done")];
+    let (_, texts) = turn(&h, "ww", steps, None).await;
+    assert_eq!(texts[0], "workspace-write");
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2);
     h.rt.shutdown().await;
 }
 

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 /// What the system prompt tells the model about the sandbox and
 /// escalation (the same under every mode, so a mode change does not
 /// rewrite the prompt).
-pub const PROMPT_GUIDANCE: &str = "Commands and file changes run in a sandbox governed by a permission mode (read-only, workspace-write or danger-full-access). When the sandbox denies a call the task truly needs, retry that one call with `sandbox_permissions: \"require_escalated\"` and a short `justification`; the user decides, and a refusal is final. Never escalate to get around a denial you can avoid.";
+pub const PROMPT_GUIDANCE: &str = "Commands and file changes run in a sandbox governed by a permission mode (read-only, workspace-write or danger-full-access). When the sandbox denies a call the task truly needs, retry that one call with `sandbox_permissions` naming the mode it needs (`workspace-write` or `danger-full-access`) and a short `justification`; the user decides, and a refusal is final. Never escalate to get around a denial you can avoid.";
 
 /// What an agent's tools may change.
 #[derive(
@@ -138,6 +138,18 @@ impl Policy {
         Policy {
             mode: PermissionMode::DangerFullAccess,
             network: true,
+        }
+    }
+
+    /// This policy widened to `mode` for one approved call: full access
+    /// brings the network back; a wider file mode alone leaves it as it was.
+    pub fn widened(self, mode: PermissionMode) -> Policy {
+        if mode == PermissionMode::DangerFullAccess {
+            return Policy::escalated();
+        }
+        Policy {
+            mode: self.mode.max(mode),
+            network: self.network,
         }
     }
 

@@ -10,6 +10,7 @@
 //! Every failure along the way is an `is_error` result; the turn goes on.
 
 pub mod builtin;
+pub mod guidance;
 mod pipeline;
 mod registry;
 
@@ -175,29 +176,30 @@ impl Bounds {
 
 /// The two parameters a tool that may run beyond the sandbox takes
 /// (`#[serde(flatten)]` into its argument struct). The pipeline reads them
-/// before the body runs: `require_escalated` asks the approval seam, and
-/// only an approval runs the call unconfined.
+/// before the body runs: a mode wider than the agent's asks the approval
+/// seam, and only an approval runs the call under it.
 #[derive(Debug, Default, serde::Deserialize, schemars::JsonSchema)]
 pub struct Escalation {
-    /// `require_escalated` asks the user to let this one call run outside
-    /// the sandbox and the workspace (give a `justification`);
-    /// `use_default` (or leaving it out) runs it under the agent's mode.
+    /// Run this one call under a wider permission mode than yours, once
+    /// the user approves (give a `justification`): `workspace-write` to
+    /// change the workspace from read-only, `danger-full-access` for
+    /// anything outside it. Leave it out to run under your own mode.
     #[serde(default)]
     pub sandbox_permissions: Option<SandboxPermissions>,
-    /// Why this call must run outside the sandbox, shown to the user who
-    /// approves it (required with `require_escalated`).
+    /// Why this call needs the wider mode, shown to the user who approves
+    /// it (required with `sandbox_permissions`).
     #[serde(default)]
     pub justification: Option<String>,
 }
 
-/// Whether a call runs under the agent's policy or asks to leave it.
+/// The wider mode one call asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum SandboxPermissions {
-    /// The agent's policy.
-    UseDefault,
-    /// Unconfined, once approved.
-    RequireEscalated,
+    /// Writes in the workspace.
+    WorkspaceWrite,
+    /// No confinement.
+    DangerFullAccess,
 }
 
 impl ToolContext {
@@ -260,6 +262,13 @@ impl ToolError {
 pub trait Tool: Send + Sync + 'static {
     /// The model-facing schema (name, description, JSON Schema of arguments).
     fn schema(&self) -> ToolSchema;
+
+    /// What the system prompt says about using this tool well: one short
+    /// paragraph, or nothing. The [`guidance`] section lists it for every
+    /// agent that can see the tool.
+    fn guidance(&self) -> Option<&'static str> {
+        None
+    }
 
     /// Whether a call may ask to run beyond the sandbox (its arguments
     /// flatten [`Escalation`] in).

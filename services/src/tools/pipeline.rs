@@ -13,7 +13,7 @@ use super::registry::{Resolution, ToolRegistry};
 use super::{Bounds, ToolCall, ToolContext, ToolError, ToolOutput};
 use crate::approval::{Approval, ApprovalOutcome, ApprovalRequest};
 use crate::llm::ContentBlock;
-use crate::sandbox::Policy;
+use crate::sandbox::{PermissionMode, Policy};
 
 /// What `tools/pre-execute` decided.
 #[derive(Clone, Debug, PartialEq)]
@@ -308,9 +308,10 @@ async fn ask(
     approval.request(ctx, request, cancel).await
 }
 
-/// The policy the call runs under: the agent's, or — when the call asks
-/// with `sandbox_permissions: "require_escalated"` and the user approves
-/// this one call — the unconfined one. A refused escalation fails the call.
+/// The policy the call runs under: the agent's, or — when the call names
+/// a wider mode in `sandbox_permissions` and the user approves this one
+/// call — the agent's widened to it. A refused escalation fails the call;
+/// a mode no wider than the agent's asks nothing.
 async fn escalation(
     ctx: &Context,
     approval: Option<&Approval>,
@@ -320,9 +321,14 @@ async fn escalation(
     cancel: &CancellationToken,
     standing: Policy,
 ) -> Result<Policy, ToolError> {
-    let asked =
-        args.get("sandbox_permissions").and_then(Value::as_str) == Some("require_escalated");
-    if !asked || !tool.tool.escalates() || standing == Policy::escalated() {
+    let asked = args
+        .get("sandbox_permissions")
+        .and_then(Value::as_str)
+        .and_then(|m| m.parse::<PermissionMode>().ok());
+    let Some(asked) = asked.filter(|m| *m > standing.mode) else {
+        return Ok(standing);
+    };
+    if !tool.tool.escalates() {
         return Ok(standing);
     }
     let justification = args
@@ -333,19 +339,22 @@ async fn escalation(
         .ok_or_else(|| {
             ToolError::new(
                 "INVALID_ARGS",
-                "`sandbox_permissions: \"require_escalated\"` needs a `justification` saying why this call must run outside the sandbox",
+                format!(
+                    "`sandbox_permissions: \"{asked}\"` needs a `justification` saying why this call needs more than the {} mode",
+                    standing.mode
+                ),
             )
         })?;
     let reason = format!(
-        "run outside the sandbox (the agent's mode is {}): {justification}",
+        "run under {asked} (the agent's mode is {}): {justification}",
         standing.mode
     );
     match ask(ctx, approval, call, &reason, args, cancel).await {
-        ApprovalOutcome::AllowedOnce => Ok(Policy::escalated()),
+        ApprovalOutcome::AllowedOnce => Ok(standing.widened(asked)),
         outcome => Err(ToolError::new(
             "DENIED",
             format!(
-                "running this call outside the sandbox needs the user's approval, and the answer was {}. Do the task within the {} mode, or report that it needs wider access.",
+                "running this call under {asked} needs the user's approval, and the answer was {}. Do the task within the {} mode, or report that it needs wider access.",
                 outcome.as_str(),
                 standing.mode
             ),

@@ -18,12 +18,12 @@ fn escalation() -> Value {
     json!({
         "sandbox_permissions": {
             "type": "string",
-            "enum": ["use_default", "require_escalated"],
-            "description": "`require_escalated` asks the user to let this one call run outside the sandbox and the workspace (give a `justification`); `use_default` (or leaving it out) runs it under the agent's mode."
+            "enum": ["workspace-write", "danger-full-access"],
+            "description": "Run this one call under a wider permission mode than yours, once the user approves (give a `justification`): `workspace-write` to change the workspace from read-only, `danger-full-access` for anything outside it. Leave it out to run under your own mode."
         },
         "justification": {
             "type": "string",
-            "description": "Why this call must run outside the sandbox, shown to the user who approves it (required with `require_escalated`)."
+            "description": "Why this call needs the wider mode, shown to the user who approves it (required with `sandbox_permissions`)."
         }
     })
 }

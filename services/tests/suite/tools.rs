@@ -385,7 +385,7 @@ async fn no_symlink_carries_a_write_out_of_the_workspace() {
         .await
         .unwrap_err();
         assert_eq!(err.code, "OUTSIDE_WORKSPACE", "{path}: {err}");
-        assert!(err.message.contains("require_escalated"), "{err}");
+        assert!(err.message.contains("`sandbox_permissions`"), "{err}");
     }
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     // A link that stays inside is followed.
@@ -675,4 +675,53 @@ async fn nothing_a_command_starts_outlives_its_call() {
         assert!(all_gone(&token(4)).await, "{backend:?}");
         rt.shutdown().await;
     }
+}
+
+/// The `tool-guidance` prompt section lists what each tool the assembling
+/// agent can see says about itself, in name order, and follows a
+/// restriction or a registration (the registry's generation) at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_guidance_follows_the_tools_an_agent_sees() {
+    use dsh_services::prompt::SystemPrompt;
+    use dsh_services::tools::Restriction;
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    let tools = Arc::new(ToolRegistry::new());
+    let prompt = Arc::new(SystemPrompt::new());
+    prompt
+        .section(&root, dsh_services::tools::guidance::section(tools.clone()))
+        .unwrap();
+    assert_eq!(
+        prompt.assemble(&root).await.unwrap(),
+        "",
+        "no tools, no section"
+    );
+    tools.register(&root, Arc::new(Grep)).unwrap();
+    tools.register(&root, Arc::new(Bash)).unwrap();
+    let all = prompt.assemble(&root).await.unwrap();
+    assert!(all.starts_with("# Tools\n- `bash` is for"), "{all}");
+    let (bash, grep) = (
+        all.find("`bash` is").unwrap(),
+        all.find("Use `grep`").unwrap(),
+    );
+    assert!(bash < grep, "name order: {all}");
+    // An agent whose tools are restricted reads only about its own.
+    let scope = root.scope(ScopeKey::new("child")).await.unwrap();
+    tools
+        .restrict(
+            scope.ctx(),
+            Restriction {
+                allow: Some(vec!["grep".into()]),
+                deny: Vec::new(),
+            },
+        )
+        .unwrap();
+    let child = prompt.assemble(scope.ctx()).await.unwrap();
+    assert!(
+        child.contains("Use `grep`") && !child.contains("`bash`"),
+        "{child}"
+    );
+    // The root's text is not the child's (one cache entry each).
+    assert_eq!(prompt.assemble(&root).await.unwrap(), all);
+    rt.shutdown().await;
 }

@@ -171,9 +171,15 @@ impl Tool for Bash {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "bash".into(),
-            description: "Execute a bash command (`bash -c`) in the workspace and return its stdout and stderr. Each call runs in a fresh shell; pass `workdir` instead of using `cd`. What the command wrote to stderr follows a `[stderr]` line; non-zero exits are reported as `[exit code: N]`. Long output is truncated to its tail. Commands run in a sandbox: under workspace-write they may write the workspace and $TMPDIR only, under read-only nothing, and the network may be cut. If a command fails because the sandbox denied it and the task truly needs it, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`; the user is asked to approve that one call.".into(),
+            description: "Run a bash command (`bash -c`) and return what it printed. Each call starts a fresh shell in the workspace: no directory, variable or function survives between calls, so pass `workdir` (relative to the workspace) instead of `cd`. stdout comes first; what the command wrote to stderr follows a `[stderr]` line; a non-zero exit ends the result with `[exit code: N]`, and a command that outlives `timeoutMs` (default 120000, at most 600000) is killed with everything it started and reported as timed out, its output so far kept. Output past 30000 bytes keeps its tail. Commands run in a sandbox: under workspace-write they may change the workspace and $TMPDIR only, under read-only nothing, and the network may be cut; a denied operation shows up as the command's own error (\"Read-only file system\", \"Permission denied\", a failed connection). When the task truly needs more, retry that one call with `sandbox_permissions` naming the mode it needs and a `justification`; the user decides. Interactive commands (editors, pagers, prompts) have no terminal and will hang until the timeout: pass flags that make them non-interactive.".into(),
             parameters: parameters::<BashArgs>(),
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "`bash` is for what the other tools cannot do: builds, tests, version control, running programs. Give a short `description`, pass `workdir` rather than `cd`, and check the result: stderr follows a `[stderr]` line and a failure ends with `[exit code: N]`. Narrow a command whose output would be long (`| tail`, `--quiet`, a path filter) rather than reading pages of it.",
+        )
     }
 
     fn execute(

@@ -179,8 +179,14 @@ impl Tool for Read {
     fn schema(&self) -> ToolSchema {
         schema(
             "read",
-            "Read a UTF-8 text file in the workspace and return line-numbered content.",
+            "Read a UTF-8 text file and return its lines numbered from 1 (`N: text`). Returns at most `limit` lines (default 2000) from line `offset` (default 1) and says when more follow. Paths are relative to the workspace; reading is allowed under every permission mode. A binary or non-UTF-8 file is refused rather than garbled.",
             parameters::<ReadArgs>(),
+        )
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Read a file before you edit or overwrite it: a change to a file you have not read in its current state is refused. Read a large file in parts with `offset` and `limit` instead of all at once, and read only the part the task needs.",
         )
     }
 
@@ -230,8 +236,14 @@ impl Tool for Write {
     fn schema(&self) -> ToolSchema {
         schema(
             "write",
-            "Create or fully replace a UTF-8 text file in the workspace. Replacing an existing file requires reading it first. Paths outside the workspace (and any write under the read-only mode) are refused; if the task truly needs one, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`, and the user is asked.",
+            "Create a UTF-8 text file, or replace one completely, with `content`; missing parent directories are created. Replacing an existing file requires reading it first in its current state. Under workspace-write only paths inside the workspace may be written; under read-only none. A refused path can be retried once with `sandbox_permissions` naming the mode it needs and a `justification`; the user decides.",
             parameters::<WriteArgs>(),
+        )
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Use `write` for a new file or a complete rewrite; for a change inside an existing file use `edit`, which cannot lose the parts you did not mean to touch.",
         )
     }
 
@@ -277,8 +289,14 @@ impl Tool for Edit {
     fn schema(&self) -> ToolSchema {
         schema(
             "edit",
-            "Edit an existing UTF-8 text file by replacing literal text. Read the file first. Paths outside the workspace (and any edit under the read-only mode) are refused; if the task truly needs one, retry with `sandbox_permissions: \"require_escalated\"` and a `justification`, and the user is asked.",
+            "Replace literal text in an existing UTF-8 text file: `old_string` must occur exactly once (or set `replace_all` to replace every occurrence) and is matched character for character, whitespace included. Read the file first in its current state. The same path rules as `write` apply, with the same `sandbox_permissions` retry.",
             parameters::<EditArgs>(),
+        )
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "`edit` replaces text that occurs exactly once: copy `old_string` from what `read` showed (without the line-number prefix), with enough surrounding lines to make it unique and its indentation exact. Make several small edits rather than one that rewrites a whole block.",
         )
     }
 

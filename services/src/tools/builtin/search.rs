@@ -98,9 +98,15 @@ impl Tool for Glob {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "glob".into(),
-            description: "Find files whose paths match a glob pattern (e.g. \"**/*.rs\"). A pattern without \"/\" matches file names at any depth. Returns up to 100 paths, newest first.".into(),
+            description: "Find files by path with a glob pattern such as \"**/*.rs\" or \"src/**/mod.rs\"; a pattern without \"/\" matches file names at any depth. Searches the workspace, or `path` under it; skips version-control metadata. Returns up to 100 paths relative to the search root, most recently modified first, and says when there were more.".into(),
             parameters: parameters::<GlobArgs>(),
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Find files by name with `glob` and text in them with `grep`; prefer both to `find`, `ls -R` or `grep -r` in `bash`: they skip version-control metadata and cap their output.",
+        )
     }
 
     fn is_concurrency_safe(&self) -> bool {
@@ -169,9 +175,15 @@ impl Tool for Grep {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "grep".into(),
-            description: "Search file contents with a regular expression. Returns matching lines with line numbers, grouped by file (first 250 matches).".into(),
+            description: "Search file contents with a regular expression (Rust regex syntax). Searches the workspace, or the file or directory `path`; `include` keeps only file names matching one glob such as \"*.rs\". Returns matching lines as `path:line: text`, grouped by file, at most 250 matches; binary files are skipped.".into(),
             parameters: parameters::<GrepArgs>(),
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Use `grep` to find where something is defined or used before reading whole files, then `read` just the lines around a match.",
+        )
     }
 
     fn is_concurrency_safe(&self) -> bool {

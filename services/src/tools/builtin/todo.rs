@@ -42,9 +42,15 @@ impl Tool for TodoWrite {
     fn schema(&self) -> ToolSchema {
         ToolSchema {
             name: "todo_write".into(),
-            description: "Record and update a structured task list. Send the ENTIRE list every call; it replaces the previous one. Mark work being done now `in_progress` (several when work runs in parallel) and finished work `completed` as soon as it is done.".into(),
+            description: "Record and update your task list for this session. Send the ENTIRE list every call: it replaces the previous one. Each item has `content` (what to do, in the imperative) and a `status`: `pending`, `in_progress` (what you work on now; several only when work really runs in parallel) or `completed` (done, as soon as it is). The list is shown to the user as your plan.".into(),
             parameters: parameters::<TodoArgs>(),
         }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Keep a plan with `todo_write` for work of three or more steps: write it before you start, keep one item in progress, and mark each completed as soon as it is, not in a batch at the end. Skip it for a single quick change.",
+        )
     }
 
     fn execute(

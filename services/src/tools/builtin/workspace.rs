@@ -36,7 +36,7 @@ use crate::tools::{ToolContext, ToolError};
 const MAX_LINKS: usize = 40;
 
 /// The hint every confined refusal carries.
-pub(super) const ESCALATE: &str = "If the task really needs it, retry the call with `sandbox_permissions: \"require_escalated\"` and a `justification`; the user is asked to approve that one call.";
+pub(super) const ESCALATE: &str = "If the task really needs it, retry the call with `sandbox_permissions` set to the mode it needs (`workspace-write`, or `danger-full-access` outside the workspace) and a `justification`; the user is asked to approve that one call.";
 
 /// Where a file tool's path leads.
 #[derive(Clone, Debug)]
