@@ -82,7 +82,12 @@ fn main() -> ExitCode {
             return ExitCode::from(dsh::exit::FAILED);
         }
     };
-    rt.block_on(dispatch(cli.command))
+    let code = rt.block_on(dispatch(cli.command));
+    // Whatever a tool started and nothing reaped dies with us (before the
+    // runtime's drop, which waits for blocking tasks that may wait on it).
+    dsh::services::sandbox::kill_running();
+    drop(rt);
+    code
 }
 
 async fn dispatch(command: Command) -> ExitCode {

@@ -305,6 +305,62 @@ pub struct Spawned {
     _tmp: Option<PrivateTmp>,
 }
 
+impl Spawned {
+    fn new(
+        child: tokio::process::Child,
+        backend: Option<Backend>,
+        tmp: Option<PrivateTmp>,
+    ) -> Spawned {
+        if let Some(pid) = child.id() {
+            lock(&RUNNING).insert(pid as i32);
+        }
+        Spawned {
+            child,
+            backend,
+            _tmp: tmp,
+        }
+    }
+}
+
+/// Dropped before it was reaped (a call abandoned at any point), the
+/// command's whole process group is killed, not just its leader.
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id() else {
+            return;
+        };
+        lock(&RUNNING).remove(&(pid as i32));
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The process groups of started commands not yet dropped.
+static RUNNING: Mutex<std::collections::BTreeSet<i32>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Kills the process group of every command still running: the last thing
+/// a process that started commands does, whatever path ended it (a signal,
+/// a drain budget that ran out), so no command outlives it even where the
+/// sandbox's own parent-death watch does not hold.
+pub fn kill_running() {
+    let groups = std::mem::take(&mut *lock(&RUNNING));
+    for pgid in groups {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
 /// A temp directory only one command may write, removed when dropped.
 struct PrivateTmp(PathBuf);
 
@@ -434,11 +490,7 @@ impl Sandbox {
             let child = cmd
                 .spawn()
                 .map_err(|e| SandboxError::Spawn(e.to_string()))?;
-            return Ok(Spawned {
-                child,
-                backend: None,
-                _tmp: None,
-            });
+            return Ok(Spawned::new(child, None, None));
         }
         let unavailable = |why: String| SandboxError::Unavailable {
             mode: policy.mode,
@@ -457,11 +509,7 @@ impl Sandbox {
                 let child = cmd
                     .spawn()
                     .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
-                Ok(Spawned {
-                    child,
-                    backend: Some(backend),
-                    _tmp: None,
-                })
+                Ok(Spawned::new(child, Some(backend), None))
             }
             Backend::Landlock { .. } => {
                 if !policy.network {
@@ -470,11 +518,7 @@ impl Sandbox {
                     ));
                 }
                 let (child, tmp) = landlock::spawn(launch, policy).await?;
-                Ok(Spawned {
-                    child,
-                    backend: Some(backend),
-                    _tmp: tmp,
-                })
+                Ok(Spawned::new(child, Some(backend), tmp))
             }
         }
     }

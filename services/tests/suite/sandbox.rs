@@ -333,3 +333,53 @@ async fn without_bwrap_auto_falls_back_to_landlock() {
     .unwrap();
     assert!(!marker.exists(), "{output}");
 }
+
+/// A started command abandoned before anyone reaped it (its call dropped at
+/// any await) takes its whole process group with it, under each backend
+/// and unconfined: a background grandchild included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_command_is_killed_with_its_group() {
+    let (ws, _) = layout();
+    let alive = |token: &str| {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(token))
+                .unwrap_or(false)
+        })
+    };
+    let cases = [
+        (BackendChoice::Bwrap, WORKSPACE_WRITE, "71.4321"),
+        (BackendChoice::Landlock, WORKSPACE_WRITE, "72.4321"),
+        (BackendChoice::Auto, Policy::escalated(), "73.4321"),
+    ];
+    for (choice, policy, token) in cases {
+        let sandbox = sandbox(choice);
+        let launch = Launch {
+            argv: vec![
+                "bash".into(),
+                "-c".into(),
+                format!("sleep {token} & echo started; wait").into(),
+            ],
+            cwd: ws.clone(),
+            workspace: ws.clone(),
+            env: sandbox.child_env(),
+            stdin: false,
+        };
+        let mut spawned = sandbox.spawn(launch, policy).await.unwrap();
+        // Started: its line is out, so the grandchild exists.
+        let mut stdout = spawned.child.stdout.take().unwrap();
+        let mut first = [0u8; 8];
+        stdout.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first, b"started\n");
+        assert!(alive(token), "{choice:?}: the sleep runs");
+        drop(spawned);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while alive(token) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{choice:?}: the abandoned command's group lives on"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+}
