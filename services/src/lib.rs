@@ -9,6 +9,8 @@
 //!   the keyless scripted model.
 //! - [`prompt`]: system prompt sections and variables (scoped, shadowing),
 //!   the `system-prompt/assemble` waterfall and rendering.
+//! - [`instructions`]: a project's `AGENTS.md` files, found and rendered as
+//!   one prompt section (symlinks not followed, sizes capped).
 //! - [`session`]: the session event log — typed events in dsh's JSON
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
 //!   fold, forks at turn boundaries, the `session.jsonl` reader/writer,
@@ -37,6 +39,7 @@
 pub use dsh_supervisors as kernel;
 
 pub mod approval;
+pub mod instructions;
 pub mod llm;
 pub mod persistence;
 pub mod prompt;

@@ -676,3 +676,47 @@ fn the_anonymous_id_is_stable_and_a_bad_file_is_replaced() {
     let once = dsh::home::user_id_in(&blocked);
     assert!(uuid_like(&once), "{once}");
 }
+
+/// A project's `AGENTS.md` reaches the model as the last system prompt
+/// section, saying where it came from.
+#[test]
+fn project_instructions_follow_the_sandbox_section() {
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-agents-md").unwrap();
+    std::fs::create_dir_all(dir.join(".git")).unwrap();
+    std::fs::write(
+        dir.join("AGENTS.md"),
+        "Run `make check` before you finish.\n",
+    )
+    .unwrap();
+    let script = dir.join("s.json");
+    std::fs::write(&script, r#"{"steps": [{"text": "ok"}]}"#).unwrap();
+    let out = dsh(&[
+        "run",
+        "--script",
+        script.to_str().unwrap(),
+        "--approval",
+        "never",
+        "--cwd",
+        dir.to_str().unwrap(),
+        "--json",
+        "x",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let header = text(&out.stdout)
+        .lines()
+        .find(|l| l.contains("\"type\":\"request/header\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .unwrap();
+    let system = header["data"]["header"]["system"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let at = |part: &str| {
+        system
+            .find(part)
+            .unwrap_or_else(|| panic!("no `{part}` in:\n{system}"))
+    };
+    assert!(at("# Sandbox") < at("# Project instructions"));
+    assert!(at("## From ") < at("Run `make check` before you finish."));
+    assert!(system.contains("AGENTS.md"), "{system}");
+}

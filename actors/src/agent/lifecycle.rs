@@ -233,6 +233,18 @@ impl Agent {
             };
             prompt.section(sctx, persona)?;
         }
+        if let (Some(text), Some(prompt)) = (
+            spec.instructions.clone(),
+            sctx.get::<SystemPrompt>(SystemPrompt::SERVICE),
+        ) {
+            let project = PromptSection {
+                name: dsh_services::instructions::SECTION.into(),
+                order: dsh_services::instructions::ORDER,
+                text: Text::Static(text),
+                complete: false,
+            };
+            prompt.section(sctx, project)?;
+        }
         let session = &inner.session;
         let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
         sctx.provide(dsh_services::session::SESSION_SERVICE, writer)?;

@@ -20,6 +20,10 @@ pub struct AgentSpec {
     pub model: String,
     /// Base system prompt.
     pub system: Option<String>,
+    /// The project's instructions for agents (see
+    /// [`dsh_services::instructions`]), a system prompt section after the
+    /// tools' guidance; a delegated child gets its parent's.
+    pub instructions: Option<String>,
     /// Workspace root for tools.
     pub cwd: PathBuf,
     /// Tool allow/deny list for this agent.
@@ -95,6 +99,7 @@ impl AgentSpec {
             provider: provider.into(),
             model: model.into(),
             system: None,
+            instructions: None,
             cwd: cwd.into(),
             restriction: None,
             max_steps: 64,
@@ -139,6 +144,7 @@ pub(super) fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.provider == b.provider
         && a.model == b.model
         && a.system == b.system
+        && a.instructions == b.instructions
         && a.cwd == b.cwd
         && a.restriction == b.restriction
         && a.max_steps == b.max_steps

@@ -1,3 +1,4 @@
+mod instructions;
 mod openai;
 mod persistence;
 mod sandbox;
