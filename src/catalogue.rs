@@ -170,9 +170,21 @@ pub struct AgentServicesConfig {
     /// Variables tool processes see although they hold secrets.
     #[serde(default)]
     pub pass_env: Vec<String>,
+    /// Background jobs one agent may have running at once (default 8).
+    #[serde(default)]
+    pub max_jobs: Option<usize>,
 }
 
 impl AgentServicesConfig {
+    /// The background-job limits this entry gives.
+    pub fn job_limits(&self) -> dsh_services::jobs::JobLimits {
+        let defaults = dsh_services::jobs::JobLimits::default();
+        dsh_services::jobs::JobLimits {
+            max_running: self.max_jobs.unwrap_or(defaults.max_running).max(1),
+            ..defaults
+        }
+    }
+
     /// The sandbox settings this entry gives.
     pub fn sandbox_settings(&self) -> Settings {
         Settings {
@@ -263,6 +275,10 @@ impl Plugin for AgentServices {
         ctx.provide(
             Sandbox::SERVICE,
             Arc::new(Sandbox::new(config.sandbox_settings())),
+        )?;
+        ctx.provide(
+            dsh_services::jobs::Jobs::SERVICE,
+            Arc::new(dsh_services::jobs::Jobs::new(config.job_limits())),
         )?;
         if config.builtin_tools.unwrap_or(true) {
             register_builtin(&ctx, &tools)?;

@@ -149,6 +149,11 @@ async fn drive(
         .map_err(|e| e.to_string())?;
     root.provide(Agents::SERVICE, agents)
         .map_err(|e| e.to_string())?;
+    root.provide(
+        dsh_services::jobs::Jobs::SERVICE,
+        Arc::new(dsh_services::jobs::Jobs::new(Default::default())),
+    )
+    .map_err(|e| e.to_string())?;
     register_builtin(&root, &tools).map_err(|e| e.to_string())?;
     llm.register(&root, &["replay"], model.clone())
         .map_err(|e| e.to_string())?;

@@ -504,4 +504,7 @@ impl dsh_services::session::SessionWriter for SessionHandle {
     fn append_log_only(&self, data: EventData) -> Result<u64, SessionError> {
         self.append(data, None).map(|e| e.seq)
     }
+    fn session_id(&self) -> Arc<str> {
+        self.shared_id()
+    }
 }

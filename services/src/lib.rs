@@ -23,6 +23,8 @@
 //!   secret-free environment child processes see.
 //! - [`persistence`]: sessions on disk (JSONL, zstd frames, SQLite), crash
 //!   repair on load (torn tails reported, interrupted turns closed), listing.
+//! - [`jobs`]: background jobs — ids, owners, statuses, streamed output
+//!   with a spill file, each job a supervised worker under its owner.
 //! - [`tools`]: tool definitions (arguments as one typed struct, its schema
 //!   generated), the scoped registry with restrictions, the guarded pipeline
 //!   (pre-execute → guards → execute → post-execute → finalize →
@@ -40,6 +42,7 @@ pub use dsh_supervisors as kernel;
 
 pub mod approval;
 pub mod instructions;
+pub mod jobs;
 pub mod llm;
 pub mod persistence;
 pub mod prompt;

@@ -3,6 +3,8 @@
 //! time or when more agents are awake than the cap allows (least recently
 //! used first, never one that works).
 
+use dsh_services::jobs::JobDone;
+use dsh_services::llm::{Message, MessageSource};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,6 +73,32 @@ impl Agents {
             ))
             .await?;
         let _ = agents.keeper.set(keeper);
+        // A background job of one of these agents ended: tell its owner,
+        // unless a kill or a read of the end already did.
+        let weak = Arc::downgrade(&agents);
+        ctx.on(move |e: &JobDone| {
+            let Some(owner) = e.job.owner.as_deref() else {
+                return;
+            };
+            let Some(agent) = weak.upgrade().and_then(|a| a.get(owner)) else {
+                return;
+            };
+            if !e.job.take_unreported() {
+                return;
+            }
+            let snapshot = e.job.snapshot();
+            let mut notice = Message::user_text(format!(
+                "Background job {} ({}: {}) finished {}. Read its output with job_output.",
+                snapshot.id,
+                snapshot.kind,
+                snapshot.label,
+                snapshot.status_line()
+            ));
+            notice.source = MessageSource::of(JOB_SETTLED_SOURCE);
+            if agent.steer(notice).is_err() {
+                tracing::debug!(job = %snapshot.id, "the owner no longer takes notices");
+            }
+        })?;
         Ok(agents)
     }
 
@@ -269,6 +297,10 @@ pub(super) enum KeeperMsg {
     /// Answers once everything sent before it is handled.
     Ping(ractor::RpcReplyPort<()>),
 }
+
+/// The source of the message telling an agent one of its background jobs
+/// ended.
+pub const JOB_SETTLED_SOURCE: &str = "job-settled";
 
 /// The keeper actor. It holds the registry weakly: the registry (the
 /// service) owns it, not the other way round.

@@ -3,6 +3,7 @@
 //! disposes what was built), hibernation and waking under the same id, and
 //! ordered disposal. Transitions take turns (one at a time per agent).
 
+use dsh_services::jobs::Jobs;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -362,6 +363,11 @@ impl Agent {
             if let Some(t) = &inbox.cancel {
                 t.cancel();
             }
+        }
+        // Its background jobs end with it (their workers, children of its
+        // scope, then drain at once).
+        if let Some(jobs) = self.reach().get::<Jobs>(Jobs::SERVICE) {
+            jobs.cancel_owner(&self.inner.id);
         }
         // The driver writes the turn's end; bounded so a stuck body cannot
         // hold the teardown (the kernel kills it after its budget anyway).

@@ -2,6 +2,7 @@ mod agent;
 mod durability;
 mod harness;
 mod hibernate;
+mod jobs;
 mod prompt;
 mod ralph;
 mod schemas;

@@ -6,6 +6,8 @@
 //! (`user/message`, `assistant/message`, `tool/result`) carry surface
 //! metadata, and the surface is the sole source of derived model history.
 
+use std::sync::Arc;
+
 pub mod compact;
 pub mod compare;
 mod event;
@@ -26,6 +28,8 @@ pub use log::{
 pub trait SessionWriter: Send + Sync {
     /// Appends one log-only event; returns its seq.
     fn append_log_only(&self, data: EventData) -> Result<u64, SessionError>;
+    /// The session's id.
+    fn session_id(&self) -> Arc<str>;
 }
 
 /// The scoped capability name of an agent's [`SessionWriter`].

@@ -41,6 +41,7 @@ fn the_builtin_tools_send_the_schemas_they_always_did() {
                     "description": {"type": "string", "description": "What the command does, in 5-10 words."},
                     "timeoutMs": {"type": "number", "description": "Timeout in milliseconds (default 120000, at most 600000)."},
                     "workdir": {"type": "string", "description": "Working directory, relative to the workspace."},
+                    "run_in_background": {"type": "boolean", "description": "Run in the background and return a job id at once (read its output with job_output, stop it with job_kill; no timeout applies)."},
                     "sandbox_permissions": escalation()["sandbox_permissions"],
                     "justification": escalation()["justification"]
                 },

@@ -12,8 +12,10 @@ use futures::future::BoxFuture;
 use tokio::io::AsyncReadExt;
 
 use super::workspace::{ESCALATE, confine};
+use crate::jobs::{JobStatus, Jobs, run_job};
 use crate::llm::ToolSchema;
 use crate::sandbox::{Backend, Launch, PermissionMode, Sandbox};
+use crate::session::{SESSION_SERVICE, SessionWriter};
 use crate::tools::{Escalation, Tool, ToolContext, ToolError, ToolOutput, parameters};
 
 /// Default and ceiling of a call's timeout.
@@ -40,6 +42,10 @@ struct BashArgs {
     /// Working directory, relative to the workspace.
     #[serde(default)]
     workdir: Option<String>,
+    /// Run in the background and return a job id at once (read its output
+    /// with job_output, stop it with job_kill; no timeout applies).
+    #[serde(default)]
+    run_in_background: Option<bool>,
     // Read by the pipeline, before the body runs.
     #[allow(dead_code)]
     #[serde(flatten)]
@@ -54,6 +60,51 @@ fn kill_group(pid: Option<u32>) {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+}
+
+/// Starts `launch` as a background job of the calling agent: admitted
+/// first (the per-agent cap), then spawned under the same sandbox, then
+/// run by a supervised worker under the agent's scope.
+async fn background(
+    cx: &ToolContext,
+    sandbox: Arc<Sandbox>,
+    launch: Launch,
+    command: &str,
+) -> Result<ToolOutput, ToolError> {
+    let jobs = cx.ctx.get::<Jobs>(Jobs::SERVICE).ok_or_else(|| {
+        ToolError::new(
+            "NO_JOBS",
+            "background jobs are not available here; run the command without run_in_background",
+        )
+    })?;
+    let owner = cx
+        .ctx
+        .get::<dyn SessionWriter>(SESSION_SERVICE)
+        .map(|s| s.session_id());
+    let job = jobs
+        .admit("bash", command, owner)
+        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+    let spawned = match sandbox.spawn(launch, cx.policy).await {
+        Ok(s) => s,
+        Err(e) => {
+            job.settle(JobStatus::Failed, Some(e.to_string()));
+            return Err(ToolError::new(e.code(), e.to_string()));
+        }
+    };
+    run_job(&cx.ctx, &jobs, job.clone(), spawned)
+        .await
+        .map_err(|e| ToolError::failed(format!("the job could not start: {e}")))?;
+    let text = format!(
+        "started background job {id}: {label}\nYou are told when it finishes; read its output with job_output (job_id: \"{id}\") and stop it with job_kill.",
+        id = job.id,
+        label = job.label
+    );
+    Ok(ToolOutput {
+        content: vec![crate::llm::ContentBlock::text(text)],
+        meta: serde_json::to_value(job.snapshot())
+            .ok()
+            .map(|j| serde_json::json!({ "job": j })),
+    })
 }
 
 /// How the command's wait ended.
@@ -211,12 +262,15 @@ impl Tool for Bash {
                 env.push((k.into(), v.into()));
             }
             let launch = Launch {
-                argv: vec!["bash".into(), "-c".into(), command.into()],
+                argv: vec!["bash".into(), "-c".into(), command.clone().into()],
                 cwd: dir,
                 workspace,
                 env,
                 stdin: false,
             };
+            if args.run_in_background == Some(true) {
+                return background(&cx, sandbox, launch, &command).await;
+            }
             let spawned = sandbox
                 .spawn(launch, cx.policy)
                 .await

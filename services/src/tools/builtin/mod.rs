@@ -1,7 +1,10 @@
-//! The built-in tools: `bash`, `read`, `write`, `edit`, `glob`, `grep`, `todo_write`.
+//! The built-in tools: `bash`, `read`, `write`, `edit`, `glob`, `grep`,
+//! `todo_write`, and the background-job controls `job_list`, `job_output`,
+//! `job_kill`.
 
 mod bash;
 mod fs;
+mod jobs;
 mod search;
 mod todo;
 mod workspace;
@@ -12,6 +15,7 @@ use dsh_supervisors::Context;
 
 pub use bash::Bash;
 pub use fs::{Edit, Read, Write, file_tools};
+pub use jobs::{JobKill, JobList, JobOutput};
 pub use search::{Glob, Grep};
 pub use todo::TodoWrite;
 pub use workspace::confine;
@@ -31,5 +35,8 @@ pub fn register_builtin(
     registry.register(ctx, Arc::new(Glob))?;
     registry.register(ctx, Arc::new(Grep))?;
     registry.register(ctx, Arc::new(TodoWrite))?;
+    registry.register(ctx, Arc::new(JobList))?;
+    registry.register(ctx, Arc::new(JobOutput))?;
+    registry.register(ctx, Arc::new(JobKill))?;
     Ok(())
 }

@@ -1,0 +1,295 @@
+//! Background jobs run for real: `bash` with `run_in_background`, read,
+//! listed and killed by the owner only, told to the owner when they end,
+//! capped per agent, spilled past their read cap, and ended with their
+//! agent.
+
+use std::sync::Arc;
+
+use dsh_actors::agent::Agent;
+use dsh_services::jobs::{JobLimits, Jobs};
+use dsh_services::session::EventData;
+use dsh_services::tools::builtin::{Bash, JobKill, JobList, JobOutput};
+use serde_json::json;
+
+use super::harness::{Harness, WAIT, calls, results, text};
+
+fn with_jobs(h: &Harness, max_running: usize) -> Arc<Jobs> {
+    let root = h.rt.root();
+    let jobs = Arc::new(Jobs::new(JobLimits {
+        max_running,
+        ..JobLimits::default()
+    }));
+    root.provide(Jobs::SERVICE, jobs.clone()).unwrap();
+    h.tools.register(&root, Arc::new(Bash)).unwrap();
+    h.tools.register(&root, Arc::new(JobList)).unwrap();
+    h.tools.register(&root, Arc::new(JobOutput)).unwrap();
+    h.tools.register(&root, Arc::new(JobKill)).unwrap();
+    jobs
+}
+
+fn background(command: &str) -> serde_json::Value {
+    json!({"command": command, "description": "background", "run_in_background": true})
+}
+
+/// Whether a process whose command line holds `token` runs.
+fn running(token: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains(token))
+            .unwrap_or(false)
+    })
+}
+
+async fn gone(token: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while running(token) {
+        assert!(tokio::time::Instant::now() < deadline, "{token} lives on");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Start, list, wait for the output, kill: the texts the model reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_command_is_listed_read_and_killed() {
+    let h = Harness::new().await;
+    with_jobs(&h, 8);
+    h.script(
+        "j",
+        vec![
+            calls(&[("bash", background("echo first; echo oops >&2; exit 3"))]),
+            calls(&[("job_output", json!({"job_id": "bash-1", "wait": true}))]),
+            calls(&[("bash", background("sleep 81.5151"))]),
+            calls(&[("job_list", json!({}))]),
+            calls(&[(
+                "job_kill",
+                json!({"job_id": "bash-2", "reason": "not needed"}),
+            )]),
+            calls(&[("job_output", json!({"job_id": "bash-2", "wait": true}))]),
+            calls(&[("job_kill", json!({"job_id": "bash-1"}))]),
+            text("done"),
+        ],
+    );
+    let agent = h.agent("j").await;
+    let summary = agent.run("go", WAIT).await.unwrap();
+    assert_eq!(summary.text, "done");
+    let texts: Vec<String> = results(&agent).into_iter().map(|(_, _, t)| t).collect();
+    assert!(
+        texts[0].starts_with("started background job bash-1: echo first"),
+        "{}",
+        texts[0]
+    );
+    assert!(
+        texts[1].contains("first") && texts[1].contains("oops"),
+        "{}",
+        texts[1]
+    );
+    assert!(
+        texts[1].ends_with("[status: failed (exit code: 3)]"),
+        "{}",
+        texts[1]
+    );
+    assert!(
+        texts[2].starts_with("started background job bash-2"),
+        "{}",
+        texts[2]
+    );
+    assert!(
+        texts[3].contains("bash-1 [bash] failed (exit code: 3) — echo first"),
+        "{}",
+        texts[3]
+    );
+    assert!(
+        texts[3].contains("bash-2 [bash] running — sleep 81.5151"),
+        "{}",
+        texts[3]
+    );
+    assert!(
+        texts[4].starts_with("requested the end of job bash-2"),
+        "{}",
+        texts[4]
+    );
+    assert!(
+        texts[5].ends_with("[status: killed (not needed)]"),
+        "{}",
+        texts[5]
+    );
+    assert!(
+        texts[6].starts_with("job bash-1 had already ended"),
+        "{}",
+        texts[6]
+    );
+    gone("81.5151").await;
+    // Killed: no notice (bash-1 may have ended before it was read, and
+    // then its owner was told).
+    let said = notices(&agent);
+    assert!(said.iter().all(|n| !n.contains("bash-2")), "{said:?}");
+    h.rt.shutdown().await;
+}
+
+fn notices(agent: &Agent) -> Vec<String> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(m) if m.source.kind == "job-settled" => Some(m.text()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A job that ends while its owner is idle wakes it with a notice turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_job_tells_its_owner() {
+    let h = Harness::new().await;
+    with_jobs(&h, 8);
+    h.script(
+        "n",
+        vec![
+            calls(&[("bash", background("echo built"))]),
+            text("started it"),
+            text("noted"),
+        ],
+    );
+    let agent = h.agent("n").await;
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(false);
+    agent.session().observe(Arc::new(move |e| {
+        if matches!(&e.data, EventData::TurnEnd { turn: 2, .. }) {
+            seen_tx.send_replace(true);
+        }
+    }));
+    agent.run("go", WAIT).await.unwrap();
+    tokio::time::timeout(WAIT, seen.wait_for(|s| *s))
+        .await
+        .expect("the notice opens a turn")
+        .unwrap();
+    let said = notices(&agent);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0]
+            .starts_with("Background job bash-1 (bash: echo built) finished [status: completed]"),
+        "{}",
+        said[0]
+    );
+    h.rt.shutdown().await;
+}
+
+/// Another agent cannot read or kill a job, the cap refuses one job too
+/// many, and the owner's disposal kills what still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_the_owners_capped_and_end_with_it() {
+    let h = Harness::new().await;
+    let jobs = with_jobs(&h, 1);
+    h.script(
+        "o",
+        vec![
+            calls(&[("bash", background("sleep 82.5151"))]),
+            calls(&[("bash", background("sleep 83.5151"))]),
+            text("ok"),
+        ],
+    );
+    let owner = h.agent("o").await;
+    owner.run("go", WAIT).await.unwrap();
+    let (_, code, said) = results(&owner).remove(1);
+    assert_eq!(code.as_deref(), Some("TOO_MANY_JOBS"), "{said}");
+    assert!(!running("83.5151"));
+    // A running job keeps its agent awake.
+    assert!(owner.hibernate().await.is_err());
+    h.script(
+        "s",
+        vec![
+            calls(&[("job_output", json!({"job_id": "bash-1"}))]),
+            calls(&[("job_kill", json!({"job_id": "bash-1"}))]),
+            calls(&[("job_list", json!({}))]),
+            text("ok"),
+        ],
+    );
+    let stranger = h.agent("s").await;
+    stranger.run("go", WAIT).await.unwrap();
+    let seen = results(&stranger);
+    assert_eq!(seen[0].1.as_deref(), Some("UNKNOWN_JOB"));
+    assert_eq!(seen[1].1.as_deref(), Some("UNKNOWN_JOB"));
+    assert_eq!(seen[2].2, "(no background jobs)");
+    assert!(running("82.5151"), "the stranger stopped nothing");
+    owner.dispose().await;
+    gone("82.5151").await;
+    assert!(jobs.list(Some(owner.id())).is_empty());
+    h.rt.shutdown().await;
+}
+
+/// Past the read cap a read returns the tail and names the spill file,
+/// which holds every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_output_is_spilled_to_a_file() {
+    let h = Harness::new().await;
+    let jobs = with_jobs(&h, 8);
+    h.script(
+        "l",
+        vec![
+            calls(&[("bash", background("seq 1 20000"))]),
+            calls(&[("job_output", json!({"job_id": "bash-1", "wait": true}))]),
+            calls(&[("job_output", json!({"job_id": "bash-1"}))]),
+            text("ok"),
+        ],
+    );
+    let agent = h.agent("l").await;
+    agent.run("go", WAIT).await.unwrap();
+    let texts: Vec<String> = results(&agent).into_iter().map(|(_, _, t)| t).collect();
+    let spill = jobs.spill_dir().join("bash-1.log");
+    assert!(
+        texts[1].starts_with("(") && texts[1].contains(&spill.display().to_string()),
+        "{}",
+        &texts[1][..200.min(texts[1].len())]
+    );
+    assert!(
+        texts[1].contains("\n20000\n[status: completed]"),
+        "the tail is shown"
+    );
+    assert!(texts[1].len() < 31_000, "{}", texts[1].len());
+    assert_eq!(texts[2], "(no new output)\n[status: completed]");
+    let whole = std::fs::read_to_string(&spill).unwrap();
+    let expected: String = (1..=20000).map(|n| format!("{n}\n")).collect();
+    assert_eq!(whole, expected);
+    h.rt.shutdown().await;
+}
+
+/// A background command is confined like any bash call: under
+/// workspace-write it cannot write beside the workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_command_stays_in_the_sandbox() {
+    let h = Harness::new().await;
+    with_jobs(&h, 8);
+    let base = dsh_supervisors::scratch::fresh_dir("dsh-job-sandbox")
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let (ws, outside) = (base.join("ws"), base.join("outside"));
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let escape = outside.join("escaped");
+    let inside = ws.join("made");
+    let command = format!("touch {} ; touch {}", escape.display(), inside.display());
+    h.script(
+        "b",
+        vec![
+            calls(&[("bash", background(&command))]),
+            calls(&[("job_output", json!({"job_id": "bash-1", "wait": true}))]),
+            text("ok"),
+        ],
+    );
+    let agent = Agent::create(
+        &h.rt.root(),
+        dsh_actors::agent::AgentSpec::new("b", "m", ws.clone()),
+    )
+    .await
+    .unwrap();
+    agent.run("go", WAIT).await.unwrap();
+    let said = results(&agent).remove(1).2;
+    assert!(said.contains("[status: "), "{said}");
+    assert!(inside.exists(), "the workspace is writable: {said}");
+    assert!(
+        !escape.exists(),
+        "the job wrote outside the workspace: {said}"
+    );
+    h.rt.shutdown().await;
+}
