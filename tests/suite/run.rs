@@ -624,16 +624,7 @@ fn the_system_prompt_has_its_sections_and_no_mode() {
             "--json",
             "x",
         ]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        let header = text(&out.stdout)
-            .lines()
-            .find(|l| l.contains("\"type\":\"request/header\""))
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .unwrap();
-        header["data"]["header"]["system"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        system_sent(&out)
     };
     let system = prompt_under("workspace-write");
     for part in [
@@ -701,16 +692,7 @@ fn project_instructions_follow_the_sandbox_section() {
         "--json",
         "x",
     ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let header = text(&out.stdout)
-        .lines()
-        .find(|l| l.contains("\"type\":\"request/header\""))
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .unwrap();
-    let system = header["data"]["header"]["system"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let system = system_sent(&out);
     let at = |part: &str| {
         system
             .find(part)
@@ -719,4 +701,18 @@ fn project_instructions_follow_the_sandbox_section() {
     assert!(at("# Sandbox") < at("# Project instructions"));
     assert!(at("## From ") < at("Run `make check` before you finish."));
     assert!(system.contains("AGENTS.md"), "{system}");
+}
+
+/// The system prompt a `dsh run --json` sent, from its `request/header`.
+fn system_sent(out: &Output) -> String {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let header = text(&out.stdout)
+        .lines()
+        .find(|l| l.contains("\"type\":\"request/header\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .unwrap();
+    header["data"]["header"]["system"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
