@@ -5,6 +5,7 @@
 
 use dsh_services::jobs::JobDone;
 use dsh_services::llm::{Message, MessageSource};
+use dsh_services::session::EventData;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -95,7 +96,15 @@ impl Agents {
                 snapshot.status_line()
             ));
             notice.source = MessageSource::of(JOB_SETTLED_SOURCE);
-            if agent.steer(notice).is_err() {
+            // A woken turn may start the job whose end wakes it again:
+            // past MAX_NOTICE_WAKES notices since the user last spoke, an
+            // idle owner is not woken; the notice waits for its next turn.
+            let delivered = if agent.is_idle() && notices_since_user(&agent) >= MAX_NOTICE_WAKES {
+                agent.inject(notice)
+            } else {
+                agent.steer(notice)
+            };
+            if delivered.is_err() {
                 tracing::debug!(job = %snapshot.id, "the owner no longer takes notices");
             }
         })?;
@@ -301,6 +310,26 @@ pub(super) enum KeeperMsg {
 /// The source of the message telling an agent one of its background jobs
 /// ended.
 pub const JOB_SETTLED_SOURCE: &str = "job-settled";
+
+/// Job notices since the user's last message past which an idle agent is
+/// no longer woken for one.
+pub const MAX_NOTICE_WAKES: usize = 3;
+
+/// How many job notices the agent got since the user's last message.
+fn notices_since_user(agent: &Agent) -> usize {
+    agent
+        .session()
+        .events()
+        .iter()
+        .rev()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(m) => Some(m.source.kind.as_str()),
+            _ => None,
+        })
+        .take_while(|kind| *kind != "user")
+        .filter(|kind| *kind == JOB_SETTLED_SOURCE)
+        .count()
+}
 
 /// The keeper actor. It holds the registry weakly: the registry (the
 /// service) owns it, not the other way round.

@@ -293,3 +293,67 @@ async fn a_background_command_stays_in_the_sandbox() {
     );
     h.rt.shutdown().await;
 }
+
+/// Notices wake an idle owner at most three times since the user last
+/// spoke (a woken turn may start the job that wakes it again); the fourth
+/// waits, and the next turn the user opens carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_stop_waking_an_owner_after_three() {
+    let h = Harness::new().await;
+    with_jobs(&h, 8);
+    let dir = dsh_supervisors::scratch::fresh_dir("dsh-job-wakes").unwrap();
+    let gate = |n: u32| {
+        format!(
+            "while [ ! -e {} ]; do sleep 0.01; done",
+            dir.join(format!("go-{n}")).display()
+        )
+    };
+    let mut steps = Vec::new();
+    for n in 1..=4 {
+        steps.push(calls(&[("bash", background(&gate(n)))]));
+        steps.push(text(&format!("turn {n}")));
+    }
+    steps.push(text("turn 5"));
+    h.script("w", steps);
+    let agent = h.agent("w").await;
+    let (ended_tx, ended) = tokio::sync::watch::channel(0u32);
+    agent.session().observe(Arc::new(move |e| {
+        if let EventData::TurnEnd { turn, .. } = &e.data {
+            ended_tx.send_replace(*turn);
+        }
+    }));
+    let (done_tx, done) = tokio::sync::watch::channel(0usize);
+    h.rt.root()
+        .on(move |_: &dsh_services::jobs::JobDone| {
+            done_tx.send_modify(|n| *n += 1);
+        })
+        .unwrap();
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    for n in 1..=4u32 {
+        // Turn n has ended: its job's end finds the owner idle.
+        let mut ended = ended.clone();
+        tokio::time::timeout(WAIT, ended.wait_for(|t| *t >= n))
+            .await
+            .unwrap()
+            .unwrap();
+        agent.when_idle(WAIT).await.unwrap();
+        std::fs::write(dir.join(format!("go-{n}")), "").unwrap();
+        let mut done = done.clone();
+        tokio::time::timeout(WAIT, done.wait_for(|d| *d >= n as usize))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // The fourth notice did not wake it.
+    assert!(agent.is_idle());
+    assert_eq!(*ended.borrow(), 4);
+    assert_eq!(notices(&agent).len(), 3);
+    let summary = agent.run("and now?", WAIT).await.unwrap();
+    assert_eq!((summary.turn, summary.text.as_str()), (5, "turn 5"));
+    let said = notices(&agent);
+    assert_eq!(said.len(), 4, "{said:?}");
+    assert!(said[3].contains("bash-4"), "{}", said[3]);
+    h.rt.shutdown().await;
+}
