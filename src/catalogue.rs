@@ -173,9 +173,44 @@ pub struct AgentServicesConfig {
     /// Background jobs one agent may have running at once (default 8).
     #[serde(default)]
     pub max_jobs: Option<usize>,
+    /// What `web_fetch` may reach.
+    #[serde(default)]
+    pub web_fetch: Option<WebFetchConfig>,
+}
+
+/// The `web_fetch` entry of `agent-services`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebFetchConfig {
+    /// Hosts on this machine or a private network that may be fetched
+    /// anyway (as written in URLs: `127.0.0.1`, `wiki.internal`).
+    #[serde(default)]
+    pub allow_private_hosts: Vec<String>,
+    /// The longest a fetch may take, in seconds (default 30).
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
+    /// The largest body fetched, in bytes (default 5 MiB).
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
 }
 
 impl AgentServicesConfig {
+    /// What this entry lets `web_fetch` do.
+    pub fn web_fetch_settings(&self) -> dsh_services::tools::builtin::WebFetchSettings {
+        let defaults = dsh_services::tools::builtin::WebFetchSettings::default();
+        let Some(c) = &self.web_fetch else {
+            return defaults;
+        };
+        dsh_services::tools::builtin::WebFetchSettings {
+            allow_private_hosts: c.allow_private_hosts.clone(),
+            timeout: c
+                .timeout_s
+                .map_or(defaults.timeout, |s| Duration::from_secs(s.max(1))),
+            max_bytes: c.max_bytes.unwrap_or(defaults.max_bytes).max(1),
+            ..defaults
+        }
+    }
+
     /// The background-job limits this entry gives.
     pub fn job_limits(&self) -> dsh_services::jobs::JobLimits {
         let defaults = dsh_services::jobs::JobLimits::default();
@@ -282,6 +317,12 @@ impl Plugin for AgentServices {
         )?;
         if config.builtin_tools.unwrap_or(true) {
             register_builtin(&ctx, &tools)?;
+            tools.register(
+                &ctx,
+                Arc::new(dsh_services::tools::builtin::WebFetch::new(
+                    config.web_fetch_settings(),
+                )),
+            )?;
         }
         if config.multi_agent.unwrap_or(true) {
             dsh_actors::multi_agent::install(

@@ -5,3 +5,4 @@ mod sandbox;
 mod schemas;
 mod session;
 mod tools;
+mod web;

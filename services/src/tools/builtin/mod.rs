@@ -1,12 +1,13 @@
 //! The built-in tools: `bash`, `read`, `write`, `edit`, `glob`, `grep`,
-//! `todo_write`, and the background-job controls `job_list`, `job_output`,
-//! `job_kill`.
+//! `todo_write`, `web_fetch`, and the background-job controls `job_list`,
+//! `job_output`, `job_kill`.
 
 mod bash;
 mod fs;
 mod jobs;
 mod search;
 mod todo;
+mod web;
 mod workspace;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ pub use fs::{Edit, Read, Write, file_tools};
 pub use jobs::{JobKill, JobList, JobOutput};
 pub use search::{Glob, Grep};
 pub use todo::TodoWrite;
+pub use web::{WebFetch, WebFetchSettings, public};
 pub use workspace::confine;
 
 use super::ToolRegistry;
