@@ -319,6 +319,12 @@ impl Plugin for AgentServices {
             register_builtin(&ctx, &tools)?;
             tools.register(
                 &ctx,
+                Arc::new(dsh_services::tools::builtin::SkillTool::new(Some(
+                    crate::home::dir(),
+                ))),
+            )?;
+            tools.register(
+                &ctx,
                 Arc::new(dsh_services::tools::builtin::WebFetch::new(
                     config.web_fetch_settings(),
                 )),

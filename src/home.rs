@@ -11,6 +11,16 @@ pub fn dir() -> PathBuf {
         .map_or_else(|| PathBuf::from(".dsh"), |h| PathBuf::from(h).join(".dsh"))
 }
 
+/// The workspace's system prompt sections for an agent in `cwd` (project
+/// instructions, skills catalog), with this home; read off the async
+/// workers.
+pub async fn workspace_sections(cwd: &Path) -> Vec<dsh_services::prompt::RenderedSection> {
+    let (cwd, home) = (cwd.to_path_buf(), dir());
+    tokio::task::spawn_blocking(move || dsh_services::skills::workspace_sections(&cwd, Some(&home)))
+        .await
+        .unwrap_or_default()
+}
+
 /// The file holding the anonymous installation id.
 pub const USER_ID_FILE: &str = "user-id";
 

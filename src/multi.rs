@@ -86,7 +86,7 @@ async fn coordinate(
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.name = Some(name.to_owned());
     spec.system = Some(crate::stage::system_prompt(&cwd, &model));
-    spec.instructions = crate::stage::project_instructions(&cwd).await;
+    spec.sections = crate::stage::workspace_sections(&cwd).await;
     spec.store = Some(store.clone());
     spec.origin = Some(format!("cli/{name}"));
     if let Some(id) = resume {

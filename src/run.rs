@@ -285,7 +285,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
             .clone()
             .unwrap_or_else(|| crate::stage::system_prompt(&cwd, &model)),
     );
-    spec.instructions = crate::stage::project_instructions(&cwd).await;
+    spec.sections = crate::stage::workspace_sections(&cwd).await;
     spec.max_steps = args.max_steps;
     place_session(store(rt, &args.store)?, args, &mut spec)?;
     let agent = Agent::create(&root, spec)

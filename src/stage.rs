@@ -287,14 +287,13 @@ pub fn system_prompt(cwd: &std::path::Path, model: &str) -> String {
     )
 }
 
-/// The project instructions of an agent working in `cwd` (its `AGENTS.md`
-/// files and the user's `~/.dsh/AGENTS.md`), read off the async workers.
-pub async fn project_instructions(cwd: &std::path::Path) -> Option<String> {
-    let (cwd, home) = (cwd.to_path_buf(), crate::home::dir());
-    tokio::task::spawn_blocking(move || dsh_services::instructions::load(&cwd, Some(&home)))
-        .await
-        .ok()
-        .flatten()
+/// The workspace's system prompt sections for an agent in `cwd`: its
+/// `AGENTS.md` files (and the user's `~/.dsh/AGENTS.md`), then its skills
+/// catalog; read off the async workers.
+pub async fn workspace_sections(
+    cwd: &std::path::Path,
+) -> Vec<dsh_services::prompt::RenderedSection> {
+    crate::home::workspace_sections(cwd).await
 }
 
 fn failed(e: impl std::fmt::Display) -> Exit {

@@ -53,12 +53,9 @@ pub fn sources(cwd: &Path, home: Option<&Path>) -> Vec<Source> {
     let Ok(cwd) = cwd.canonicalize() else {
         return out;
     };
-    let root = cwd
-        .ancestors()
-        .find(|d| d.join(".git").symlink_metadata().is_ok())
-        .unwrap_or(&cwd);
+    let root = project_root(&cwd);
     let mut dirs: Vec<&Path> = cwd.ancestors().take_while(|d| *d != root).collect();
-    dirs.push(root);
+    dirs.push(&root);
     dirs.reverse();
     for dir in dirs {
         let mut here: Vec<Source> = Vec::new();
@@ -102,6 +99,15 @@ pub fn render(sources: &[Source]) -> Option<String> {
     Some(text)
 }
 
+/// The project root of a (canonical) `cwd`: its nearest ancestor holding
+/// `.git`, else `cwd` itself.
+pub fn project_root(cwd: &Path) -> PathBuf {
+    cwd.ancestors()
+        .find(|d| d.join(".git").symlink_metadata().is_ok())
+        .unwrap_or(cwd)
+        .to_path_buf()
+}
+
 /// [`render`] of [`sources`]. Reads files: call it off the async workers.
 pub fn load(cwd: &Path, home: Option<&Path>) -> Option<String> {
     render(&sources(cwd, home))
@@ -110,7 +116,7 @@ pub fn load(cwd: &Path, home: Option<&Path>) -> Option<String> {
 /// The trimmed text of `path` if it is a regular, non-empty UTF-8 file of
 /// at most [`MAX_FILE_BYTES`] reached without following a symlink at its
 /// last component.
-fn read_plain(path: &Path) -> Option<String> {
+pub(crate) fn read_plain(path: &Path) -> Option<String> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)

@@ -23,6 +23,8 @@
 //!   secret-free environment child processes see.
 //! - [`persistence`]: sessions on disk (JSONL, zstd frames, SQLite), crash
 //!   repair on load (torn tails reported, interrupted turns closed), listing.
+//! - [`skills`]: skills found under the project's and the user's skill
+//!   directories, their catalog and their loaded form.
 //! - [`jobs`]: background jobs — ids, owners, statuses, streamed output
 //!   with a spill file, each job a supervised worker under its owner.
 //! - [`tools`]: tool definitions (arguments as one typed struct, its schema
@@ -49,4 +51,5 @@ pub mod prompt;
 pub mod replay;
 pub mod sandbox;
 pub mod session;
+pub mod skills;
 pub mod tools;

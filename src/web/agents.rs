@@ -327,12 +327,7 @@ pub(super) async fn create(State(api): State<Api>, request: Request) -> Response
     let cwd = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
     let mut agent_spec = AgentSpec::new(&provider, spec.model.as_deref().unwrap_or("default"), cwd);
     agent_spec.system = spec.system;
-    let (cwd, home) = (agent_spec.cwd.clone(), crate::home::dir());
-    agent_spec.instructions =
-        tokio::task::spawn_blocking(move || dsh_services::instructions::load(&cwd, Some(&home)))
-            .await
-            .ok()
-            .flatten();
+    agent_spec.sections = crate::home::workspace_sections(&agent_spec.cwd).await;
     if let Some(mode) = spec.permission_mode {
         let standing = root
             .get::<Sandbox>(Sandbox::SERVICE)

@@ -668,15 +668,21 @@ fn the_anonymous_id_is_stable_and_a_bad_file_is_replaced() {
     assert!(uuid_like(&once), "{once}");
 }
 
-/// A project's `AGENTS.md` reaches the model as the last system prompt
-/// section, saying where it came from.
+/// A project's `AGENTS.md` reaches the model after the sandbox section,
+/// saying where it came from, and its skills catalog after that.
 #[test]
-fn project_instructions_follow_the_sandbox_section() {
+fn project_instructions_and_skills_follow_the_sandbox_section() {
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-agents-md").unwrap();
     std::fs::create_dir_all(dir.join(".git")).unwrap();
     std::fs::write(
         dir.join("AGENTS.md"),
         "Run `make check` before you finish.\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join(".dsh/skills/deploy")).unwrap();
+    std::fs::write(
+        dir.join(".dsh/skills/deploy/SKILL.md"),
+        "---\ndescription: Ship a release\n---\nRun the ship script.\n",
     )
     .unwrap();
     let script = dir.join("s.json");
@@ -701,6 +707,10 @@ fn project_instructions_follow_the_sandbox_section() {
     assert!(at("# Sandbox") < at("# Project instructions"));
     assert!(at("## From ") < at("Run `make check` before you finish."));
     assert!(system.contains("AGENTS.md"), "{system}");
+    // Then the skills catalog: names and descriptions, never the body.
+    assert!(at("# Project instructions") < at("# Skills"));
+    assert!(system.contains("- `deploy`: Ship a release"), "{system}");
+    assert!(!system.contains("Run the ship script"), "{system}");
 }
 
 /// The system prompt a `dsh run --json` sent, from its `request/header`.

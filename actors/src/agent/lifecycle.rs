@@ -234,17 +234,16 @@ impl Agent {
             };
             prompt.section(sctx, persona)?;
         }
-        if let (Some(text), Some(prompt)) = (
-            spec.instructions.clone(),
-            sctx.get::<SystemPrompt>(SystemPrompt::SERVICE),
-        ) {
-            let project = PromptSection {
-                name: dsh_services::instructions::SECTION.into(),
-                order: dsh_services::instructions::ORDER,
-                text: Text::Static(text),
-                complete: false,
-            };
-            prompt.section(sctx, project)?;
+        if let Some(prompt) = sctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
+            for (name, order, text) in &spec.sections {
+                let section = PromptSection {
+                    name: name.clone(),
+                    order: *order,
+                    text: Text::Static(text.clone()),
+                    complete: false,
+                };
+                prompt.section(sctx, section)?;
+            }
         }
         let session = &inner.session;
         let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());

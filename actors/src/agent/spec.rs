@@ -20,10 +20,10 @@ pub struct AgentSpec {
     pub model: String,
     /// Base system prompt.
     pub system: Option<String>,
-    /// The project's instructions for agents (see
-    /// [`dsh_services::instructions`]), a system prompt section after the
-    /// tools' guidance; a delegated child gets its parent's.
-    pub instructions: Option<String>,
+    /// System prompt sections of the agent's workspace — `(name, order,
+    /// text)`: the project's instructions, its skills catalog — registered
+    /// in its scope; a delegated child gets its parent's.
+    pub sections: Vec<dsh_services::prompt::RenderedSection>,
     /// Workspace root for tools.
     pub cwd: PathBuf,
     /// Tool allow/deny list for this agent.
@@ -99,7 +99,7 @@ impl AgentSpec {
             provider: provider.into(),
             model: model.into(),
             system: None,
-            instructions: None,
+            sections: Vec::new(),
             cwd: cwd.into(),
             restriction: None,
             max_steps: 64,
@@ -144,7 +144,7 @@ pub(super) fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.provider == b.provider
         && a.model == b.model
         && a.system == b.system
-        && a.instructions == b.instructions
+        && a.sections == b.sections
         && a.cwd == b.cwd
         && a.restriction == b.restriction
         && a.max_steps == b.max_steps

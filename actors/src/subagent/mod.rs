@@ -1018,8 +1018,8 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
     spec.system = request
         .and_then(|r| r.persona.clone())
         .or_else(|| p.system.clone());
-    // The same workspace, the same project instructions.
-    spec.instructions = p.instructions.clone();
+    // The same workspace, the same project instructions and skills.
+    spec.sections = p.sections.clone();
     spec.max_steps = p.max_steps;
     spec.max_parallel_tools = p.max_parallel_tools;
     spec.temperature = p.temperature;

@@ -4,5 +4,6 @@ mod persistence;
 mod sandbox;
 mod schemas;
 mod session;
+mod skills;
 mod tools;
 mod web;
