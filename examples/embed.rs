@@ -100,6 +100,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 idle_timeout_s: None,
                 request_timeout_s: None,
                 total_timeout_s: None,
+                images: false,
             };
             root.plugin(OpenAi, config).await?;
             ("openai".to_owned(), model)

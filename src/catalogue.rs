@@ -312,6 +312,12 @@ impl Plugin for AgentServices {
             Arc::new(Sandbox::new(config.sandbox_settings())),
         )?;
         ctx.provide(
+            dsh_services::attachments::Attachments::SERVICE,
+            Arc::new(dsh_services::attachments::Attachments::new(
+                crate::home::dir().join("attachments"),
+            )),
+        )?;
+        ctx.provide(
             dsh_services::jobs::Jobs::SERVICE,
             Arc::new(dsh_services::jobs::Jobs::new(config.job_limits())),
         )?;
@@ -381,14 +387,23 @@ pub struct OpenAiPluginConfig {
     /// Longest a whole model call may take, in seconds (default 3600).
     #[serde(default)]
     pub total_timeout_s: Option<u64>,
+    /// The endpoint's models take image input (sent as `image_url` parts;
+    /// otherwise images are described in text).
+    #[serde(default)]
+    pub images: bool,
 }
 
 fn default_openai_route() -> String {
     "openai".into()
 }
 
-/// A provider entry's timeouts, in seconds (`None`: the default).
+/// A provider entry's timeouts, in seconds (`None`: the default), and
+/// what it knows of images.
 struct Timeouts {
+    /// The models take image input.
+    images: bool,
+    /// Where image bytes are.
+    attachments: Option<Arc<dsh_services::attachments::Attachments>>,
     request_s: Option<u64>,
     idle_s: Option<u64>,
     total_s: Option<u64>,
@@ -413,6 +428,8 @@ fn endpoint(
         total_timeout: secs(t.total_s, OpenAiConfig::TOTAL),
         dialect,
         user_id: matches!(dialect, Dialect::DeepSeek { .. }).then(crate::home::user_id),
+        images: t.images,
+        attachments: t.attachments,
     })?)
 }
 
@@ -438,6 +455,8 @@ impl Plugin for OpenAi {
             request_s: config.request_timeout_s,
             idle_s: config.idle_timeout_s,
             total_s: config.total_timeout_s,
+            images: config.images,
+            attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
         };
         let key_env = config.api_key_env.as_deref().unwrap_or("DSH_API_KEY");
         let adapter = endpoint(&config.base_url, key_env, timeouts, Dialect::OpenAi)?;
@@ -509,6 +528,8 @@ impl Plugin for DeepSeek {
             request_s: config.request_timeout_s,
             idle_s: config.idle_timeout_s,
             total_s: config.total_timeout_s,
+            images: false,
+            attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
         };
         let dialect = Dialect::DeepSeek {
             effort: config.reasoning_effort.unwrap_or_default(),

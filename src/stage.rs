@@ -178,6 +178,7 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
                 idle_timeout_s: None,
                 request_timeout_s: *request_timeout,
                 total_timeout_s: None,
+                images: false,
             };
             root.plugin(OpenAi, config).await
         }

@@ -2,6 +2,8 @@
 //!
 //! ## Code map
 //! Modules in layers: each imports only modules above it in this list.
+//! - [`attachments`]: images kept by content address (PNG, JPEG, GIF,
+//!   WebP, sniffed from their bytes), read back for the wire.
 //! - [`llm`]: messages, content blocks, the raw stream protocol
 //!   (`StreamChunk`), token usage, finish reasons, failures and their codes
 //!   ([`llm::code`]), the `BlockAssembler`, the `llm` service (provider
@@ -43,6 +45,7 @@
 pub use dsh_supervisors as kernel;
 
 pub mod approval;
+pub mod attachments;
 pub mod instructions;
 pub mod jobs;
 pub mod llm;

@@ -135,6 +135,8 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         total_timeout: Duration::from_secs(600),
         dialect: Default::default(),
         user_id: None,
+        images: false,
+        attachments: None,
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

@@ -42,6 +42,11 @@ pub struct OpenAiConfig {
     /// The stable anonymous id of this installation, sent to DeepSeek as
     /// `x-deepseek-harness-user-id` (never in a body or to another dialect).
     pub user_id: Option<String>,
+    /// The endpoint's models take image input (DeepSeek: its `vision`
+    /// models, whatever this says).
+    pub images: bool,
+    /// Where image blocks' bytes are (`None`: images are described).
+    pub attachments: Option<Arc<crate::attachments::Attachments>>,
 }
 
 /// DeepSeek's official API when `$DEEPSEEK_BASE_URL` names none.
@@ -139,6 +144,8 @@ impl OpenAiConfig {
             total_timeout: Self::TOTAL,
             dialect: Dialect::OpenAi,
             user_id: None,
+            images: false,
+            attachments: None,
         }
     }
 }
@@ -153,6 +160,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("total_timeout", &self.total_timeout)
             .field("dialect", &self.dialect)
             .field("user_id", &self.user_id)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -177,16 +185,58 @@ impl OpenAiCompatible {
     }
 }
 
-/// The request body for `request` in `dialect`; a DeepSeek request naming
-/// an effort that does not exist fails before anything is sent.
+/// How image blocks go on the wire.
+#[derive(Clone, Debug, Default)]
+pub enum Images {
+    /// The model takes no images: each is described in text.
+    #[default]
+    Described,
+    /// Sent as `image_url` parts: each attachment id's `data:` URL (an id
+    /// missing here could not be read back and is described instead).
+    Sent(std::collections::HashMap<String, String>),
+}
+
+impl Images {
+    /// The wire part for an image block.
+    fn part(&self, fields: &serde_json::Map<String, Value>) -> Value {
+        let id = fields
+            .get("attachmentId")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        match self {
+            Images::Sent(urls) => match urls.get(id) {
+                Some(url) => json!({"type": "image_url", "image_url": {"url": url}}),
+                None => {
+                    json!({"type": "text", "text": crate::attachments::placeholder(fields, "its bytes could not be read back")})
+                }
+            },
+            Images::Described => {
+                json!({"type": "text", "text": crate::attachments::placeholder(fields, "this model does not take images")})
+            }
+        }
+    }
+}
+
+/// The request body for `request` in `dialect`, images described in text;
+/// a DeepSeek request naming an effort that does not exist fails before
+/// anything is sent.
 pub fn request_body(request: &LlmRequest, dialect: Dialect) -> Result<Value, LlmFailure> {
+    request_body_with(request, dialect, &Images::Described)
+}
+
+/// [`request_body`] with image blocks put on the wire as `images` says.
+pub fn request_body_with(
+    request: &LlmRequest,
+    dialect: Dialect,
+    images: &Images,
+) -> Result<Value, LlmFailure> {
     let deepseek = matches!(dialect, Dialect::DeepSeek { .. });
     let mut messages = Vec::new();
     if let Some(system) = &request.system {
         messages.push(json!({"role": "system", "content": system.as_ref()}));
     }
     for m in request.messages.iter() {
-        wire_messages(m, deepseek, &mut messages);
+        wire_messages(m, deepseek, images, &mut messages);
     }
     let mut body = json!({
         "model": request.model,
@@ -260,7 +310,34 @@ fn deepseek_options(
     Ok(())
 }
 
-fn wire_messages(m: &Message, deepseek: bool, out: &mut Vec<Value>) {
+/// A user message's content: a plain string, or text and image parts.
+fn user_content(
+    text: &str,
+    pictures: &[&serde_json::Map<String, Value>],
+    images: &Images,
+) -> Value {
+    if pictures.is_empty() {
+        return Value::String(text.to_owned());
+    }
+    let mut parts = Vec::new();
+    if !text.is_empty() {
+        parts.push(json!({"type": "text", "text": text}));
+    }
+    parts.extend(pictures.iter().map(|f| images.part(f)));
+    Value::Array(parts)
+}
+
+fn image_fields(blocks: &[ContentBlock]) -> Vec<&serde_json::Map<String, Value>> {
+    blocks
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Image { fields } => Some(fields),
+            _ => None,
+        })
+        .collect()
+}
+
+fn wire_messages(m: &Message, deepseek: bool, images: &Images, out: &mut Vec<Value>) {
     let text: String = m
         .content
         .iter()
@@ -291,10 +368,20 @@ fn wire_messages(m: &Message, deepseek: bool, out: &mut Vec<Value>) {
                     out.push(
                         json!({"role": "tool", "tool_call_id": tool_call_id, "content": result}),
                     );
+                    // A tool message holds text only: its images follow as
+                    // the user's, saying whose they are.
+                    let pictures = image_fields(content);
+                    if !pictures.is_empty() {
+                        let said = format!("The images the {tool_call_id} tool call returned:");
+                        out.push(json!({"role": "user", "content": user_content(&said, &pictures, images)}));
+                    }
                 }
             }
-            if !text.is_empty() {
-                out.push(json!({"role": "user", "content": text}));
+            let pictures = image_fields(&m.content);
+            if !text.is_empty() || !pictures.is_empty() {
+                out.push(
+                    json!({"role": "user", "content": user_content(&text, &pictures, images)}),
+                );
             }
         }
         Role::Assistant => {
@@ -700,11 +787,110 @@ impl LlmAdapter for OpenAiCompatible {
     }
 
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
+        let now = tokio::time::Instant::now();
+        let limits = Limits {
+            idle: self.config.idle_timeout,
+            first_byte: now + self.config.first_byte_timeout,
+            total: now + self.config.total_timeout,
+        };
+        if !has_images(&request) || !self.accepts_images(&request.model) {
+            return self.send(&request, &Images::Described, limits, cancel);
+        }
+        // The images' bytes are read off the async workers first.
+        let (store, me) = (self.config.attachments.clone(), self.clone_handle());
+        let start = async move {
+            let images = read_images(store, &request).await;
+            me.send(&request, &images, limits, cancel)
+        };
+        Box::pin(futures::stream::once(start).flatten())
+    }
+}
+
+/// Whether any message of `request` carries an image (a tool result's too).
+fn has_images(request: &LlmRequest) -> bool {
+    request.messages.iter().any(|m| {
+        m.content.iter().any(|b| match b {
+            ContentBlock::Image { .. } => true,
+            ContentBlock::ToolResult { content, .. } => content
+                .iter()
+                .any(|c| matches!(c, ContentBlock::Image { .. })),
+            _ => false,
+        })
+    })
+}
+
+/// Each image's `data:` URL, read from `store`; one that cannot be read is
+/// left out (and described in text).
+async fn read_images(
+    store: Option<Arc<crate::attachments::Attachments>>,
+    request: &LlmRequest,
+) -> Images {
+    let Some(store) = store else {
+        return Images::Sent(Default::default());
+    };
+    let mut ids: Vec<String> = Vec::new();
+    for m in request.messages.iter() {
+        for b in &m.content {
+            let blocks: &[ContentBlock] = match b {
+                ContentBlock::ToolResult { content, .. } => content,
+                other => std::slice::from_ref(other),
+            };
+            for block in blocks {
+                if let ContentBlock::Image { fields } = block
+                    && let Some(id) = fields.get("attachmentId").and_then(Value::as_str)
+                    && !ids.iter().any(|i| i == id)
+                {
+                    ids.push(id.to_owned());
+                }
+            }
+        }
+    }
+    let urls = tokio::task::spawn_blocking(move || {
+        use base64::Engine;
+        ids.into_iter()
+            .filter_map(|id| {
+                let bytes = store.get(&id).ok()?;
+                let kind = crate::attachments::sniff(&bytes)?.media_type;
+                let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+                Some((id, format!("data:{kind};base64,{data}")))
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    Images::Sent(urls)
+}
+
+impl OpenAiCompatible {
+    /// Whether `model` on this endpoint takes image input: DeepSeek's
+    /// vision models, or any model of an endpoint configured to.
+    pub fn accepts_images(&self, model: &str) -> bool {
+        match self.config.dialect {
+            Dialect::DeepSeek { .. } => model.contains("vision"),
+            Dialect::OpenAi => self.config.images,
+        }
+    }
+
+    fn clone_handle(&self) -> OpenAiCompatible {
+        OpenAiCompatible {
+            config: self.config.clone(),
+            http: self.http.clone(),
+        }
+    }
+
+    /// Sends `request` with its images as `images` says.
+    fn send(
+        &self,
+        request: &LlmRequest,
+        images: &Images,
+        limits: Limits,
+        cancel: CancellationToken,
+    ) -> ChunkStream {
         let url = format!(
             "{}/chat/completions",
             self.config.base_url.trim_end_matches('/')
         );
-        let body = match request_body(&request, self.config.dialect) {
+        let body = match request_body_with(request, self.config.dialect, images) {
             Ok(b) => b,
             Err(f) => return Box::pin(futures::stream::iter([Err(f)])),
         };
@@ -723,14 +909,7 @@ impl LlmAdapter for OpenAiCompatible {
                 builder = builder.header("x-deepseek-harness-session-id", session.as_ref());
             }
         }
-        let now = tokio::time::Instant::now();
-        let limits = Limits {
-            idle: self.config.idle_timeout,
-            first_byte: now + self.config.first_byte_timeout,
-            total: now + self.config.total_timeout,
-        };
-        let stream = async_stream(builder, limits, cancel);
-        Box::pin(stream)
+        Box::pin(async_stream(builder, limits, cancel))
     }
 }
 

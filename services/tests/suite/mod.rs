@@ -1,3 +1,4 @@
+mod attachments;
 mod instructions;
 mod openai;
 mod persistence;

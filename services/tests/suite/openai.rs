@@ -156,6 +156,8 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         total_timeout: Duration::from_secs(600),
         dialect: Default::default(),
         user_id: None,
+        images: false,
+        attachments: None,
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -390,6 +392,8 @@ async fn every_wait_for_an_endpoint_has_an_end() {
             total_timeout: Duration::from_millis(900),
             dialect: Default::default(),
             user_id: None,
+            images: false,
+            attachments: None,
         })
         .unwrap();
         llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -627,4 +631,73 @@ fn httpdate_of(t: std::time::SystemTime) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// An endpoint configured for images is sent the bytes of an image a tool
+/// returned (read back from the attachment store, as a `data:` URL); the
+/// same request to an endpoint without images describes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_result_reaches_an_endpoint_that_takes_images() {
+    use base64::Engine;
+    let dir = dsh_supervisors::scratch::fresh_dir("dsh-openai-images").unwrap();
+    let store = Arc::new(dsh_services::attachments::Attachments::new(&dir));
+    let png = super::attachments::png(3, 2);
+    let fields = store.put(&png, Some("shot.png")).unwrap();
+    let done = || Reply::Sse {
+        events: vec![r#"{"choices":[{"delta":{"content":"seen"},"finish_reason":"stop"}]}"#.into()],
+        cut: false,
+    };
+    for images in [true, false] {
+        let server = serve(vec![done()]).await;
+        let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+        let llm = Arc::new(LlmRuntime::new());
+        let mut config = OpenAiConfig::new(server.url.clone(), None);
+        config.images = images;
+        config.attachments = Some(store.clone());
+        llm.register(
+            &rt.root(),
+            &["openai"],
+            Arc::new(OpenAiCompatible::new(config).unwrap()),
+        )
+        .unwrap();
+        let mut r = request();
+        r.messages = history(vec![Message {
+            id: Message::new_id(),
+            role: dsh_services::llm::Role::User,
+            content: vec![
+                ContentBlock::text("what is in it?"),
+                ContentBlock::Image {
+                    fields: fields.clone(),
+                },
+            ],
+            source: dsh_services::llm::MessageSource::user(),
+        }]);
+        let mut stream = llm
+            .stream(&rt.root(), r, CancellationToken::new())
+            .await
+            .unwrap();
+        while let Some(item) = stream.next().await {
+            item.unwrap();
+        }
+        let sent = server.requests.lock().unwrap()[0].clone();
+        let body: serde_json::Value =
+            serde_json::from_str(&sent[sent.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+        let part = &body["messages"][1]["content"][1];
+        if images {
+            let url = format!(
+                "data:image/png;base64,{}",
+                base64::engine::general_purpose::STANDARD.encode(&png)
+            );
+            assert_eq!(part["image_url"]["url"], url, "{body}");
+        } else {
+            assert!(
+                part["text"]
+                    .as_str()
+                    .unwrap()
+                    .contains("does not take images"),
+                "{part}"
+            );
+        }
+        rt.shutdown().await;
+    }
 }

@@ -4,6 +4,7 @@
 
 mod bash;
 mod fs;
+mod image;
 mod jobs;
 mod search;
 mod skill;
@@ -17,6 +18,7 @@ use dsh_supervisors::Context;
 
 pub use bash::Bash;
 pub use fs::{Edit, Read, Write, file_tools};
+pub use image::ReadImage;
 pub use jobs::{JobKill, JobList, JobOutput};
 pub use search::{Glob, Grep};
 pub use skill::SkillTool;
@@ -39,6 +41,7 @@ pub fn register_builtin(
     registry.register(ctx, Arc::new(Glob))?;
     registry.register(ctx, Arc::new(Grep))?;
     registry.register(ctx, Arc::new(TodoWrite))?;
+    registry.register(ctx, Arc::new(ReadImage))?;
     registry.register(ctx, Arc::new(JobList))?;
     registry.register(ctx, Arc::new(JobOutput))?;
     registry.register(ctx, Arc::new(JobKill))?;

@@ -80,23 +80,39 @@ impl Place {
         }
     }
 
-    /// The whole file as UTF-8; `Ok(None)` when it does not exist.
-    pub(super) async fn read(&self, given: &str) -> Result<Option<String>, ToolError> {
+    /// The whole file's bytes, refused past `max`; `Ok(None)` when it does
+    /// not exist.
+    pub(super) async fn read_bytes(
+        &self,
+        given: &str,
+        max: u64,
+    ) -> Result<Option<Vec<u8>>, ToolError> {
         let place = self.clone();
         let given = given.to_owned();
-        let bytes = blocking(move || -> Result<Option<Vec<u8>>, ToolError> {
-            let mut file = match place.open(OFlag::O_RDONLY, &given) {
+        blocking(move || -> Result<Option<Vec<u8>>, ToolError> {
+            let file = match place.open(OFlag::O_RDONLY, &given) {
                 Ok(f) => f,
                 Err(Opened::Missing) => return Ok(None),
                 Err(Opened::Refused(e)) => return Err(e),
             };
             let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes).map_err(|e| {
+            file.take(max + 1).read_to_end(&mut bytes).map_err(|e| {
                 ToolError::failed(format!("cannot read {}: {e}", place.shown().display()))
             })?;
+            if bytes.len() as u64 > max {
+                return Err(ToolError::new(
+                    "TOO_LARGE",
+                    format!("{} is larger than {max} bytes", place.shown().display()),
+                ));
+            }
             Ok(Some(bytes))
         })
-        .await?;
+        .await
+    }
+
+    /// The whole file as UTF-8; `Ok(None)` when it does not exist.
+    pub(super) async fn read(&self, given: &str) -> Result<Option<String>, ToolError> {
+        let bytes = self.read_bytes(given, u64::MAX - 1).await?;
         match bytes {
             None => Ok(None),
             Some(b) => String::from_utf8(b).map(Some).map_err(|_| {
