@@ -101,6 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 request_timeout_s: None,
                 total_timeout_s: None,
                 images: false,
+                context_window: None,
             };
             root.plugin(OpenAi, config).await?;
             ("openai".to_owned(), model)

@@ -391,6 +391,10 @@ pub struct OpenAiPluginConfig {
     /// otherwise images are described in text).
     #[serde(default)]
     pub images: bool,
+    /// The models' context window in tokens; agents compact their history
+    /// before a request would pass it (unset: never).
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 fn default_openai_route() -> String {
@@ -404,6 +408,8 @@ struct Timeouts {
     images: bool,
     /// Where image bytes are.
     attachments: Option<Arc<dsh_services::attachments::Attachments>>,
+    /// The models' context window, in tokens.
+    context_window: Option<u64>,
     request_s: Option<u64>,
     idle_s: Option<u64>,
     total_s: Option<u64>,
@@ -430,6 +436,7 @@ fn endpoint(
         user_id: matches!(dialect, Dialect::DeepSeek { .. }).then(crate::home::user_id),
         images: t.images,
         attachments: t.attachments,
+        context_window: t.context_window,
     })?)
 }
 
@@ -457,6 +464,7 @@ impl Plugin for OpenAi {
             total_s: config.total_timeout_s,
             images: config.images,
             attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
+            context_window: config.context_window,
         };
         let key_env = config.api_key_env.as_deref().unwrap_or("DSH_API_KEY");
         let adapter = endpoint(&config.base_url, key_env, timeouts, Dialect::OpenAi)?;
@@ -494,6 +502,10 @@ pub struct DeepSeekPluginConfig {
     /// Longest a whole call may take, in seconds (default 3600).
     #[serde(default)]
     pub total_timeout_s: Option<u64>,
+    /// The context window in tokens (default 1,000,000); agents compact
+    /// their history before a request would pass it.
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 /// Registers DeepSeek's chat-completions API (the OpenAI-compatible adapter
@@ -530,6 +542,7 @@ impl Plugin for DeepSeek {
             total_s: config.total_timeout_s,
             images: false,
             attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
+            context_window: config.context_window,
         };
         let dialect = Dialect::DeepSeek {
             effort: config.reasoning_effort.unwrap_or_default(),

@@ -179,6 +179,7 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
                 request_timeout_s: *request_timeout,
                 total_timeout_s: None,
                 images: false,
+                context_window: None,
             };
             root.plugin(OpenAi, config).await
         }

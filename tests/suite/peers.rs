@@ -137,6 +137,7 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         user_id: None,
         images: false,
         attachments: None,
+        context_window: None,
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

@@ -66,6 +66,7 @@
 //! there too: an observer must not call the same agent's input or progress
 //! methods (it would wait on the inbox lock its own append holds).
 
+mod compaction;
 mod context;
 mod driver;
 mod envelope;

@@ -68,7 +68,7 @@ pub(super) async fn run_step(
         turn,
         step,
     };
-    let request = match request(at).await {
+    let request = match request(at, token).await {
         Ok(r) => r,
         Err(f) => return StepEnd::Failed(f),
     };
@@ -103,7 +103,7 @@ pub(super) async fn run_step(
 
 /// The step's request: system prompt, envelope (logged when it changed) and
 /// history, after the `agent/request` waterfall.
-async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
+async fn request(at: At<'_>, token: &CancellationToken) -> Result<LlmRequest, LlmFailure> {
     let (inner, me) = (&at.agent.inner, at.me);
     let system: Option<Arc<str>> = match me.ctx.get::<SystemPrompt>(SystemPrompt::SERVICE) {
         Some(prompt) => match prompt.assemble(&me.ctx).await {
@@ -119,6 +119,9 @@ async fn request(at: At<'_>) -> Result<LlmRequest, LlmFailure> {
     }
     // The route's defaults as they stand; the waterfall may name its own.
     let defaults = me.llm.defaults(&inner.spec.provider, &inner.spec.model);
+    // Near the model's context window, the turns before this one become a
+    // summary first.
+    super::compaction::maybe_compact(at.agent, me, at.turn, defaults.context_window, token).await;
     let mut proposed = LlmRequest {
         provider: inner.spec.provider.clone(),
         model: inner.spec.model.clone(),

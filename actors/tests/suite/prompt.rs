@@ -303,3 +303,134 @@ async fn the_effective_effort_and_cap_are_logged_in_the_request_header() {
     });
     assert_eq!(window, Some(Some(64_000)));
 }
+
+/// A route with a small context window whose answers report large usage;
+/// it answers a compaction request with a summary (or fails it).
+struct Crowded {
+    sent: Mutex<Vec<dsh_services::llm::LlmRequest>>,
+    fail_summary: bool,
+}
+
+impl dsh_services::llm::LlmAdapter for Crowded {
+    fn name(&self) -> &str {
+        "crowded"
+    }
+    fn defaults(&self, _model: &str) -> dsh_services::llm::ModelDefaults {
+        dsh_services::llm::ModelDefaults {
+            context_window: Some(1000),
+            ..Default::default()
+        }
+    }
+    fn stream(
+        &self,
+        request: dsh_services::llm::LlmRequest,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> dsh_services::llm::ChunkStream {
+        let compaction = request.purpose == Some("compaction");
+        self.sent.lock().unwrap().push(request);
+        if compaction && self.fail_summary {
+            return Box::pin(futures::stream::iter([Err(
+                dsh_services::llm::LlmFailure::new("SERVER_ERROR", "no summary today"),
+            )]));
+        }
+        let text = if compaction {
+            "SUMMARY: the user said first"
+        } else {
+            "answered"
+        };
+        let usage = dsh_services::llm::TokenUsage {
+            input_tokens: 900,
+            output_tokens: 10,
+            ..Default::default()
+        };
+        let chunks = dsh_services::llm::scripted::chunks_for(
+            &[dsh_services::llm::ContentBlock::text(text)],
+            usage,
+            dsh_services::llm::FinishReason::Stop,
+        );
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+/// Near the context window, the turns before the running one become one
+/// summary (a `compaction` request), logged start → summary → replacing
+/// user message → end; the next request carries the summary, not the old
+/// turns. A failed summary is logged and replaces nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_compacted_before_the_window_fills() {
+    for fail_summary in [false, true] {
+        let h = Harness::new().await;
+        let adapter = Arc::new(Crowded {
+            sent: Mutex::default(),
+            fail_summary,
+        });
+        h.adapter("c", adapter.clone());
+        let agent = h.agent("c").await;
+        agent.run("first", WAIT).await.unwrap();
+        let second = agent.run("second", WAIT).await.unwrap();
+        assert_eq!(second.text, "answered");
+        let sent = adapter.sent.lock().unwrap().clone();
+        let purposes: Vec<_> = sent.iter().map(|r| r.purpose).collect();
+        assert_eq!(purposes, [None, Some("compaction"), None], "{fail_summary}");
+        let texts = |r: &dsh_services::llm::LlmRequest| -> Vec<String> {
+            r.messages.iter().map(|m| m.text()).collect()
+        };
+        // The summary request reads the earlier turn and an instruction.
+        let asked = texts(&sent[1]);
+        assert_eq!(asked[0], "first");
+        assert!(
+            asked
+                .last()
+                .unwrap()
+                .starts_with("Summarise the conversation")
+        );
+        let kinds: Vec<String> = agent
+            .session()
+            .events()
+            .iter()
+            .map(|e| e.kind().to_owned())
+            .filter(|k| k.starts_with("compaction/") || k == "user/message")
+            .collect();
+        let last = texts(&sent[2]);
+        if fail_summary {
+            assert_eq!(
+                kinds,
+                [
+                    "user/message",
+                    "user/message",
+                    "compaction/start",
+                    "compaction/end"
+                ]
+            );
+            assert_eq!(last, ["first", "answered", "second"]);
+            let end = agent
+                .session()
+                .events()
+                .into_iter()
+                .find(|e| e.kind() == "compaction/end")
+                .unwrap();
+            assert!(
+                end.to_json()["data"]["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("no summary today")
+            );
+        } else {
+            assert_eq!(
+                kinds,
+                [
+                    "user/message",
+                    "user/message",
+                    "compaction/start",
+                    "compaction/summary",
+                    "user/message",
+                    "compaction/end"
+                ]
+            );
+            assert_eq!(last.len(), 2, "{last:?}");
+            assert!(last[0].contains("SUMMARY: the user said first"), "{last:?}");
+            assert_eq!(last[1], "second");
+        }
+        h.rt.shutdown().await;
+    }
+}

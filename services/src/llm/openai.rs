@@ -47,6 +47,9 @@ pub struct OpenAiConfig {
     pub images: bool,
     /// Where image blocks' bytes are (`None`: images are described).
     pub attachments: Option<Arc<crate::attachments::Attachments>>,
+    /// The models' context window in tokens (DeepSeek: 1,000,000 unless
+    /// set); agents compact their history before a request would pass it.
+    pub context_window: Option<u64>,
 }
 
 /// DeepSeek's official API when `$DEEPSEEK_BASE_URL` names none.
@@ -146,6 +149,7 @@ impl OpenAiConfig {
             user_id: None,
             images: false,
             attachments: None,
+            context_window: None,
         }
     }
 }
@@ -777,11 +781,18 @@ impl LlmAdapter for OpenAiCompatible {
     /// context window for its models (1,000,000 tokens).
     fn defaults(&self, _model: &str) -> ModelDefaults {
         match self.config.dialect {
-            Dialect::OpenAi => ModelDefaults::default(),
+            Dialect::OpenAi => ModelDefaults {
+                context_window: self.config.context_window,
+                ..ModelDefaults::default()
+            },
             Dialect::DeepSeek { effort, max_tokens } => ModelDefaults {
                 reasoning_effort: Some(effort.as_str()),
                 max_tokens: Some(max_tokens),
-                context_window: Some(DEEPSEEK_CONTEXT_WINDOW),
+                context_window: Some(
+                    self.config
+                        .context_window
+                        .unwrap_or(DEEPSEEK_CONTEXT_WINDOW),
+                ),
             },
         }
     }

@@ -158,6 +158,7 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         user_id: None,
         images: false,
         attachments: None,
+        context_window: None,
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -394,6 +395,7 @@ async fn every_wait_for_an_endpoint_has_an_end() {
             user_id: None,
             images: false,
             attachments: None,
+            context_window: None,
         })
         .unwrap();
         llm.register(&rt.root(), &["openai"], Arc::new(adapter))

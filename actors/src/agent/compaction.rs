@@ -1,0 +1,273 @@
+//! Automatic compaction: before a step's request would outgrow the model's
+//! context window, the turns before the running one are summarised by one
+//! auxiliary request (`x-dsh-purpose: compaction`) and replaced on the
+//! surface by that summary.
+//!
+//! Logged as upstream's harness logs it: `compaction/start {turn}` takes
+//! the lock, `compaction/summary` records the summary, the shadowed range
+//! and seqs, their estimated tokens and the call's route, a `user/message`
+//! (source `compaction`) replaces the range on the surface, and
+//! `compaction/end {turn}` releases the lock — with `error` when the
+//! summary could not be made, in which case nothing is replaced.
+
+use std::sync::Arc;
+
+use dsh_services::llm::{
+    BlockAssembler, ContentBlock, History, LlmRequest, Message, MessageSource, Role,
+};
+use dsh_services::session::{EventData, SurfaceIntent, SurfaceOp};
+use futures::StreamExt;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::driver::log_append;
+use super::{Agent, Awake};
+
+/// Compaction starts when the estimate passes this share of the window.
+pub const THRESHOLD: f64 = 0.8;
+
+/// The source of the summary message.
+pub const SOURCE: &str = "compaction";
+
+/// The summary request's output cap.
+const SUMMARY_MAX_TOKENS: u64 = 8192;
+
+const INSTRUCTION: &str = "Summarise the conversation above for yourself: you will continue the work from this summary alone, without the messages it replaces. Keep what the work needs — the user's requests and constraints in their own words where they matter, decisions made and why, files read or changed (with paths), commands run and what they showed, errors met and how they were resolved, what is done and what remains. Leave out pleasantries and anything superseded. Write plain prose and lists, no preamble.";
+
+/// The tokens the next request would carry: the last answer's reported
+/// input and output, plus a quarter token per character of what came after
+/// it (all of it, when nothing reported usage).
+pub(super) fn estimate(agent: &Agent) -> u64 {
+    agent.inner.session.with_log(|log| {
+        let events = log.events();
+        let mut chars = 0usize;
+        // From the newest surface node back to the last answer that
+        // reported usage: a few lookups, however long the session.
+        for seq in log.surface().nodes.iter().rev() {
+            let Some(e) = event_at(events, *seq) else {
+                continue;
+            };
+            if let EventData::AssistantMessage { usage: Some(u), .. } = &e.data {
+                let base = u.input_tokens + u.cache_read_tokens.unwrap_or(0) + u.output_tokens;
+                return base + (chars as u64).div_ceil(4);
+            }
+            if let Some(m) = dsh_services::session::derive_event_message(e) {
+                chars += chars_of(&m);
+            }
+        }
+        (chars as u64).div_ceil(4)
+    })
+}
+
+/// The event with `seq` (events are in seq order).
+fn event_at(
+    events: &[Arc<dsh_services::session::SessionEvent>],
+    seq: u64,
+) -> Option<&Arc<dsh_services::session::SessionEvent>> {
+    events
+        .binary_search_by_key(&seq, |e| e.seq)
+        .ok()
+        .map(|i| &events[i])
+}
+
+fn chars_of(m: &Message) -> usize {
+    m.content
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.len(),
+            ContentBlock::ToolCall { arguments, .. } => arguments.len(),
+            ContentBlock::ToolResult { content, .. } => content
+                .iter()
+                .map(|c| match c {
+                    ContentBlock::Text { text } => text.len(),
+                    _ => 256,
+                })
+                .sum(),
+            _ => 256,
+        })
+        .sum()
+}
+
+/// Compacts when the estimate passes [`THRESHOLD`] of `window`; whether
+/// the surface changed.
+pub(super) async fn maybe_compact(
+    agent: &Agent,
+    me: &Awake,
+    turn: u32,
+    window: Option<u64>,
+    token: &CancellationToken,
+) -> bool {
+    let Some(window) = window.filter(|w| *w > 0) else {
+        return false;
+    };
+    let estimated = estimate(agent);
+    if (estimated as f64) < window as f64 * THRESHOLD {
+        return false;
+    }
+    let (shadowed, messages) = before_turn(agent, turn);
+    if shadowed.len() < 2 {
+        return false;
+    }
+    log_append(
+        agent,
+        EventData::Other {
+            kind: "compaction/start".into(),
+            data: json!({"turn": turn}),
+        },
+        None,
+    );
+    let summary = summarise(me, summary_request(agent, messages), token).await;
+    let end = match summary {
+        Ok((text, usage)) => {
+            replace(agent, &shadowed, estimated, &text, usage);
+            json!({"turn": turn})
+        }
+        Err(error) => json!({"turn": turn, "error": error}),
+    };
+    let compacted = end.get("error").is_none();
+    log_append(
+        agent,
+        EventData::Other {
+            kind: "compaction/end".into(),
+            data: end,
+        },
+        None,
+    );
+    compacted
+}
+
+/// The surface before the running turn: its seqs and their messages.
+fn before_turn(agent: &Agent, turn: u32) -> (Vec<u64>, Vec<Arc<Message>>) {
+    agent.inner.session.with_log(|log| {
+        let start = log
+            .events()
+            .iter()
+            .rev()
+            .find(|e| matches!(e.data, EventData::TurnStart { turn: t } if t == turn))
+            .map_or(u64::MAX, |e| e.seq);
+        let seqs: Vec<u64> = log
+            .surface()
+            .nodes
+            .iter()
+            .copied()
+            .filter(|s| *s < start)
+            .collect();
+        let messages: Vec<Arc<Message>> = seqs
+            .iter()
+            .filter_map(|s| event_at(log.events(), *s))
+            .filter_map(|e| dsh_services::session::derive_event_message(e))
+            .collect();
+        (seqs, messages)
+    })
+}
+
+/// The one auxiliary request that summarises `messages`.
+fn summary_request(agent: &Agent, mut messages: Vec<Arc<Message>>) -> LlmRequest {
+    let spec = &agent.inner.spec;
+    messages.push(Arc::new(Message::user_text(INSTRUCTION)));
+    LlmRequest {
+        provider: spec.provider.clone(),
+        model: spec.model.clone(),
+        system: Some(Arc::from(
+            "You write the working summary that replaces the earlier part of a coding agent's conversation.",
+        )),
+        messages: History::of(messages),
+        tools: Arc::from([]),
+        temperature: None,
+        max_tokens: Some(SUMMARY_MAX_TOKENS),
+        options: Default::default(),
+        session: Some(agent.inner.id.clone()),
+        purpose: Some("compaction"),
+    }
+}
+
+/// Records `text` as the summary of `shadowed` and replaces them with it
+/// on the surface.
+fn replace(
+    agent: &Agent,
+    shadowed: &[u64],
+    estimated: u64,
+    text: &str,
+    usage: Option<dsh_services::llm::TokenUsage>,
+) {
+    let spec = &agent.inner.spec;
+    let (first, last) = (shadowed[0], shadowed[shadowed.len() - 1]);
+    log_append(
+        agent,
+        EventData::Other {
+            kind: "compaction/summary".into(),
+            data: json!({
+                "summary": text,
+                "shadowedRange": {"start": first, "end": last},
+                "shadowedSeqs": shadowed,
+                "shadowedTokenCount": estimated,
+                "provider": spec.provider,
+                "model": spec.model,
+                "maxTokens": SUMMARY_MAX_TOKENS,
+                "usage": usage,
+            }),
+        },
+        None,
+    );
+    let mut message = Message::user_text(format!(
+        "Summary of the conversation before this turn (it replaces the earlier messages):\n\n{text}"
+    ));
+    message.source = MessageSource::of(SOURCE);
+    message.role = Role::User;
+    log_append(
+        agent,
+        EventData::UserMessage(Arc::new(message)),
+        Some(SurfaceIntent {
+            surface_op: SurfaceOp::Replace {
+                start: first,
+                end: last,
+            },
+            source_event_seqs: Some(shadowed.to_vec()),
+        }),
+    );
+}
+
+/// The summary text and usage of one call, or why there is none.
+async fn summarise(
+    me: &Awake,
+    request: LlmRequest,
+    token: &CancellationToken,
+) -> Result<(String, Option<dsh_services::llm::TokenUsage>), String> {
+    let call = token.child_token();
+    let mut stream = me
+        .llm
+        .stream(&me.ctx, request, call.clone())
+        .await
+        .map_err(|f| format!("{}: {}", f.code, f.message))?;
+    let mut assembler = BlockAssembler::new();
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = token.cancelled() => {
+                call.cancel();
+                return Err("cancelled".into());
+            }
+            n = stream.next() => n,
+        };
+        match next {
+            None => break,
+            Some(Ok(chunk)) => assembler.push(&chunk),
+            Some(Err(f)) => return Err(format!("{}: {}", f.code, f.message)),
+        }
+    }
+    let text = assembler
+        .blocks()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("");
+    let text = text.trim().to_owned();
+    if text.is_empty() {
+        return Err("the summary came back empty".into());
+    }
+    Ok((text, assembler.usage()))
+}
