@@ -357,3 +357,33 @@ async fn notices_stop_waking_an_owner_after_three() {
     assert!(said[3].contains("bash-4"), "{}", said[3]);
     h.rt.shutdown().await;
 }
+
+/// A foreground command whose output is cut to its tail names the file
+/// that holds all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_foreground_output_is_spilled_too() {
+    let h = Harness::new().await;
+    let jobs = with_jobs(&h, 8);
+    h.script(
+        "f",
+        vec![
+            calls(&[(
+                "bash",
+                json!({"command": "seq 1 20000", "description": "count"}),
+            )]),
+            text("ok"),
+        ],
+    );
+    let agent = h.agent("f").await;
+    agent.run("go", WAIT).await.unwrap();
+    let said = results(&agent).remove(0).2;
+    assert!(said.starts_with("[output truncated"), "{}", &said[..80]);
+    let (_, pointer) = said
+        .rsplit_once("[the whole output is in ")
+        .expect("a pointer");
+    let path = std::path::PathBuf::from(pointer.trim_end_matches(']'));
+    assert!(path.starts_with(jobs.spill_dir()), "{}", path.display());
+    let expected: String = (1..=20000).map(|n| format!("{n}\n")).collect();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
+    h.rt.shutdown().await;
+}

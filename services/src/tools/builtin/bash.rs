@@ -179,6 +179,41 @@ async fn kill_marked(marker: String) {
     let _ = tokio::task::spawn_blocking(scan).await;
 }
 
+/// Writes the whole output of a call whose result shows only its tail to
+/// a file beside the background jobs' (private, removed when dsh exits);
+/// where, when it could.
+async fn spill(cx: &ToolContext, bytes: &[u8]) -> Option<std::path::PathBuf> {
+    use tokio::io::AsyncWriteExt;
+    let jobs = cx.ctx.get::<Jobs>(Jobs::SERVICE)?;
+    let dir = jobs.spill_dir().to_path_buf();
+    let safe: String = cx
+        .call_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    let path = dir.join(format!("call-{safe}-{}.log", uuid::Uuid::new_v4().simple()));
+    let mut builder = tokio::fs::DirBuilder::new();
+    builder.recursive(true).mode(0o700);
+    builder.create(&dir).await.ok()?;
+    let mut f = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .await
+        .ok()?;
+    f.write_all(bytes).await.ok()?;
+    f.flush().await.ok()?;
+    Some(path)
+}
+
 fn tail(bytes: &[u8]) -> String {
     if bytes.len() <= OUTPUT_CAP {
         return String::from_utf8_lossy(bytes).into_owned();
@@ -339,6 +374,11 @@ impl Tool for Bash {
             };
             let combined = joined(&out, &err);
             let mut text = tail(&combined);
+            if combined.len() > OUTPUT_CAP
+                && let Some(path) = spill(&cx, &combined).await
+            {
+                text.push_str(&format!("\n[the whole output is in {}]", path.display()));
+            }
             let code = status.map_err(|e| ToolError::failed(format!("bash did not exit cleanly: {e}")))?.code();
             match code {
                 Some(0) => {}
