@@ -358,7 +358,7 @@ struct Text {
     text: String,
 }
 
-/// `POST /api/agents/{id}/followup|steer|cancel`.
+/// `POST /api/agents/{id}/followup|steer|cancel|compact`.
 pub(super) async fn act(
     State(api): State<Api>,
     Path((id, action)): Path<(String, String)>,
@@ -391,6 +391,22 @@ pub(super) async fn act(
             }))
             .into_response();
         }
+        "compact" => {
+            return match agent.compact().await {
+                Ok(compacted) => Json(json!({
+                    "id": id, "accepted": action, "compacted": compacted,
+                    "progress": agent.progress(),
+                }))
+                .into_response(),
+                Err(e @ dsh_actors::agent::AgentError::Busy(_)) => {
+                    error(StatusCode::CONFLICT, "BUSY", e.to_string())
+                }
+                Err(e @ dsh_actors::agent::AgentError::Compaction(_)) => {
+                    error(StatusCode::BAD_GATEWAY, "COMPACTION_FAILED", e.to_string())
+                }
+                Err(e) => error(StatusCode::CONFLICT, "CLOSED", e.to_string()),
+            };
+        }
         "followup" | "steer" => {
             let text: Text = match body(request).await {
                 Ok(b) => b,
@@ -407,7 +423,7 @@ pub(super) async fn act(
             return error(
                 StatusCode::NOT_FOUND,
                 "NOT_FOUND",
-                format!("no action `{other}` (followup, steer, cancel)"),
+                format!("no action `{other}` (followup, steer, cancel, compact)"),
             );
         }
     };

@@ -19,7 +19,7 @@
 //!   `&stream=1` streams them as SSE, then every new one (a live session).
 //! - `POST /api/agents` `{prompt, provider?, model?, system?,
 //!   permissionMode?}`, and `POST /api/agents/{id}/followup|steer`
-//!   `{text}`, `.../cancel`: only when `mutations: true`.
+//!   `{text}`, `.../cancel`, `.../compact`: only when `mutations: true`.
 //! - `GET /api/approvals`, `POST /api/approvals/{id}` `{outcome}`: the
 //!   approval asks waiting for an answer ([`approvals`]; answered only when
 //!   `mutations: true`).

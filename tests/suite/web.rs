@@ -1016,3 +1016,48 @@ async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
     assert_eq!(detail["node"]["status"], "disposed", "{detail}");
     rt.shutdown().await;
 }
+
+/// `POST /api/agents/{id}/compact` summarises an idle agent's conversation
+/// into one message (logged as compaction) and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_agent_is_compacted_through_the_api() {
+    let (rt, base) = serve_agents(true).await;
+    let c = client();
+    let (id, a) = created_idle(&c, &base, &rt, "Write one line about tides.").await;
+    let done: serde_json::Value = post(
+        &c,
+        format!("{base}/api/agents/{id}/compact"),
+        serde_json::json!({}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(done["compacted"], true, "{done}");
+    let kinds: Vec<String> = a
+        .session()
+        .events()
+        .iter()
+        .map(|e| e.kind().to_owned())
+        .filter(|k| k.starts_with("compaction/"))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["compaction/start", "compaction/summary", "compaction/end"]
+    );
+    let history = a.session().derive_messages();
+    assert_eq!(history.len(), 1, "one summary replaces the turn");
+    assert_eq!(history[0].source.kind, "compaction");
+    // Nothing left to summarise: a second compaction replaces nothing.
+    let again: serde_json::Value = post(
+        &c,
+        format!("{base}/api/agents/{id}/compact"),
+        serde_json::json!({}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(again["compacted"], false, "{again}");
+    rt.shutdown().await;
+}

@@ -104,9 +104,22 @@ pub(super) async fn maybe_compact(
     if (estimated as f64) < window as f64 * THRESHOLD {
         return false;
     }
+    compact(agent, me, Some(turn), estimated, token).await == Ok(true)
+}
+
+/// Summarises the surface before `turn` (all of it for a manual compaction,
+/// `None`) into one replacing message; whether anything was replaced, or
+/// why the summary failed. Fewer than two messages are left as they are.
+pub(super) async fn compact(
+    agent: &Agent,
+    me: &Awake,
+    turn: Option<u32>,
+    estimated: u64,
+    token: &CancellationToken,
+) -> Result<bool, String> {
     let (shadowed, messages) = before_turn(agent, turn);
     if shadowed.len() < 2 {
-        return false;
+        return Ok(false);
     }
     log_append(
         agent,
@@ -117,14 +130,13 @@ pub(super) async fn maybe_compact(
         None,
     );
     let summary = summarise(me, summary_request(agent, messages), token).await;
-    let end = match summary {
+    let (end, outcome) = match summary {
         Ok((text, usage)) => {
             replace(agent, &shadowed, estimated, &text, usage);
-            json!({"turn": turn})
+            (json!({"turn": turn}), Ok(true))
         }
-        Err(error) => json!({"turn": turn, "error": error}),
+        Err(error) => (json!({"turn": turn, "error": error}), Err(error)),
     };
-    let compacted = end.get("error").is_none();
     log_append(
         agent,
         EventData::Other {
@@ -133,17 +145,19 @@ pub(super) async fn maybe_compact(
         },
         None,
     );
-    compacted
+    outcome
 }
 
 /// The surface before the running turn: its seqs and their messages.
-fn before_turn(agent: &Agent, turn: u32) -> (Vec<u64>, Vec<Arc<Message>>) {
+fn before_turn(agent: &Agent, turn: Option<u32>) -> (Vec<u64>, Vec<Arc<Message>>) {
     agent.inner.session.with_log(|log| {
-        let start = log
-            .events()
-            .iter()
-            .rev()
-            .find(|e| matches!(e.data, EventData::TurnStart { turn: t } if t == turn))
+        let start = turn
+            .and_then(|turn| {
+                log.events()
+                    .iter()
+                    .rev()
+                    .find(|e| matches!(e.data, EventData::TurnStart { turn: t } if t == turn))
+            })
             .map_or(u64::MAX, |e| e.seq);
         let seqs: Vec<u64> = log
             .surface()
@@ -270,4 +284,29 @@ async fn summarise(
         return Err("the summary came back empty".into());
     }
     Ok((text, assembler.usage()))
+}
+
+impl Agent {
+    /// Summarises the whole conversation so far into one message that
+    /// replaces it on the surface (what automatic compaction does near the
+    /// context window), logged the same way with `turn: null`; `Ok(false)`
+    /// when there is too little to summarise. Only between turns; a
+    /// hibernated agent is woken for it.
+    pub async fn compact(&self) -> Result<bool, crate::agent::AgentError> {
+        use crate::agent::AgentError;
+        if !self.is_idle() {
+            return Err(AgentError::Busy(self.id().to_owned()));
+        }
+        if self.is_hibernated() {
+            self.wake().await?;
+        }
+        let me = match &*self.life() {
+            super::Life::Awake(me) => me.clone(),
+            _ => return Err(AgentError::Closed(self.id().to_owned())),
+        };
+        let estimated = estimate(self);
+        compact(self, &me, None, estimated, &CancellationToken::new())
+            .await
+            .map_err(AgentError::Compaction)
+    }
 }

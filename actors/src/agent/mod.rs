@@ -362,6 +362,13 @@ pub enum AgentError {
     /// [`Agent::wake`].
     #[error("agent {0} is hibernated; wake it first")]
     Hibernated(String),
+    /// A turn is running; compaction waits for it. Retryable.
+    #[error("agent {0} is running a turn; compact it when it is idle")]
+    Busy(String),
+    /// The summary could not be made (the model call failed). Retryable;
+    /// nothing was replaced.
+    #[error("the conversation was not compacted: {0}")]
+    Compaction(String),
     /// A wait ran out. Retryable: the agent may still become idle.
     #[error("agent {id} did not become idle within {after:?}")]
     Timeout {
