@@ -108,6 +108,13 @@ enum Bench {
         #[arg(long)]
         raw: bool,
     },
+    /// One compaction of an agent's history of N messages (the summary from
+    /// the scripted model: our own cost), then `derive_messages` after it.
+    Compact {
+        /// Messages in the history (user and assistant, one turn per pair).
+        #[arg(long, default_value_t = 1000)]
+        messages: u32,
+    },
     /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
     /// worker turns) through the subagent seam; then its tree is torn down.
     W2 {
@@ -180,6 +187,12 @@ pub async fn bench(args: BenchArgs) -> Exit {
             let args = ["bench", "w3", "--n", &n_text, "--max-awake", &cap_text];
             let cap = (max_awake > 0).then_some(max_awake);
             workload(&args, processes, "bytes_per_agent", workloads::w3(n, cap)).await
+        }
+        Bench::Compact { messages } => {
+            if messages < 4 {
+                return Exit::usage("--messages must be at least 4");
+            }
+            report(workloads::compact(messages).await)
         }
         Bench::W2 { k, processes } => {
             if k == 0 {
@@ -758,6 +771,52 @@ pub mod workloads {
             "echo_calls": echo_calls,
             "session_events": events,
             "persistence": "in-memory (session log in the agent, no file sink)",
+        }))
+    }
+
+    /// One compaction of a history of `messages` messages, and the first
+    /// and a repeated `derive_messages` after it.
+    pub async fn compact(messages: u32) -> Result<serde_json::Value, BoxError> {
+        let w = world(1, None).await?;
+        let agent = Agent::create(&w.rt.root(), spec("bench-worker")).await?;
+        for t in 0..messages / 2 {
+            turn(
+                &agent,
+                &format!("turn {t}: a line of ordinary conversation"),
+                1,
+            )
+            .await?;
+        }
+        let before = agent.session().derive_messages().len();
+        let start = Instant::now();
+        let compacted = agent.compact().await?;
+        let compact_s = start.elapsed().as_secs_f64();
+        if !compacted {
+            return Err("nothing was compacted".into());
+        }
+        let start = Instant::now();
+        let after = agent.session().derive_messages().len();
+        let derive_first_us = start.elapsed().as_secs_f64() * 1e6;
+        let start = Instant::now();
+        let again = agent.session().derive_messages().len();
+        let derive_again_us = start.elapsed().as_secs_f64() * 1e6;
+        if after != 1 || again != 1 {
+            return Err(format!("{after} messages after compaction (want 1)").into());
+        }
+        let events = agent.session().next_seq();
+        w.rt.shutdown().await;
+        println!(
+            "compact: {before} messages -> 1 in {:.3} ms; derive_messages after it {derive_first_us:.1} us, then {derive_again_us:.1} us",
+            compact_s * 1e3
+        );
+        Ok(serde_json::json!({
+            "workload": "compact",
+            "messages": before,
+            "compact_ms": compact_s * 1e3,
+            "derive_after_us": derive_first_us,
+            "derive_again_us": derive_again_us,
+            "session_events": events,
+            "summary_model": "scripted (no network): the figure is dsh's own cost",
         }))
     }
 

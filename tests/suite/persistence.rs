@@ -425,6 +425,30 @@ fn the_persist_bench_round_trips_what_it_appends() {
 }
 
 #[test]
+fn the_compaction_bench_leaves_one_summary_of_its_history() {
+    // The bench refuses a compaction that leaves more than the summary.
+    let out = dsh()
+        .args(["bench", "compact", "--messages", "40"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let result: serde_json::Value = serde_json::from_str(
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .expect("a RESULT line"),
+    )
+    .unwrap();
+    assert_eq!(result["messages"], 40);
+    assert!(result["compact_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn a_session_store_plugin_in_cordis_yml_receives_the_runs_sessions() {
     let dir = temp("plugin-store");
     let db = dir.join("store/sessions.db");
