@@ -405,45 +405,31 @@ fn fork_and_refusals(backend: Backend) {
 fn the_persist_bench_round_trips_what_it_appends() {
     // The bench itself refuses a load that does not give back every
     // appended event and message; a small run checks that path.
-    let out = dsh()
-        .args(["bench", "persist", "--events", "503"])
-        .output()
-        .unwrap();
+    let result = bench_result(&["bench", "persist", "--events", "503"]);
+    assert_eq!(result["events"], 503);
+    assert!(result["bytes"].as_u64().unwrap() > 503 * 20);
+}
+
+/// Runs a bench that must succeed; its `RESULT` line.
+fn bench_result(args: &[&str]) -> serde_json::Value {
+    let out = dsh().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let result = stdout
+    let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
         .expect("a RESULT line");
-    let result: serde_json::Value = serde_json::from_str(result).unwrap();
-    assert_eq!(result["events"], 503);
-    assert!(result["bytes"].as_u64().unwrap() > 503 * 20);
+    serde_json::from_str(line).unwrap()
 }
 
 #[test]
 fn the_compaction_bench_leaves_one_summary_of_its_history() {
     // The bench refuses a compaction that leaves more than the summary.
-    let out = dsh()
-        .args(["bench", "compact", "--messages", "40"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let result: serde_json::Value = serde_json::from_str(
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("RESULT "))
-            .expect("a RESULT line"),
-    )
-    .unwrap();
+    let result = bench_result(&["bench", "compact", "--messages", "40"]);
     assert_eq!(result["messages"], 40);
     assert!(result["compact_ms"].as_f64().unwrap() > 0.0);
 }
