@@ -221,6 +221,7 @@ impl Jobs {
             cancel: CancellationToken::new(),
             settled,
             spill: self.spill_dir.join(format!("{kind}-{n}.log")),
+            group: std::sync::atomic::AtomicI32::new(0),
             state: Mutex::new(JobState {
                 status: JobStatus::Running,
                 detail: None,
@@ -298,6 +299,8 @@ pub struct Job {
     settled: tokio::sync::watch::Sender<bool>,
     spill: PathBuf,
     state: Mutex<JobState>,
+    /// The command's process group, once started (0: none yet).
+    group: std::sync::atomic::AtomicI32,
 }
 
 #[derive(Debug)]
@@ -402,6 +405,16 @@ impl Job {
                 if !reason.trim().is_empty() {
                     s.detail = Some(one_line(reason));
                 }
+                // Killed now, not when its worker next runs: a loaded
+                // runtime, or a worker stopped first, must not let it live.
+                // (Not reaped before it settles, so the group is still its.)
+                let group = self.group.load(Ordering::Acquire);
+                if group > 0 {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(group),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
             }
         }
         self.cancel.cancel();
@@ -429,11 +442,14 @@ impl Job {
     /// Waits until the job ends or `timeout` passes (or `cancel` fires).
     pub async fn wait(&self, timeout: Duration, cancel: &CancellationToken) {
         let mut rx = self.settled.subscribe();
-        tokio::select! {
-            _ = rx.wait_for(|done| *done) => {}
-            () = tokio::time::sleep(timeout) => {}
-            () = cancel.cancelled() => {}
-        }
+        let ended = async {
+            tokio::select! {
+                _ = rx.wait_for(|done| *done) => {}
+                () = cancel.cancelled() => {}
+            }
+        };
+        // Past the timeout the job runs on; the read says so.
+        let _ = tokio::time::timeout(timeout, ended).await;
     }
 
     /// Whether the owner was told of the end (or needs not be); marks it
@@ -456,6 +472,9 @@ pub async fn run_job(
     spawned: Spawned,
 ) -> Result<(), dsh_supervisors::Error> {
     let name = format!("job/{}", job.id);
+    if let Some(pid) = spawned.child.id() {
+        job.group.store(pid as i32, Ordering::Release);
+    }
     let run = JobRun {
         ctx: ctx.clone(),
         jobs: jobs.clone(),
