@@ -387,3 +387,32 @@ async fn a_long_foreground_output_is_spilled_too() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), expected);
     h.rt.shutdown().await;
 }
+
+/// A command that prints without end cannot grow dsh without end: each
+/// stream keeps its last 4 MiB, and the result says how much was let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_output_is_kept_to_its_end() {
+    let h = Harness::new().await;
+    with_jobs(&h, 8);
+    let flood = "head -c 20971520 /dev/zero | tr '\\0' 'a'; echo; echo last-line";
+    h.script(
+        "z",
+        vec![
+            calls(&[("bash", json!({"command": flood, "description": "flood"}))]),
+            text("ok"),
+        ],
+    );
+    let agent = h.agent("z").await;
+    agent.run("go", WAIT).await.unwrap();
+    let said = results(&agent).remove(0).2;
+    assert!(said.contains("last-line"), "the end is kept");
+    let (_, note) = said
+        .rsplit_once("[the last 4 MiB of each stream are in ")
+        .expect("a note");
+    let (path, rest) = note.split_once("; ").unwrap();
+    let dropped: u64 = rest.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(dropped >= 20971520 - 2 * 4 * 1024 * 1024, "{rest}");
+    let kept = std::fs::metadata(path).unwrap().len();
+    assert!(kept <= 2 * 4 * 1024 * 1024 + 16, "{kept} bytes kept");
+    h.rt.shutdown().await;
+}

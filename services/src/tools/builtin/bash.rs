@@ -214,6 +214,31 @@ async fn spill(cx: &ToolContext, bytes: &[u8]) -> Option<std::path::PathBuf> {
     Some(path)
 }
 
+/// Bytes of each stream kept in memory at most (its end): a command that
+/// prints without end cannot grow this process without end.
+const KEPT: usize = 4 * 1024 * 1024;
+
+/// Reads `r` to its end into `buf`, keeping its last [`KEPT`] bytes; how
+/// many earlier bytes were let go.
+async fn read_tail<R: tokio::io::AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> u64 {
+    let mut dropped = 0u64;
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match r.read(&mut chunk).await {
+            Ok(0) | Err(_) => return dropped,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                // Trimmed in halves, so each byte moves O(1) times.
+                if buf.len() > 2 * KEPT {
+                    let cut = buf.len() - KEPT;
+                    buf.drain(..cut);
+                    dropped += cut as u64;
+                }
+            }
+        }
+    }
+}
+
 fn tail(bytes: &[u8]) -> String {
     if bytes.len() <= OUTPUT_CAP {
         return String::from_utf8_lossy(bytes).into_owned();
@@ -318,15 +343,16 @@ impl Tool for Bash {
             let mut stderr = child.stderr.take();
             let mut out = Vec::new();
             let mut err = Vec::new();
+            let (mut out_dropped, mut err_dropped) = (0u64, 0u64);
             let mut reading = Box::pin(async {
                 let read_out = async {
                     if let Some(s) = stdout.as_mut() {
-                        let _ = s.read_to_end(&mut out).await;
+                        out_dropped = read_tail(s, &mut out).await;
                     }
                 };
                 let read_err = async {
                     if let Some(s) = stderr.as_mut() {
-                        let _ = s.read_to_end(&mut err).await;
+                        err_dropped = read_tail(s, &mut err).await;
                     }
                 };
                 tokio::join!(read_out, read_err);
@@ -377,7 +403,16 @@ impl Tool for Bash {
             if combined.len() > OUTPUT_CAP
                 && let Some(path) = spill(&cx, &combined).await
             {
-                text.push_str(&format!("\n[the whole output is in {}]", path.display()));
+                let dropped = out_dropped + err_dropped;
+                if dropped == 0 {
+                    text.push_str(&format!("\n[the whole output is in {}]", path.display()));
+                } else {
+                    text.push_str(&format!(
+                        "\n[the last {} MiB of each stream are in {}; {dropped} earlier bytes were not kept]",
+                        KEPT / (1024 * 1024),
+                        path.display()
+                    ));
+                }
             }
             let code = status.map_err(|e| ToolError::failed(format!("bash did not exit cleanly: {e}")))?.code();
             match code {
