@@ -49,6 +49,7 @@ pub(super) fn describe(agent: &Agent, recent: usize) -> Value {
         "node": agent.node_id(),
         "status": agent.status(),
         "progress": agent.progress(),
+        "contextTokens": agent.context_tokens(),
         "last_turn": agent.last_turn().map(|t| json!({
             "turn": t.turn, "steps": t.steps, "reason": t.reason, "text": t.text,
         })),

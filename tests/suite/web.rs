@@ -1034,6 +1034,12 @@ async fn an_idle_agent_is_compacted_through_the_api() {
     .await
     .unwrap();
     assert_eq!(done["compacted"], true, "{done}");
+    let detail: serde_json::Value =
+        get_json(&c, format!("{base}/api/actors/{}", a.node_id())).await;
+    assert!(
+        detail["agent"]["contextTokens"].as_u64().is_some(),
+        "{detail}"
+    );
     let kinds: Vec<String> = a
         .session()
         .events()

@@ -287,6 +287,14 @@ async fn summarise(
 }
 
 impl Agent {
+    /// The token meter: what the next request would carry (the last
+    /// answer's reported tokens plus an estimate of what came since), the
+    /// figure automatic compaction compares with the context window.
+    /// `None` while hibernated (its history is packed away).
+    pub fn context_tokens(&self) -> Option<u64> {
+        (!self.is_hibernated()).then(|| estimate(self))
+    }
+
     /// Summarises the whole conversation so far into one message that
     /// replaces it on the surface (what automatic compaction does near the
     /// context window), logged the same way with `turn: null`; `Ok(false)`

@@ -424,6 +424,11 @@ impl Agent {
     /// The end of the agent: it leaves the registry and the tree, its
     /// disposal callbacks run, `agent/disposed` is emitted.
     pub(super) fn finish(&self) {
+        // Whatever path ended it (a teardown prelude that did not run, an
+        // asleep disposal), no background job of its outlives it.
+        if let Some(jobs) = self.inner.owner.get::<Jobs>(Jobs::SERVICE) {
+            jobs.cancel_owner(&self.inner.id);
+        }
         let was = {
             let mut life = self.life();
             let node = life.node();

@@ -367,6 +367,8 @@ async fn history_is_compacted_before_the_window_fills() {
         h.adapter("c", adapter.clone());
         let agent = h.agent("c").await;
         agent.run("first", WAIT).await.unwrap();
+        // The meter: the answer's reported 910 tokens, nothing since.
+        assert_eq!(agent.context_tokens(), Some(910));
         let second = agent.run("second", WAIT).await.unwrap();
         assert_eq!(second.text, "answered");
         let sent = adapter.sent.lock().unwrap().clone();
