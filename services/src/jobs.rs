@@ -470,6 +470,7 @@ pub async fn run_job(
     jobs: &Arc<Jobs>,
     job: Arc<Job>,
     spawned: Spawned,
+    marker: Option<String>,
 ) -> Result<(), dsh_supervisors::Error> {
     let name = format!("job/{}", job.id);
     if let Some(pid) = spawned.child.id() {
@@ -480,6 +481,7 @@ pub async fn run_job(
         jobs: jobs.clone(),
         job: job.clone(),
         spawned: Some(spawned),
+        marker,
     };
     match ctx
         .spawn(WorkerSpec::new("job", name, JobWorker, run))
@@ -500,6 +502,8 @@ struct JobRun {
     jobs: Arc<Jobs>,
     job: Arc<Job>,
     spawned: Option<Spawned>,
+    /// The `KEY=value` every process of the command carries.
+    marker: Option<String>,
 }
 
 impl Actor for JobWorker {
@@ -522,6 +526,10 @@ impl Actor for JobWorker {
     ) -> Result<(), ActorProcessingErr> {
         if let Some(spawned) = run.spawned.take() {
             let (status, detail) = pump(&run.jobs, &run.job, spawned).await;
+            // What left the group (a setsid, bwrap's forked helper) dies too.
+            if let Some(marker) = run.marker.clone() {
+                crate::sandbox::kill_marked(marker).await;
+            }
             if run.job.settle(status, detail) {
                 run.ctx.emit(&JobDone {
                     job: run.job.clone(),

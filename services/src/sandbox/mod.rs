@@ -347,6 +347,49 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Kills every process whose environment carries `marker` (a scan of
+/// `/proc`, off the async workers; repeated while it finds any, so a fork
+/// racing one scan is caught by the next). A process that cleared its
+/// environment is out of reach here; under bwrap the PID namespace ends
+/// it anyway.
+pub async fn kill_marked(marker: String) {
+    let scan = move || {
+        let me = std::process::id();
+        for _ in 0..4 {
+            let Ok(entries) = std::fs::read_dir("/proc") else {
+                return;
+            };
+            let mut found = 0;
+            for entry in entries.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<i32>().ok())
+                else {
+                    continue;
+                };
+                if pid as u32 == me {
+                    continue;
+                }
+                let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+                    continue;
+                };
+                if env.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                    found += 1;
+                }
+            }
+            if found == 0 {
+                return;
+            }
+        }
+    };
+    let _ = tokio::task::spawn_blocking(scan).await;
+}
+
 /// Kills the process group of every command still running: the last thing
 /// a process that started commands does, whatever path ended it (a signal,
 /// a drain budget that ran out), so no command outlives it even where the

@@ -70,6 +70,7 @@ async fn background(
     sandbox: Arc<Sandbox>,
     launch: Launch,
     command: &str,
+    marker: String,
 ) -> Result<ToolOutput, ToolError> {
     let jobs = cx.ctx.get::<Jobs>(Jobs::SERVICE).ok_or_else(|| {
         ToolError::new(
@@ -91,7 +92,7 @@ async fn background(
             return Err(ToolError::new(e.code(), e.to_string()));
         }
     };
-    run_job(&cx.ctx, &jobs, job.clone(), spawned)
+    run_job(&cx.ctx, &jobs, job.clone(), spawned, Some(marker))
         .await
         .map_err(|e| ToolError::failed(format!("the job could not start: {e}")))?;
     let text = format!(
@@ -134,49 +135,6 @@ fn joined(out: &[u8], err: &[u8]) -> Vec<u8> {
 /// descendants that leave the process group still inherit it.
 fn marker() -> String {
     format!("DSH_CALL={}", uuid::Uuid::new_v4().simple())
-}
-
-/// Kills every process whose environment carries `marker` (a scan of
-/// `/proc`, off the async workers; repeated while it finds any, so a fork
-/// racing one scan is caught by the next). A process that cleared its
-/// environment is out of reach here; under bwrap the PID namespace ends
-/// it anyway.
-async fn kill_marked(marker: String) {
-    let scan = move || {
-        let me = std::process::id();
-        for _ in 0..4 {
-            let Ok(entries) = std::fs::read_dir("/proc") else {
-                return;
-            };
-            let mut found = 0;
-            for entry in entries.flatten() {
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<i32>().ok())
-                else {
-                    continue;
-                };
-                if pid as u32 == me {
-                    continue;
-                }
-                let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-                    continue;
-                };
-                if env.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                    found += 1;
-                }
-            }
-            if found == 0 {
-                return;
-            }
-        }
-    };
-    let _ = tokio::task::spawn_blocking(scan).await;
 }
 
 /// Writes the whole output of a call whose result shows only its tail to
@@ -329,7 +287,7 @@ impl Tool for Bash {
                 stdin: false,
             };
             if args.run_in_background == Some(true) {
-                return background(&cx, sandbox, launch, &command).await;
+                return background(&cx, sandbox, launch, &command, marker).await;
             }
             let spawned = sandbox
                 .spawn(launch, cx.policy)
@@ -370,10 +328,11 @@ impl Tool for Bash {
             // Whatever the command started dies with the call: its group,
             // and what left the group (setsid, double fork) by its marker.
             kill_group(pid);
-            // Under bwrap the PID namespace took everything with it already.
-            if !matches!(backend, Some(Backend::Bwrap(_))) {
-                kill_marked(marker).await;
-            }
+            // Under bwrap too: a bwrap killed early leaves its forked
+            // helper (its own session, the marker in its environment)
+            // running the command, when its parent-death watch does not
+            // hold (as root it does not).
+            crate::sandbox::kill_marked(marker).await;
             if !read_all {
                 // Descendants holding the pipes are gone: the rest is EOF.
                 let _ = tokio::time::timeout(DRAIN, &mut reading).await;
