@@ -401,9 +401,9 @@ fn default_openai_route() -> String {
     "openai".into()
 }
 
-/// A provider entry's timeouts, in seconds (`None`: the default), and
-/// what it knows of images.
-struct Timeouts {
+/// A provider entry's settings beyond its URL and key: timeouts in seconds
+/// (`None`: the default), images, the context window.
+struct EndpointSettings {
     /// The models take image input.
     images: bool,
     /// Where image bytes are.
@@ -420,7 +420,7 @@ struct Timeouts {
 fn endpoint(
     base_url: &str,
     key_env: &str,
-    t: Timeouts,
+    t: EndpointSettings,
     dialect: Dialect,
 ) -> Result<OpenAiCompatible, BoxError> {
     dsh_services::sandbox::env::register_secret(key_env);
@@ -458,7 +458,7 @@ impl Plugin for OpenAi {
         let llm = ctx
             .get::<LlmRuntime>(LlmRuntime::SERVICE)
             .ok_or("the `llm` service is gone")?;
-        let timeouts = Timeouts {
+        let settings = EndpointSettings {
             request_s: config.request_timeout_s,
             idle_s: config.idle_timeout_s,
             total_s: config.total_timeout_s,
@@ -467,7 +467,7 @@ impl Plugin for OpenAi {
             context_window: config.context_window,
         };
         let key_env = config.api_key_env.as_deref().unwrap_or("DSH_API_KEY");
-        let adapter = endpoint(&config.base_url, key_env, timeouts, Dialect::OpenAi)?;
+        let adapter = endpoint(&config.base_url, key_env, settings, Dialect::OpenAi)?;
         llm.register(&ctx, &[config.provider.as_str()], Arc::new(adapter))?;
         Ok(())
     }
@@ -536,7 +536,7 @@ impl Plugin for DeepSeek {
                     .filter(|u| !u.is_empty())
             })
             .unwrap_or_else(|| dsh_services::llm::openai::DEEPSEEK_BASE_URL.into());
-        let timeouts = Timeouts {
+        let settings = EndpointSettings {
             request_s: config.request_timeout_s,
             idle_s: config.idle_timeout_s,
             total_s: config.total_timeout_s,
@@ -549,7 +549,7 @@ impl Plugin for DeepSeek {
             max_tokens: config.max_tokens.unwrap_or(256_000).max(1),
         };
         let key_env = config.api_key_env.as_deref().unwrap_or("DEEPSEEK_API_KEY");
-        let adapter = endpoint(&base_url, key_env, timeouts, dialect)?;
+        let adapter = endpoint(&base_url, key_env, settings, dialect)?;
         let route = config.provider.clone().unwrap_or_else(|| "deepseek".into());
         llm.register(&ctx, &[route.as_str()], Arc::new(adapter))?;
         Ok(())

@@ -149,9 +149,8 @@ impl Attachments {
                 info.height
             )));
         }
-        let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        let id = format!("sha256:{hex}");
+        let id = address(bytes);
+        let hex = &id["sha256:".len()..];
         let path = self.path_of(&id)?;
         if !path.exists() {
             let store = |e| AttachmentError::Store {
@@ -187,9 +186,7 @@ impl Attachments {
             path: path.clone(),
             error: e,
         })?;
-        let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
-        let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-        if id != format!("sha256:{hex}") {
+        if id != address(&bytes) {
             return Err(AttachmentError::Store {
                 path,
                 error: std::io::Error::other("its bytes do not match its address"),
@@ -197,6 +194,13 @@ impl Attachments {
         }
         Ok(bytes)
     }
+}
+
+/// The content address of `bytes`: `sha256:<hex>`.
+fn address(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
 }
 
 /// A one-line description of an image block, for a model that takes no

@@ -169,7 +169,8 @@ impl std::fmt::Debug for OpenAiConfig {
     }
 }
 
-/// The adapter.
+/// The adapter (a clone shares its HTTP client).
+#[derive(Clone)]
 pub struct OpenAiCompatible {
     config: OpenAiConfig,
     http: reqwest::Client,
@@ -808,7 +809,7 @@ impl LlmAdapter for OpenAiCompatible {
             return self.send(&request, &Images::Described, limits, cancel);
         }
         // The images' bytes are read off the async workers first.
-        let (store, me) = (self.config.attachments.clone(), self.clone_handle());
+        let (store, me) = (self.config.attachments.clone(), self.clone());
         let start = async move {
             let images = read_images(store, &request).await;
             me.send(&request, &images, limits, cancel)
@@ -879,13 +880,6 @@ impl OpenAiCompatible {
         match self.config.dialect {
             Dialect::DeepSeek { .. } => model.contains("vision"),
             Dialect::OpenAi => self.config.images,
-        }
-    }
-
-    fn clone_handle(&self) -> OpenAiCompatible {
-        OpenAiCompatible {
-            config: self.config.clone(),
-            http: self.http.clone(),
         }
     }
 
