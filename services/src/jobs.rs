@@ -407,13 +407,10 @@ impl Job {
                 }
                 // Killed now, not when its worker next runs: a loaded
                 // runtime, or a worker stopped first, must not let it live.
-                // (Not reaped before it settles, so the group is still its.)
+                // (The worker clears `group` once it reaps the leader.)
                 let group = self.group.load(Ordering::Acquire);
                 if group > 0 {
-                    let _ = nix::sys::signal::killpg(
-                        nix::unistd::Pid::from_raw(group),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
+                    crate::sandbox::kill_command(group, false);
                 }
             }
         }
@@ -525,11 +522,7 @@ impl Actor for JobWorker {
         run: &mut JobRun,
     ) -> Result<(), ActorProcessingErr> {
         if let Some(spawned) = run.spawned.take() {
-            let (status, detail) = pump(&run.jobs, &run.job, spawned).await;
-            // What left the group (a setsid, bwrap's forked helper) dies too.
-            if let Some(marker) = run.marker.clone() {
-                crate::sandbox::kill_marked(marker).await;
-            }
+            let (status, detail) = pump(&run.jobs, &run.job, spawned, run.marker.clone()).await;
             if run.job.settle(status, detail) {
                 run.ctx.emit(&JobDone {
                     job: run.job.clone(),
@@ -561,7 +554,17 @@ impl Actor for JobWorker {
 }
 
 /// Collects the output until the command ends or the job is cancelled.
-async fn pump(jobs: &Jobs, job: &Arc<Job>, mut spawned: Spawned) -> (JobStatus, Option<String>) {
+/// Once the leader exits or the job is cancelled, everything the command
+/// started is killed (its group, and by `marker` what left the group), and
+/// the pipes get [`DRAIN`] to close: a process out of reach of both (it
+/// cleared its environment and left the group, on a host without bwrap)
+/// cannot hold the worker.
+async fn pump(
+    jobs: &Jobs,
+    job: &Arc<Job>,
+    mut spawned: Spawned,
+    marker: Option<String>,
+) -> (JobStatus, Option<String>) {
     let mut stdout = spawned.child.stdout.take();
     let mut stderr = spawned.child.stderr.take();
     let mut spill: Option<tokio::fs::File> = None;
@@ -569,11 +572,14 @@ async fn pump(jobs: &Jobs, job: &Arc<Job>, mut spawned: Spawned) -> (JobStatus, 
     let (mut out_buf, mut err_buf) = ([0u8; 8192], [0u8; 8192]);
     let mut exit = None;
     let mut cancelled = false;
+    let mut drain: Option<tokio::time::Instant> = None;
+    let pid = spawned.child.id().map(|p| p as i32);
     loop {
         let open = stdout.is_some() || stderr.is_some();
         if !open && exit.is_some() {
             break;
         }
+        let mut ending = false;
         let chunk = tokio::select! {
             n = read_some(&mut stdout, &mut out_buf), if stdout.is_some() => match n {
                 Some(n) => Some(out_buf[..n].to_vec()),
@@ -585,16 +591,30 @@ async fn pump(jobs: &Jobs, job: &Arc<Job>, mut spawned: Spawned) -> (JobStatus, 
             },
             status = spawned.child.wait(), if exit.is_none() => {
                 exit = Some(status);
-                // Whatever it left behind holding the pipes dies with it.
-                kill_group(&spawned);
+                // Reaped: a kill must not reach a pid reused since.
+                job.group.store(0, Ordering::Release);
+                if let Some(pid) = pid {
+                    crate::sandbox::kill_command(pid, true);
+                }
+                ending = true;
                 None
             }
             () = job.cancel.cancelled(), if !cancelled => {
                 cancelled = true;
-                kill_group(&spawned);
+                if let (Some(pid), None) = (pid, &exit) {
+                    crate::sandbox::kill_command(pid, false);
+                }
+                ending = true;
                 None
             }
+            () = sleep_until(drain), if drain.is_some() => break,
         };
+        if ending {
+            if let Some(marker) = marker.clone() {
+                crate::sandbox::kill_marked(marker).await;
+            }
+            drain.get_or_insert_with(|| tokio::time::Instant::now() + DRAIN);
+        }
         if let Some(bytes) = chunk {
             job.push(&bytes);
             spill_write(jobs, job, &mut spill, &mut head, &bytes).await;
@@ -620,6 +640,16 @@ async fn pump(jobs: &Jobs, job: &Arc<Job>, mut spawned: Spawned) -> (JobStatus, 
     }
 }
 
+/// How long the pipes may take to close once everything is killed.
+const DRAIN: Duration = Duration::from_secs(5);
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn read_some<R: tokio::io::AsyncRead + Unpin>(
     r: &mut Option<R>,
     buf: &mut [u8],
@@ -627,15 +657,6 @@ async fn read_some<R: tokio::io::AsyncRead + Unpin>(
     match r.as_mut()?.read(buf).await {
         Ok(0) | Err(_) => None,
         Ok(n) => Some(n),
-    }
-}
-
-fn kill_group(spawned: &Spawned) {
-    if let Some(pid) = spawned.child.id() {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
     }
 }
 

@@ -7,15 +7,47 @@
 //! only its own processes, and host `/proc/<pid>` magic links cannot reach
 //! around the mounts); `/tmp` is a private tmpfs. Under `workspace-write` the
 //! workspace is bound writable after `/tmp`, so a workspace under `/tmp`
-//! still works. The command runs in a new session and dies with its parent;
-//! being PID 1's child in its own PID namespace, every process it starts
-//! dies with the namespace.
+//! still works.
+//!
+//! bwrap runs under `setsid`: it leads a new session (no controlling
+//! terminal, so nothing inside can push keystrokes into the user's) and a
+//! process group that holds the namespace's init. bwrap's own
+//! `--new-session` would move that init out of the group, leaving it to
+//! `--die-with-parent`, which a kill during bwrap's set-up outruns; this
+//! way one `killpg` reaches the init, and every process inside, however it
+//! detached, dies with the PID namespace.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 
-use super::{Launch, PROBE_TIMEOUT, PermissionMode, Policy, on_path};
+use super::{Launch, PROBE_TIMEOUT, PermissionMode, Policy, command as base, on_path};
+
+/// `setsid` on `$PATH` (util-linux), looked up once.
+fn setsid() -> Result<&'static Path, String> {
+    static SETSID: OnceLock<Option<PathBuf>> = OnceLock::new();
+    SETSID
+        .get_or_init(|| on_path("setsid"))
+        .as_deref()
+        .ok_or_else(|| {
+            "setsid (util-linux) is not on $PATH; bwrap needs it to lead a session".into()
+        })
+}
+
+/// The command running `launch` under `policy` through bwrap at `path`.
+pub(super) fn command(
+    path: &Path,
+    launch: &Launch,
+    policy: Policy,
+) -> Result<tokio::process::Command, String> {
+    let mut args = vec![path.as_os_str().to_owned()];
+    args.extend(arguments(launch, policy));
+    // Not a group leader (no `process_group`), so `setsid` calls setsid(2)
+    // and execs bwrap in place: the child's pid is the session's and the
+    // group's.
+    Ok(base(setsid()?.as_os_str(), &args, launch))
+}
 
 /// The arguments to `bwrap` running `launch` under `policy`.
 pub(super) fn arguments(launch: &Launch, policy: Policy) -> Vec<OsString> {
@@ -30,7 +62,6 @@ pub(super) fn arguments(launch: &Launch, policy: Policy) -> Vec<OsString> {
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
-        "--new-session",
         "--die-with-parent",
         "--cap-drop",
         "ALL",
@@ -80,8 +111,7 @@ pub(super) async fn probe(path: Option<PathBuf>) -> Result<PathBuf, String> {
         mode: PermissionMode::ReadOnly,
         network: false,
     };
-    let run = tokio::process::Command::new(&path)
-        .args(arguments(&launch, policy))
+    let run = command(&path, &launch, policy)?
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

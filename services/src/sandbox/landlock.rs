@@ -106,6 +106,7 @@ pub(super) async fn spawn(mut launch: Launch, policy: Policy) -> Started {
             .map_err(|e| SandboxError::Spawn(format!("Landlock: {e}")))
             .and_then(|_| {
                 command(&launch.argv[0], &launch.argv[1..], &launch)
+                    .process_group(0)
                     .spawn()
                     .map_err(|e| SandboxError::Spawn(e.to_string()))
             });

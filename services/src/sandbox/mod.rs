@@ -330,13 +330,24 @@ impl Drop for Spawned {
             return;
         };
         lock(&RUNNING).remove(&(pid as i32));
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        let reaped = !matches!(self.child.try_wait(), Ok(None));
+        kill_command(pid as i32, reaped);
     }
+}
+
+/// Kills the command `pid` started as and everything in its process group:
+/// the leader first (unless `reaped`: its pid may be another's by now), so
+/// it cannot fork again, then the group, which holds all it forked (under
+/// bwrap the namespace's init, whose death ends every process inside). A
+/// leader still between `exec` and `setsid` has no group yet and forked
+/// nothing: the first kill suffices.
+pub fn kill_command(pid: i32, reaped: bool) {
+    use nix::sys::signal::{Signal, kill, killpg};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    if !reaped {
+        let _ = kill(pid, Signal::SIGKILL);
+    }
+    let _ = killpg(pid, Signal::SIGKILL);
 }
 
 /// The process groups of started commands not yet dropped.
@@ -397,10 +408,7 @@ pub async fn kill_marked(marker: String) {
 pub fn kill_running() {
     let groups = std::mem::take(&mut *lock(&RUNNING));
     for pgid in groups {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pgid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        kill_command(pgid, false);
     }
 }
 
@@ -531,6 +539,7 @@ impl Sandbox {
         if !policy.confines() {
             let mut cmd = command(&launch.argv[0], &launch.argv[1..], &launch);
             let child = cmd
+                .process_group(0)
                 .spawn()
                 .map_err(|e| SandboxError::Spawn(e.to_string()))?;
             return Ok(Spawned::new(child, None, None));
@@ -547,8 +556,8 @@ impl Sandbox {
         let backend = self.backend().await.map_err(|e| unavailable(e.0))?;
         match &backend {
             Backend::Bwrap(path) => {
-                let args = bwrap::arguments(&launch, policy);
-                let mut cmd = command(path.as_os_str(), &args, &launch);
+                let mut cmd = bwrap::command(path, &launch, policy)
+                    .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
                 let child = cmd
                     .spawn()
                     .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
@@ -568,7 +577,8 @@ impl Sandbox {
 }
 
 /// The command for `program args…` with `launch`'s directory, environment
-/// and stdio, leading its own process group, killed when dropped.
+/// and stdio, killed when dropped. The caller puts it in a group of its own
+/// (`process_group(0)`, or `setsid` for bwrap).
 fn command(
     program: &std::ffi::OsStr,
     args: &[OsString],
@@ -586,7 +596,6 @@ fn command(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     cmd
 }

@@ -383,3 +383,57 @@ async fn an_abandoned_command_is_killed_with_its_group() {
         }
     }
 }
+
+/// A command killed at any instant of bwrap's set-up leaves nothing behind:
+/// the kill lands anywhere from before bwrap's fork to after the command
+/// detached itself with `setsid`, and no process of it survives (bwrap's
+/// own parent-death watch alone loses this race).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_killed_while_bwrap_sets_up_leaves_nothing() {
+    let (ws, _) = layout();
+    let sandbox = sandbox(BackendChoice::Bwrap);
+    let token = "74.4321";
+    for step in 0..60u64 {
+        let launch = Launch {
+            argv: vec![
+                "bash".into(),
+                "-c".into(),
+                format!("setsid sleep {token} & sleep {token}").into(),
+            ],
+            cwd: ws.clone(),
+            workspace: ws.clone(),
+            env: sandbox.child_env(),
+            stdin: false,
+        };
+        let spawned = sandbox.spawn(launch, WORKSPACE_WRITE).await.unwrap();
+        // From at once to a few milliseconds in: bwrap's fork, its
+        // namespace set-up, the exec, the command's own setsid.
+        let started = std::time::Instant::now();
+        while started.elapsed() < std::time::Duration::from_micros(step * step * 2) {
+            tokio::task::yield_now().await;
+        }
+        drop(spawned);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while live(token) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a killed command lives on"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Whether a live (not zombie) process's command line holds `token`.
+fn live(token: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'));
+        !zombie
+            && std::fs::read(p.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(token))
+                .unwrap_or(false)
+    })
+}

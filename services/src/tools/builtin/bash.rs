@@ -52,16 +52,6 @@ struct BashArgs {
     escalation: Escalation,
 }
 
-fn kill_group(pid: Option<u32>) {
-    if let Some(pid) = pid {
-        // The child leads its own group (process_group(0)); signal all of it.
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-    }
-}
-
 /// Starts `launch` as a background job of the calling agent: admitted
 /// first (the per-agent cap), then spawned under the same sandbox, then
 /// run by a supervised worker under the agent's scope.
@@ -325,13 +315,13 @@ impl Tool for Bash {
                     () = cx.cancel.cancelled() => break Ended::Cancelled,
                 }
             };
-            // Whatever the command started dies with the call: its group,
-            // and what left the group (setsid, double fork) by its marker.
-            kill_group(pid);
-            // Under bwrap too: a bwrap killed early leaves its forked
-            // helper (its own session, the marker in its environment)
-            // running the command, when its parent-death watch does not
-            // hold (as root it does not).
+            // Whatever the command started dies with the call: its group
+            // (under bwrap, the whole PID namespace), and what left the
+            // group on the host (setsid, double fork) by its marker.
+            if let Some(pid) = pid {
+                let reaped = matches!(ended, Ended::Exited(_));
+                crate::sandbox::kill_command(pid as i32, reaped);
+            }
             crate::sandbox::kill_marked(marker).await;
             if !read_all {
                 // Descendants holding the pipes are gone: the rest is EOF.
