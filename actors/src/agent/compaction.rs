@@ -35,8 +35,9 @@ const SUMMARY_MAX_TOKENS: u64 = 8192;
 const INSTRUCTION: &str = "Summarise the conversation above for yourself: you will continue the work from this summary alone, without the messages it replaces. Keep what the work needs — the user's requests and constraints in their own words where they matter, decisions made and why, files read or changed (with paths), commands run and what they showed, errors met and how they were resolved, what is done and what remains. Leave out pleasantries and anything superseded. Write plain prose and lists, no preamble.";
 
 /// The tokens the next request would carry: the last answer's reported
-/// input and output, plus a quarter token per character of what came after
-/// it (all of it, when nothing reported usage).
+/// input and output, less what replacements since took out of what it
+/// counted, plus a quarter token per character of what came after it (all
+/// of it, when nothing reported usage).
 pub(super) fn estimate(agent: &Agent) -> u64 {
     agent.inner.session.with_log(|log| {
         let events = log.events();
@@ -49,6 +50,7 @@ pub(super) fn estimate(agent: &Agent) -> u64 {
             };
             if let EventData::AssistantMessage { usage: Some(u), .. } = &e.data {
                 let base = u.input_tokens + u.cache_read_tokens.unwrap_or(0) + u.output_tokens;
+                let base = base.saturating_sub(saved_since(events, e.seq));
                 return base + (chars as u64).div_ceil(4);
             }
             if let Some(m) = dsh_services::session::derive_event_message(e) {
@@ -57,6 +59,37 @@ pub(super) fn estimate(agent: &Agent) -> u64 {
         }
         (chars as u64).div_ceil(4)
     })
+}
+
+/// What the replacements logged after the answer at `answer` saved of the
+/// nodes before it: for each prune or summary (the metering event right
+/// before its replacement), the shadowed price less the replacement's.
+fn saved_since(events: &[Arc<dsh_services::session::SessionEvent>], answer: u64) -> u64 {
+    let mut saved = 0;
+    for e in events.iter().rev().take_while(|e| e.seq > answer) {
+        let EventData::Other { kind, data } = &e.data else {
+            continue;
+        };
+        if !matches!(&**kind, "compaction/prune" | "compaction/summary") {
+            continue;
+        }
+        let before = data["shadowedSeqs"]
+            .as_array()
+            .is_some_and(|s| s.iter().all(|v| v.as_u64().is_some_and(|v| v < answer)));
+        let shadowed = data["shadowedTokenCount"].as_u64().unwrap_or(0);
+        let replacement = event_at(events, e.seq + 1)
+            .and_then(|r| dsh_services::session::derive_event_message(r))
+            .map_or(0, |m| price(&m));
+        if before {
+            saved += shadowed.saturating_sub(replacement);
+        }
+    }
+    saved
+}
+
+/// The estimated tokens of one message: a quarter token per character.
+pub(super) fn price(m: &Message) -> u64 {
+    (chars_of(m) as u64).div_ceil(4)
 }
 
 /// The event with `seq` (events are in seq order).
@@ -100,11 +133,17 @@ pub(super) async fn maybe_compact(
     let Some(window) = window.filter(|w| *w > 0) else {
         return false;
     };
-    let estimated = estimate(agent);
-    if (estimated as f64) < window as f64 * THRESHOLD {
+    let pressing = |estimated: u64| estimated as f64 >= window as f64 * THRESHOLD;
+    if !pressing(estimate(agent)) {
         return false;
     }
-    compact(agent, me, Some(turn), estimated, token).await == Ok(true)
+    // Over-long tool results are cut first; a summary only if that is
+    // not enough.
+    let pruned = super::prune::prune_surface(agent) > 0;
+    if pruned && !pressing(estimate(agent)) {
+        return true;
+    }
+    compact(agent, me, Some(turn), token).await == Ok(true) || pruned
 }
 
 /// Summarises the surface before `turn` (all of it for a manual compaction,
@@ -114,7 +153,6 @@ pub(super) async fn compact(
     agent: &Agent,
     me: &Awake,
     turn: Option<u32>,
-    estimated: u64,
     token: &CancellationToken,
 ) -> Result<bool, String> {
     let (shadowed, messages) = before_turn(agent, turn);
@@ -129,10 +167,11 @@ pub(super) async fn compact(
         },
         None,
     );
+    let priced: u64 = messages.iter().map(|m| price(m)).sum();
     let summary = summarise(me, summary_request(agent, messages), token).await;
     let (end, outcome) = match summary {
         Ok((text, usage)) => {
-            replace(agent, &shadowed, estimated, &text, usage);
+            replace(agent, &shadowed, priced, &text, usage);
             (json!({"turn": turn}), Ok(true))
         }
         Err(error) => (json!({"turn": turn, "error": error}), Err(error)),
@@ -200,7 +239,7 @@ fn summary_request(agent: &Agent, mut messages: Vec<Arc<Message>>) -> LlmRequest
 fn replace(
     agent: &Agent,
     shadowed: &[u64],
-    estimated: u64,
+    priced: u64,
     text: &str,
     usage: Option<dsh_services::llm::TokenUsage>,
 ) {
@@ -214,7 +253,7 @@ fn replace(
                 "summary": text,
                 "shadowedRange": {"start": first, "end": last},
                 "shadowedSeqs": shadowed,
-                "shadowedTokenCount": estimated,
+                "shadowedTokenCount": priced,
                 "provider": spec.provider,
                 "model": spec.model,
                 "maxTokens": SUMMARY_MAX_TOKENS,
@@ -312,8 +351,7 @@ impl Agent {
             super::Life::Awake(me) => me.clone(),
             _ => return Err(AgentError::Closed(self.id().to_owned())),
         };
-        let estimated = estimate(self);
-        compact(self, &me, None, estimated, &CancellationToken::new())
+        compact(self, &me, None, &CancellationToken::new())
             .await
             .map_err(AgentError::Compaction)
     }

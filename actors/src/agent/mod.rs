@@ -74,6 +74,7 @@ pub mod events;
 mod inbox;
 mod keeper;
 mod lifecycle;
+mod prune;
 mod spec;
 mod step;
 mod summary;

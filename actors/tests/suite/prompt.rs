@@ -436,3 +436,214 @@ async fn history_is_compacted_before_the_window_fills() {
         h.rt.shutdown().await;
     }
 }
+
+/// A route with a 4,000-token window whose answers report what they read
+/// (a quarter token per character): a prompt `fill N` makes it call
+/// `big {n: N}`; a tool result or another prompt makes it answer; a
+/// compaction request gets a summary.
+struct Metered {
+    sent: Mutex<Vec<dsh_services::llm::LlmRequest>>,
+}
+
+fn text_of(blocks: &[dsh_services::llm::ContentBlock]) -> String {
+    use dsh_services::llm::ContentBlock;
+    blocks
+        .iter()
+        .map(|b| match b {
+            ContentBlock::Text { text } => text.clone(),
+            ContentBlock::ToolCall { arguments, .. } => arguments.clone(),
+            ContentBlock::ToolResult { content, .. } => text_of(content),
+            _ => String::new(),
+        })
+        .collect()
+}
+
+/// The tool results a request carries, as text.
+fn results_sent(r: &dsh_services::llm::LlmRequest) -> String {
+    r.messages
+        .iter()
+        .filter(|m| {
+            m.content
+                .iter()
+                .any(|b| matches!(b, dsh_services::llm::ContentBlock::ToolResult { .. }))
+        })
+        .map(|m| text_of(&m.content))
+        .collect()
+}
+
+impl dsh_services::llm::LlmAdapter for Metered {
+    fn name(&self) -> &str {
+        "metered"
+    }
+    fn defaults(&self, _model: &str) -> dsh_services::llm::ModelDefaults {
+        dsh_services::llm::ModelDefaults {
+            context_window: Some(4000),
+            ..Default::default()
+        }
+    }
+    fn stream(
+        &self,
+        request: dsh_services::llm::LlmRequest,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> dsh_services::llm::ChunkStream {
+        use dsh_services::llm::{ContentBlock, FinishReason, Role, TokenUsage};
+        let read: usize = request
+            .messages
+            .iter()
+            .map(|m| text_of(&m.content).len())
+            .sum();
+        let usage = TokenUsage {
+            input_tokens: read.div_ceil(4) as u64,
+            output_tokens: 10,
+            ..Default::default()
+        };
+        let fill = request
+            .messages
+            .iter()
+            .last()
+            .filter(|m| m.role == Role::User)
+            .and_then(|m| m.text().strip_prefix("fill ").map(str::to_owned));
+        let (blocks, finish) = match fill {
+            _ if request.purpose == Some("compaction") => {
+                (vec![ContentBlock::text("SUMMARY")], FinishReason::Stop)
+            }
+            Some(n) => {
+                let call = ContentBlock::ToolCall {
+                    id: format!("call-{}", self.sent.lock().unwrap().len()),
+                    name: "big".into(),
+                    arguments: format!("{{\"n\": {n}}}"),
+                };
+                (vec![call], FinishReason::ToolCalls)
+            }
+            None => (vec![ContentBlock::text("answered")], FinishReason::Stop),
+        };
+        self.sent.lock().unwrap().push(request);
+        let chunks = dsh_services::llm::scripted::chunks_for(&blocks, usage, finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+/// `big {n}` → n characters: `BEGIN`, x…, `END`.
+struct Big;
+impl dsh_services::tools::Tool for Big {
+    fn schema(&self) -> dsh_services::llm::ToolSchema {
+        dsh_services::llm::ToolSchema {
+            name: "big".into(),
+            description: "a long result".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: dsh_services::tools::ToolContext,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<dsh_services::tools::ToolOutput, dsh_services::tools::ToolError>,
+    > {
+        use futures::FutureExt;
+        let n = cx.args["n"].as_u64().unwrap_or(0) as usize;
+        let body = format!("BEGIN{}END", "x".repeat(n - 8));
+        async move { Ok(dsh_services::tools::ToolOutput::text(body)) }.boxed()
+    }
+}
+
+const PRUNED: &str = "\n\n[... tool result middle pruned ...]\n\n";
+
+fn kinds(agent: &Agent) -> Vec<String> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .map(|e| e.kind().to_owned())
+        .collect()
+}
+
+/// Near the window, an over-long tool result is cut to its head and tail
+/// first (`compaction/prune`, then a replacing `tool/result`; the original
+/// stays in the log), and when that is enough no summary is asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_long_tool_result_is_pruned_instead_of_summarised() {
+    let h = Harness::new().await;
+    h.tools.register(&h.rt.root(), Arc::new(Big)).unwrap();
+    let adapter = Arc::new(Metered {
+        sent: Mutex::default(),
+    });
+    h.adapter("m", adapter.clone());
+    let agent = h.agent("m").await;
+    let first = agent.run("fill 40000", WAIT).await.unwrap();
+    assert_eq!(first.text, "answered");
+    let sent = adapter.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2, "no summary request");
+    let carried = results_sent(&sent[1]);
+    assert!(carried.starts_with("BEGIN") && carried.ends_with("END"));
+    assert!(carried.contains(PRUNED));
+    assert_eq!(carried.chars().count(), 4096 + PRUNED.len() + 1024);
+    let kinds = kinds(&agent);
+    let at = kinds.iter().position(|k| k == "compaction/prune").unwrap();
+    assert_eq!(kinds[at + 1], "tool/result");
+    assert!(!kinds.iter().any(|k| k == "compaction/start"), "{kinds:?}");
+    // The original, whole, is still in the log; the replacement keeps its
+    // call, turn and step.
+    let events = agent.session().events();
+    let results: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult {
+                turn,
+                step,
+                message,
+                ..
+            } => Some((*turn, *step, message.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 2);
+    assert_eq!(text_of(&results[0].2.content).len(), 40_000);
+    assert_eq!((results[0].0, results[0].1), (results[1].0, results[1].1));
+    assert_eq!(results[0].2.source.call_id, results[1].2.source.call_id);
+    let prune = events
+        .iter()
+        .find(|e| e.kind() == "compaction/prune")
+        .unwrap()
+        .to_json();
+    assert_eq!(prune["data"]["shadowedTokenCount"], 10_000);
+    h.rt.shutdown().await;
+}
+
+/// A result that fit when it came is pruned when the window fills later,
+/// and the meter counts what that saved (no summary follows); when
+/// pruning cannot help (a long prompt), the summary reads the pruned
+/// result, and nothing is pruned twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_comes_first_and_a_summary_reads_the_pruned_results() {
+    let h = Harness::new().await;
+    h.tools.register(&h.rt.root(), Arc::new(Big)).unwrap();
+    let adapter = Arc::new(Metered {
+        sent: Mutex::default(),
+    });
+    h.adapter("m", adapter.clone());
+    let agent = h.agent("m").await;
+    agent.run("fill 9000", WAIT).await.unwrap();
+    assert!(!kinds(&agent).iter().any(|k| k.starts_with("compaction/")));
+    // 2,260 reported + 1,100 new: past 80 % of 4,000, and the old result
+    // is the prunable bulk.
+    agent.run(&"z".repeat(4400), WAIT).await.unwrap();
+    let sent = adapter.sent.lock().unwrap().clone();
+    let purposes: Vec<_> = sent.iter().map(|r| r.purpose).collect();
+    assert_eq!(purposes, [None, None, None], "pruning sufficed");
+    assert!(results_sent(&sent[2]).contains(PRUNED));
+    let meter = agent.context_tokens().unwrap();
+    assert!(meter < 3200, "{meter}");
+    agent.run(&"y".repeat(14_000), WAIT).await.unwrap();
+    let sent = adapter.sent.lock().unwrap().clone();
+    let purposes: Vec<_> = sent.iter().map(|r| r.purpose).collect();
+    assert_eq!(purposes, [None, None, None, Some("compaction"), None]);
+    let summarised = results_sent(&sent[3]);
+    assert!(summarised.contains(PRUNED) && summarised.len() < 6000);
+    let prunes = kinds(&agent)
+        .iter()
+        .filter(|k| *k == "compaction/prune")
+        .count();
+    assert_eq!(prunes, 1);
+    h.rt.shutdown().await;
+}
