@@ -102,6 +102,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 total_timeout_s: None,
                 images: false,
                 context_window: None,
+                models: Default::default(),
             };
             root.plugin(OpenAi, config).await?;
             ("openai".to_owned(), model)

@@ -8,7 +8,7 @@ use dsh_actors::agent::{Agents, Hibernation};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
 use dsh_services::llm::openai::{
-    Dialect, OpenAiCompatible, OpenAiConfig, ReasoningEffort, RetryListener,
+    Dialect, ModelEntry, OpenAiCompatible, OpenAiConfig, ReasoningEffort, RetryListener,
 };
 use dsh_services::llm::scripted::ScriptedModel;
 use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
@@ -392,9 +392,82 @@ pub struct OpenAiPluginConfig {
     #[serde(default)]
     pub images: bool,
     /// The models' context window in tokens; agents compact their history
-    /// before a request would pass it (unset: never).
+    /// before a request would pass it (unset: never). A `models` entry's
+    /// own wins for its model.
     #[serde(default)]
     pub context_window: Option<u64>,
+    /// Known models and what differs for each (context window, output cap,
+    /// images); other model ids pass through with the entry's settings.
+    #[serde(default)]
+    pub models: Models,
+}
+
+/// A checked `models` list: non-empty ids, each listed once, positive
+/// sizes (refused where the config is read, with the entry named).
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(try_from = "Vec<ModelConfig>")]
+#[schemars(with = "Vec<ModelConfig>")]
+pub struct Models(pub Vec<ModelEntry>);
+
+impl TryFrom<Vec<ModelConfig>> for Models {
+    type Error = String;
+
+    fn try_from(list: Vec<ModelConfig>) -> Result<Models, String> {
+        model_catalogue(&list).map(Models)
+    }
+}
+
+/// One model of a provider entry's `models` list.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The wire `model` id.
+    pub id: String,
+    /// A display name (default: the id).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Its context window in tokens.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// Its output cap of requests that name none.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Whether it takes image input (default: the entry's `images`).
+    #[serde(default)]
+    pub images: Option<bool>,
+}
+
+/// The adapter's catalogue from a `models` list, each entry checked: a
+/// non-empty id listed once, positive sizes.
+fn model_catalogue(list: &[ModelConfig]) -> Result<Vec<ModelEntry>, String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let at = format!("models[{i}]");
+        let id = m.id.trim();
+        if id.is_empty() {
+            return Err(format!("{at}: `id` is empty"));
+        }
+        if !seen.insert(id) {
+            return Err(format!("{at}: model `{id}` is listed twice"));
+        }
+        for (field, value) in [
+            ("context_window", m.context_window),
+            ("max_tokens", m.max_tokens),
+        ] {
+            if value == Some(0) {
+                return Err(format!("{at} (`{id}`): `{field}` must be at least 1"));
+            }
+        }
+        out.push(ModelEntry {
+            id: id.to_owned(),
+            name: m.name.clone(),
+            context_window: m.context_window,
+            max_tokens: m.max_tokens,
+            images: m.images,
+        });
+    }
+    Ok(out)
 }
 
 fn default_openai_route() -> String {
@@ -410,6 +483,8 @@ struct EndpointSettings {
     attachments: Option<Arc<dsh_services::attachments::Attachments>>,
     /// The models' context window, in tokens.
     context_window: Option<u64>,
+    /// The model catalogue.
+    models: Vec<ModelEntry>,
     request_s: Option<u64>,
     idle_s: Option<u64>,
     total_s: Option<u64>,
@@ -437,6 +512,7 @@ fn endpoint(
         images: t.images,
         attachments: t.attachments,
         context_window: t.context_window,
+        models: t.models,
     })?)
 }
 
@@ -465,6 +541,7 @@ impl Plugin for OpenAi {
             images: config.images,
             attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
             context_window: config.context_window,
+            models: config.models.0.clone(),
         };
         let key_env = config.api_key_env.as_deref().unwrap_or("DSH_API_KEY");
         let adapter = endpoint(&config.base_url, key_env, settings, Dialect::OpenAi)?;
@@ -503,9 +580,14 @@ pub struct DeepSeekPluginConfig {
     #[serde(default)]
     pub total_timeout_s: Option<u64>,
     /// The context window in tokens (default 1,000,000); agents compact
-    /// their history before a request would pass it.
+    /// their history before a request would pass it. A `models` entry's
+    /// own wins for its model.
     #[serde(default)]
     pub context_window: Option<u64>,
+    /// Known models (default: V4 Flash, V4 Pro, V4 Flash Vision; a list
+    /// replaces them); other model ids pass through.
+    #[serde(default)]
+    pub models: Option<Models>,
 }
 
 /// Registers DeepSeek's chat-completions API (the OpenAI-compatible adapter
@@ -543,6 +625,10 @@ impl Plugin for DeepSeek {
             images: false,
             attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
             context_window: config.context_window,
+            models: match &config.models {
+                Some(list) => list.0.clone(),
+                None => dsh_services::llm::openai::deepseek_models(),
+            },
         };
         let dialect = Dialect::DeepSeek {
             effort: config.reasoning_effort.unwrap_or_default(),

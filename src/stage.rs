@@ -180,6 +180,7 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
                 total_timeout_s: None,
                 images: false,
                 context_window: None,
+                models: Default::default(),
             };
             root.plugin(OpenAi, config).await
         }

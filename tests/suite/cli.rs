@@ -55,6 +55,45 @@ fn check_reports_every_problem_with_file_line_entry_and_field() {
     assert!(out.stdout.is_empty());
 }
 
+/// A provider entry's `models` list is checked where the config is read:
+/// an id listed twice, an empty id and a zero window are each named with
+/// their entry and line.
+#[test]
+fn check_refuses_a_bad_models_list() {
+    let good = "plugins:\n  - id: ds\n    name: deepseek\n    config:\n      context_window: 500000\n      models:\n        - id: deepseek-v4-flash\n          context_window: 128000\n          max_tokens: 8000\n        - { id: mine, images: true }\n";
+    let bad = |models: &str| {
+        format!(
+            "plugins:\n  - id: oa\n    name: openai\n    config:\n      base_url: http://127.0.0.1:9/v1\n      models:\n{models}"
+        )
+    };
+    let dir = workdir(&[
+        ("good.yml", good),
+        ("twice.yml", &bad("        - id: m\n        - id: m\n")),
+        ("empty.yml", &bad("        - id: ' '\n")),
+        ("zero.yml", &bad("        - { id: m, context_window: 0 }\n")),
+    ]);
+    let out = dsh(&["check", "good.yml"], &dir);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for (file, says) in [
+        ("twice.yml", "models[1]: model `m` is listed twice"),
+        ("empty.yml", "models[0]: `id` is empty"),
+        (
+            "zero.yml",
+            "models[0] (`m`): `context_window` must be at least 1",
+        ),
+    ] {
+        let out = dsh(&["check", file], &dir);
+        assert_eq!(out.status.code(), Some(2), "{file}");
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with(&format!("{file}:"))
+                && err.contains("entry `oa`")
+                && err.contains(says),
+            "{file}: {err}"
+        );
+    }
+}
+
 #[test]
 fn check_applies_patches_and_reads_the_environment() {
     let dir = workdir(&[

@@ -138,6 +138,7 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         images: false,
         attachments: None,
         context_window: None,
+        models: Vec::new(),
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

@@ -49,7 +49,51 @@ pub struct OpenAiConfig {
     pub attachments: Option<Arc<crate::attachments::Attachments>>,
     /// The models' context window in tokens (DeepSeek: 1,000,000 unless
     /// set); agents compact their history before a request would pass it.
+    /// A [`ModelEntry`]'s own wins for its model.
     pub context_window: Option<u64>,
+    /// What is known of particular models (an exact id match wins over
+    /// the endpoint-wide settings); any other model id passes through.
+    pub models: Vec<ModelEntry>,
+}
+
+/// One model of an endpoint's catalogue: its id and what differs from the
+/// endpoint-wide settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelEntry {
+    /// The wire `model` id.
+    pub id: String,
+    /// A display name (default: the id).
+    pub name: Option<String>,
+    /// Its context window in tokens.
+    pub context_window: Option<u64>,
+    /// Its output cap of requests that name none.
+    pub max_tokens: Option<u64>,
+    /// Whether it takes image input.
+    pub images: Option<bool>,
+}
+
+impl ModelEntry {
+    /// An entry for `id` with nothing of its own.
+    pub fn new(id: impl Into<String>) -> ModelEntry {
+        ModelEntry {
+            id: id.into(),
+            ..ModelEntry::default()
+        }
+    }
+}
+
+/// The models a DeepSeek route lists unless configured: V4 Flash, V4 Pro,
+/// and the image-taking V4 Flash Vision (each 1,000,000 tokens, the
+/// route's window).
+pub fn deepseek_models() -> Vec<ModelEntry> {
+    vec![
+        ModelEntry::new("deepseek-v4-flash"),
+        ModelEntry::new("deepseek-v4-pro"),
+        ModelEntry {
+            images: Some(true),
+            ..ModelEntry::new("deepseek-v4-flash-vision-exp")
+        },
+    ]
 }
 
 /// DeepSeek's official API when `$DEEPSEEK_BASE_URL` names none.
@@ -150,7 +194,13 @@ impl OpenAiConfig {
             images: false,
             attachments: None,
             context_window: None,
+            models: Vec::new(),
         }
+    }
+
+    /// The catalogue entry of `model`, if it has one.
+    pub fn model(&self, model: &str) -> Option<&ModelEntry> {
+        self.models.iter().find(|m| m.id == model)
     }
 }
 
@@ -165,6 +215,8 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("dialect", &self.dialect)
             .field("user_id", &self.user_id)
             .field("images", &self.images)
+            .field("context_window", &self.context_window)
+            .field("models", &self.models)
             .finish()
     }
 }
@@ -778,22 +830,28 @@ impl LlmAdapter for OpenAiCompatible {
         matches!(self.config.dialect, Dialect::DeepSeek { .. })
     }
 
+    /// The model's catalogue entry first, then the endpoint's settings;
     /// DeepSeek's: the configured effort and output cap, and upstream's
     /// context window for its models (1,000,000 tokens).
-    fn defaults(&self, _model: &str) -> ModelDefaults {
+    fn defaults(&self, model: &str) -> ModelDefaults {
+        let entry = self.config.model(model);
+        let window = entry
+            .and_then(|m| m.context_window)
+            .or(self.config.context_window);
+        let max_tokens = entry.and_then(|m| m.max_tokens);
         match self.config.dialect {
             Dialect::OpenAi => ModelDefaults {
-                context_window: self.config.context_window,
+                context_window: window,
+                max_tokens,
                 ..ModelDefaults::default()
             },
-            Dialect::DeepSeek { effort, max_tokens } => ModelDefaults {
+            Dialect::DeepSeek {
+                effort,
+                max_tokens: route_max,
+            } => ModelDefaults {
                 reasoning_effort: Some(effort.as_str()),
-                max_tokens: Some(max_tokens),
-                context_window: Some(
-                    self.config
-                        .context_window
-                        .unwrap_or(DEEPSEEK_CONTEXT_WINDOW),
-                ),
+                max_tokens: Some(max_tokens.unwrap_or(route_max)),
+                context_window: Some(window.unwrap_or(DEEPSEEK_CONTEXT_WINDOW)),
             },
         }
     }
@@ -874,13 +932,22 @@ async fn read_images(
 }
 
 impl OpenAiCompatible {
-    /// Whether `model` on this endpoint takes image input: DeepSeek's
-    /// vision models, or any model of an endpoint configured to.
+    /// Whether `model` on this endpoint takes image input: as its
+    /// catalogue entry says, else DeepSeek's vision models, or any model of
+    /// an endpoint configured to.
     pub fn accepts_images(&self, model: &str) -> bool {
+        if let Some(images) = self.config.model(model).and_then(|m| m.images) {
+            return images;
+        }
         match self.config.dialect {
             Dialect::DeepSeek { .. } => model.contains("vision"),
             Dialect::OpenAi => self.config.images,
         }
+    }
+
+    /// The endpoint's model catalogue.
+    pub fn models(&self) -> &[ModelEntry] {
+        &self.config.models
     }
 
     /// Sends `request` with its images as `images` says.

@@ -159,6 +159,7 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         images: false,
         attachments: None,
         context_window: None,
+        models: Vec::new(),
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -396,6 +397,7 @@ async fn every_wait_for_an_endpoint_has_an_end() {
             images: false,
             attachments: None,
             context_window: None,
+            models: Vec::new(),
         })
         .unwrap();
         llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -490,7 +492,39 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
             context_window: Some(1_000_000),
         }
     );
+    // A catalogue entry wins for its model, the route's window for others.
+    config.context_window = Some(500_000);
+    config.models = vec![dsh_services::llm::openai::ModelEntry {
+        context_window: Some(64_000),
+        max_tokens: Some(8_000),
+        images: Some(true),
+        ..dsh_services::llm::openai::ModelEntry::new("small")
+    }];
+    let listed = OpenAiCompatible::new(config.clone()).unwrap();
+    assert_eq!(
+        listed.defaults("small"),
+        ModelDefaults {
+            reasoning_effort: Some("low"),
+            max_tokens: Some(8_000),
+            context_window: Some(64_000),
+        }
+    );
+    assert_eq!(listed.defaults("other").context_window, Some(500_000));
+    assert_eq!(listed.defaults("other").max_tokens, Some(256_000));
+    assert!(listed.accepts_images("small") && !listed.accepts_images("other"));
     config.dialect = Dialect::OpenAi;
+    assert_eq!(
+        OpenAiCompatible::new(config.clone())
+            .unwrap()
+            .defaults("small"),
+        ModelDefaults {
+            reasoning_effort: None,
+            max_tokens: Some(8_000),
+            context_window: Some(64_000),
+        }
+    );
+    config.context_window = None;
+    config.models.clear();
     let plain = OpenAiCompatible::new(config).unwrap();
     assert_eq!(plain.defaults("m"), ModelDefaults::default());
     // Plain OpenAI: nothing of that, and `content: null` beside tool calls.
