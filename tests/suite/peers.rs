@@ -109,6 +109,16 @@ async fn http_get(url: &str) -> Result<String, String> {
 }
 
 async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runtime {
+    runtime_with(base_url, tools, retry, None).await
+}
+
+/// [`runtime`] with the models' context window and a jobs service.
+async fn runtime_with(
+    base_url: &str,
+    tools: Vec<Arc<dyn Tool>>,
+    retry: bool,
+    context_window: Option<u64>,
+) -> Runtime {
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let root = rt.root();
     let llm = Arc::new(LlmRuntime::new());
@@ -137,11 +147,14 @@ async fn runtime(base_url: &str, tools: Vec<Arc<dyn Tool>>, retry: bool) -> Runt
         user_id: None,
         images: false,
         attachments: None,
-        context_window: None,
+        context_window,
         models: Vec::new(),
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();
+    let jobs = Arc::new(dsh::services::jobs::Jobs::new(Default::default()));
+    root.provide(dsh::services::jobs::Jobs::SERVICE, jobs)
+        .unwrap();
     if retry {
         RetryListener {
             max_retries: 2,
@@ -179,8 +192,30 @@ impl Tool for Weather {
     }
 }
 
-/// A finished few-shot turn: the model saw one weather question answered.
+/// Two finished few-shot turns: the model saw two weather questions
+/// answered.
 fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
+    let example = |city: &str, temperature: &str| Example {
+        prompt: format!("What is the weather in {city}?"),
+        tool: "get_weather",
+        arguments: format!("{{\"city\": \"{city}\"}}"),
+        result: temperature.to_owned(),
+        answer: format!("It is {temperature} in {city}."),
+    };
+    worked(&[example("London", "11C"), example("Berlin", "14C")])
+}
+
+/// One worked example: a prompt, the call it gets, its result, the answer.
+struct Example {
+    prompt: String,
+    tool: &'static str,
+    arguments: String,
+    result: String,
+    answer: String,
+}
+
+/// A finished turn per example: a pattern a tiny model follows.
+fn worked(examples: &[Example]) -> Vec<dsh::services::session::SessionEvent> {
     use dsh::services::llm::{ContentBlock, MessageSource, Role};
     let mut log = SessionLog::new(SessionHeader::new("few-shot", None));
     let assistant = |content| {
@@ -194,21 +229,19 @@ fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
     // Two worked examples: one is too weak a pattern for a 135M model
     // once every built-in tool's schema is in the prompt.
     let mut events = Vec::new();
-    for (turn, city, temperature) in [(1, "London", "11C"), (2, "Berlin", "14C")] {
+    for (turn, ex) in (1..).zip(examples) {
         let id = format!("c{turn}");
-        let arguments = format!("{{\"city\": \"{city}\"}}");
+        let arguments = ex.arguments.clone();
         let call = ContentBlock::ToolCall {
             id: id.clone(),
-            name: "get_weather".into(),
+            name: ex.tool.into(),
             arguments: arguments.clone(),
         };
         events.extend([
             (EventData::TurnStart { turn }, None),
             (EventData::StepStart { turn, step: 1 }, None),
             (
-                EventData::UserMessage(Arc::new(Message::user_text(format!(
-                    "What is the weather in {city}?"
-                )))),
+                EventData::UserMessage(Arc::new(Message::user_text(ex.prompt.clone()))),
                 Some(SurfaceIntent::append()),
             ),
             (
@@ -226,7 +259,7 @@ fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
                     turn,
                     step: 1,
                     call_id: id.clone(),
-                    name: "get_weather".into(),
+                    name: ex.tool.into(),
                     arguments: arguments.clone(),
                 },
                 None,
@@ -240,7 +273,7 @@ fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
                         role: Role::User,
                         content: vec![ContentBlock::ToolResult {
                             tool_call_id: id.clone(),
-                            content: vec![ContentBlock::text(temperature)],
+                            content: vec![ContentBlock::text(ex.result.clone())],
                             is_error: Some(false),
                         }],
                         source: MessageSource::tool(&id),
@@ -256,9 +289,7 @@ fn few_shot() -> Vec<dsh::services::session::SessionEvent> {
                 EventData::AssistantMessage {
                     turn,
                     step: 2,
-                    message: assistant(vec![ContentBlock::text(format!(
-                        "It is {temperature} in {city}."
-                    ))]),
+                    message: assistant(vec![ContentBlock::text(ex.answer.clone())]),
                     usage: None,
                     interrupted: false,
                 },
@@ -351,6 +382,178 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
     );
     assert!(!summary.text.trim().is_empty());
     assert_eq!(summary.steps, 2);
+    rt.shutdown().await;
+}
+
+/// Whether a live process's command line holds `token`.
+fn running(token: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'));
+        !zombie
+            && std::fs::read(p.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(token))
+                .unwrap_or(false)
+    })
+}
+
+/// The real model, a context window far too small for the seeded history:
+/// the turn starts a background job through the real `bash` tool, the
+/// history before it is summarised by the model itself (a `compaction`
+/// request), the next request carries that summary, and the job runs on
+/// until its agent is disposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction() {
+    use dsh::services::llm::ContentBlock;
+    let dir = peers();
+    let port = free_port();
+    let mut cmd = Command::new(dir.join("venv/bin/python"));
+    cmd.arg(repo().join("tests/peers/serve_llama.py"))
+        .args(["--port", &port.to_string(), "--template"])
+        .arg(repo().join("tests/peers/chatml_tools.jinja"));
+    let _server = start(cmd, "READY");
+    healthy(port).await;
+    let rt = runtime_with(
+        &format!("http://127.0.0.1:{port}/v1"),
+        vec![],
+        true,
+        // Past the seeded history's ~100 tokens, short of the first
+        // answer's reported prompt (the bash schema alone is ~500): the
+        // first step runs on the worked examples, the second compacts.
+        Some(400),
+    )
+    .await;
+    // A 135M model is steered, not scripted: two worked examples, only
+    // `bash` offered while the prompt is last, text once the result is in;
+    // a summary is kept short.
+    let bash = dsh::services::tools::builtin::Bash.schema();
+    let seen: Arc<std::sync::Mutex<Vec<(Option<&'static str>, String)>>> = Arc::default();
+    let log = seen.clone();
+    rt.root()
+        .on_waterfall(move |mut call: LlmStream, next| {
+            let log = log.clone();
+            let bash = bash.clone();
+            async move {
+                let r = &mut call.request;
+                let first = r
+                    .messages
+                    .iter()
+                    .next()
+                    .map(|m| m.text())
+                    .unwrap_or_default();
+                log.lock().unwrap().push((r.purpose, first));
+                if r.purpose == Some("compaction") {
+                    r.max_tokens = Some(48);
+                    return next.run(call).await;
+                }
+                let after_tool = r.messages.last().is_some_and(|m| {
+                    m.content
+                        .iter()
+                        .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+                });
+                if after_tool {
+                    r.options.insert("tool_choice".into(), "none".into());
+                } else {
+                    r.tools = Arc::from([bash.clone()]);
+                    r.options.insert("tool_choice".into(), "required".into());
+                }
+                next.run(call).await
+            }
+        })
+        .unwrap();
+    let workspace = dsh::kernel::scratch::fresh_dir("dsh-llama-jobs").unwrap();
+    let mut spec = AgentSpec::new("peer", "smollm2-135m", workspace);
+    spec.temperature = Some(0.0);
+    spec.max_tokens = Some(48);
+    spec.max_steps = 4;
+    let example = |turn: u32, command: &str| {
+        Example {
+        prompt: format!("Run `{command}` in the background."),
+        tool: "bash",
+        arguments: serde_json::json!({"command": command, "description": "wait", "run_in_background": true})
+            .to_string(),
+        result: format!("started background job bash-{turn}: {command}"),
+        answer: "Started.".into(),
+    }
+    };
+    spec.seed = Some(Box::new((
+        SessionHeader::new(Message::new_id(), None),
+        worked(&[example(1, "sleep 11.5"), example(2, "sleep 23.25")]),
+    )));
+    let agent = Agent::create(&rt.root(), spec).await.unwrap();
+    let summary = agent
+        .run(
+            "Run `sleep 84.2468` in the background.",
+            Duration::from_secs(300),
+        )
+        .await
+        .unwrap();
+    assert_eq!(summary.reason, TurnEndReason::Completed, "{summary:?}");
+    // The background job, started by the real tool, runs.
+    let jobs = rt
+        .root()
+        .get::<dsh::services::jobs::Jobs>(dsh::services::jobs::Jobs::SERVICE)
+        .unwrap();
+    let listed = jobs.list(Some(agent.id()));
+    let told: Vec<String> = agent
+        .session()
+        .events()
+        .iter()
+        .filter(|e| matches!(e.kind(), "tool/call" | "tool/result" | "assistant/message"))
+        .map(|e| e.to_json().to_string())
+        .collect();
+    assert_eq!(listed.len(), 1, "{told:#?}");
+    assert!(running("84.2468"), "the job's command runs");
+    let events = agent.session().events();
+    let started = events.iter().any(|e| match &e.data {
+        EventData::ToolResult { message, .. } => {
+            message.text().contains("started background job bash-1")
+                || serde_json::to_string(&message.content)
+                    .unwrap()
+                    .contains("started background job bash-1")
+        }
+        _ => false,
+    });
+    assert!(started, "the tool result names the job");
+    // The compaction: logged start → summary → replacing message → end,
+    // with no error, and the request after it opens with the summary.
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.kind())
+        .filter(|k| k.starts_with("compaction/"))
+        .collect();
+    assert_eq!(
+        &kinds[..3],
+        ["compaction/start", "compaction/summary", "compaction/end"],
+        "{kinds:?}"
+    );
+    let end = events
+        .iter()
+        .find(|e| e.kind() == "compaction/end")
+        .unwrap()
+        .to_json();
+    assert!(end["data"].get("error").is_none(), "{end}");
+    let seen = seen.lock().unwrap().clone();
+    let at = seen
+        .iter()
+        .position(|(p, _)| *p == Some("compaction"))
+        .expect("a compaction request");
+    assert!(seen[0].1.contains("sleep 11.5"), "{seen:?}");
+    let (purpose, first) = &seen[at + 1];
+    assert_eq!(*purpose, None);
+    assert!(first.starts_with("Summary of the conversation"), "{first}");
+    // Disposing the agent ends its job.
+    agent.dispose().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while running("84.2468") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job outlived its agent"
+        );
+        tokio::task::yield_now().await;
+    }
     rt.shutdown().await;
 }
 
