@@ -429,7 +429,9 @@ async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction(
     // `bash` offered while the prompt is last, text once the result is in;
     // a summary is kept short.
     let bash = dsh::services::tools::builtin::Bash.schema();
-    let seen: Arc<std::sync::Mutex<Vec<(Option<&'static str>, String)>>> = Arc::default();
+    // Each request's purpose and first message.
+    type Seen = Vec<(Option<&'static str>, String)>;
+    let seen: Arc<std::sync::Mutex<Seen>> = Arc::default();
     let log = seen.clone();
     rt.root()
         .on_waterfall(move |mut call: LlmStream, next| {
