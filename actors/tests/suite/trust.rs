@@ -438,3 +438,143 @@ async fn a_route_that_titles_sessions_is_asked_once_beside_the_conversation() {
     assert_eq!(titles, ["fallback", "provider"]);
     h.rt.shutdown().await;
 }
+
+/// A loopback server answering every request with `hello from the web`.
+async fn web_server() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let body = "hello from the web";
+            let _ = s
+                .write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+        }
+    });
+    format!("http://{addr}/page")
+}
+
+/// The tools the model reads with (`read_image`, `skill`, `web_fetch`) and
+/// background jobs, through the scripted pipeline under each permission
+/// mode: reads work everywhere, `web_fetch` only with the network on, and
+/// a background command's writes are confined like any bash call's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reading_tools_and_jobs_under_every_mode() {
+    use dsh_services::tools::builtin::{
+        Bash, JobOutput, ReadImage, SkillTool, WebFetch, WebFetchSettings,
+    };
+    let base = dsh_supervisors::scratch::fresh_dir("dsh-trust-tools")
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let url = web_server().await;
+    let modes = [
+        (PermissionMode::ReadOnly, true),
+        (PermissionMode::WorkspaceWrite, true),
+        (PermissionMode::DangerFullAccess, true),
+        (PermissionMode::ReadOnly, false),
+    ];
+    for (i, (mode, network)) in modes.into_iter().enumerate() {
+        // A runtime per mode: job ids count per jobs service.
+        let h = Harness::new().await;
+        let root = h.rt.root();
+        root.provide(
+            dsh_services::attachments::Attachments::SERVICE,
+            Arc::new(dsh_services::attachments::Attachments::new(
+                base.join("store"),
+            )),
+        )
+        .unwrap();
+        let jobs = Arc::new(dsh_services::jobs::Jobs::new(Default::default()));
+        root.provide(dsh_services::jobs::Jobs::SERVICE, jobs)
+            .unwrap();
+        let web = WebFetch::new(WebFetchSettings {
+            allow_private_hosts: vec!["127.0.0.1".into()],
+            ..WebFetchSettings::default()
+        });
+        let tools: [Arc<dyn Tool>; 5] = [
+            Arc::new(ReadImage),
+            Arc::new(SkillTool::new(None)),
+            Arc::new(web),
+            Arc::new(Bash),
+            Arc::new(JobOutput),
+        ];
+        for tool in tools {
+            h.tools.register(&root, tool).unwrap();
+        }
+        let ws = base.join(format!("ws{i}"));
+        std::fs::create_dir_all(ws.join(".dsh/skills/check")).unwrap();
+        let mut png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR".to_vec();
+        png.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 4, 8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        std::fs::write(ws.join("shot.png"), png).unwrap();
+        std::fs::write(
+            ws.join(".dsh/skills/check/SKILL.md"),
+            "---\ndescription: how to check\n---\nRun the checks.\n",
+        )
+        .unwrap();
+        let provider = format!("modes{i}");
+        h.script(
+            &provider,
+            vec![
+                calls(&[("read_image", json!({"file_path": "shot.png"}))]),
+                calls(&[("skill", json!({"name": "check"}))]),
+                calls(&[("web_fetch", json!({"url": url}))]),
+                calls(&[(
+                    "bash",
+                    json!({"command": "echo made > made.txt", "description": "write", "run_in_background": true}),
+                )]),
+                calls(&[("job_output", json!({"job_id": "bash-1", "wait": true}))]),
+                text("done"),
+            ],
+        );
+        let mut spec = AgentSpec::new(&provider, "m", ws.clone());
+        spec.permission = Some(Policy { mode, network });
+        let agent = Agent::create(&root, spec).await.unwrap();
+        agent.run("go", WAIT).await.unwrap();
+        let seen = results(&agent);
+        let case = format!("{mode}{}", if network { "" } else { " offline" });
+        assert_eq!(seen[0].1, None, "{case}: read_image {}", seen[0].2);
+        assert!(
+            seen[0].2.contains("image/png, 4x4"),
+            "{case}: {}",
+            seen[0].2
+        );
+        assert_eq!(seen[1].1, None, "{case}: skill {}", seen[1].2);
+        assert!(
+            seen[1].2.contains("Run the checks."),
+            "{case}: {}",
+            seen[1].2
+        );
+        if network {
+            assert_eq!(seen[2].1, None, "{case}: web_fetch {}", seen[2].2);
+            assert!(seen[2].2.contains("hello from the web"), "{case}");
+        } else {
+            assert_eq!(seen[2].1.as_deref(), Some("NETWORK_OFF"), "{case}");
+        }
+        assert_eq!(seen[3].1, None, "{case}: the job starts {}", seen[3].2);
+        let wrote = ws.join("made.txt").exists();
+        assert_eq!(
+            wrote,
+            mode != PermissionMode::ReadOnly,
+            "{case}: {}",
+            seen[4].2
+        );
+        let status = if wrote {
+            "[status: completed]"
+        } else {
+            "[status: failed (exit code: 1)]"
+        };
+        assert!(seen[4].2.contains(status), "{case}: {}", seen[4].2);
+        agent.dispose().await;
+        h.rt.shutdown().await;
+    }
+}
