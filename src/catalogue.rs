@@ -176,6 +176,11 @@ pub struct AgentServicesConfig {
     /// What `web_fetch` may reach.
     #[serde(default)]
     pub web_fetch: Option<WebFetchConfig>,
+    /// A plain-text tool result longer than this many bytes is kept whole
+    /// under `~/.dsh/spill` and the model reads its head and tail with the
+    /// file's path (default 40000; 0 keeps every result inline).
+    #[serde(default)]
+    pub spill_max_inline_bytes: Option<usize>,
 }
 
 /// The `web_fetch` entry of `agent-services`.
@@ -321,6 +326,18 @@ impl Plugin for AgentServices {
             dsh_services::jobs::Jobs::SERVICE,
             Arc::new(dsh_services::jobs::Jobs::new(config.job_limits())),
         )?;
+        let spill = config
+            .spill_max_inline_bytes
+            .unwrap_or(dsh_services::tools::SpillStore::DEFAULT_MAX_INLINE);
+        if spill > 0 {
+            ctx.provide(
+                dsh_services::tools::SpillStore::SERVICE,
+                Arc::new(dsh_services::tools::SpillStore::new(
+                    crate::home::dir().join("spill"),
+                    spill,
+                )),
+            )?;
+        }
         if config.builtin_tools.unwrap_or(true) {
             register_builtin(&ctx, &tools)?;
             tools.register(

@@ -13,6 +13,7 @@ pub mod builtin;
 pub mod guidance;
 mod pipeline;
 mod registry;
+pub mod spill;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ pub use pipeline::{
     run_pipeline,
 };
 pub use registry::{RegisteredTool, Resolution, Restriction, ToolRegistry};
+pub use spill::SpillStore;
 
 /// One requested invocation, as the model produced it.
 #[derive(Clone, Debug, PartialEq)]

@@ -162,6 +162,10 @@ pub async fn run_pipeline(
         )
         .await
         .unwrap_or_else(|e| Err(listener_failure(e)));
+    let post = match post {
+        Ok(output) => Ok(spill(ctx, &call, output).await),
+        failed => failed,
+    };
     let settled = match post {
         Ok(output) => {
             let output = match &finalize {
@@ -194,6 +198,17 @@ pub async fn run_pipeline(
         );
     }
     settled
+}
+
+/// `output`, spilled when a spill store is provided and it is too long.
+async fn spill(ctx: &Context, call: &ToolCall, output: ToolOutput) -> ToolOutput {
+    let Some(store) = ctx.get::<super::SpillStore>(super::SpillStore::SERVICE) else {
+        return output;
+    };
+    let session = ctx
+        .get::<dyn crate::session::SessionWriter>(crate::session::SESSION_SERVICE)
+        .map_or_else(|| "no-session".into(), |s| s.session_id());
+    store.apply(&session, &call.name, output).await
 }
 
 /// Resolve, validate, pre-execute, approval, escalation, guards.

@@ -725,3 +725,162 @@ async fn tool_guidance_follows_the_tools_an_agent_sees() {
     assert_eq!(prompt.assemble(&root).await.unwrap(), all);
     rt.shutdown().await;
 }
+
+/// `long {n}` → n bytes of numbered lines.
+struct Long;
+impl Tool for Long {
+    fn schema(&self) -> dsh_services::llm::ToolSchema {
+        dsh_services::llm::ToolSchema {
+            name: "long".into(),
+            description: "a long result".into(),
+            parameters: json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let n = cx.args["n"].as_u64().unwrap_or(0) as usize;
+        let mut text = String::new();
+        let mut i = 0;
+        while text.len() < n {
+            i += 1;
+            text.push_str(&format!("line {i}\n"));
+        }
+        text.truncate(n);
+        Box::pin(async move { Ok(ToolOutput::text(text)) })
+    }
+}
+
+async fn through_pipeline(rt: &Runtime, registry: &ToolRegistry, ws: &Path, n: usize) -> String {
+    let outcome = dsh_services::tools::run_pipeline(
+        &rt.root(),
+        registry,
+        None,
+        dsh_services::tools::ToolCall {
+            id: "c1".into(),
+            name: "long".into(),
+            arguments: json!({ "n": n }).to_string(),
+        },
+        CancellationToken::new(),
+        dsh_services::tools::Bounds::workspace(ws),
+    )
+    .await;
+    assert!(outcome.error.is_none(), "{outcome:?}");
+    outcome
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A long plain-text result is kept whole in a private file and the model
+/// reads its head, its tail and the path, which `read_file` then reads
+/// (beneath the spill root, under read-only too); a short one passes as it
+/// is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_result_is_spilled_and_read_back_by_its_path() {
+    use dsh_services::tools::SpillStore;
+    use std::os::unix::fs::PermissionsExt;
+    let rt = rt().await;
+    let ws = workspace();
+    let root = workspace().join("spill");
+    rt.root()
+        .provide(
+            SpillStore::SERVICE,
+            Arc::new(SpillStore::new(root.clone(), 4096)),
+        )
+        .unwrap();
+    let registry = Arc::new(ToolRegistry::new());
+    registry.register(&rt.root(), Arc::new(Long)).unwrap();
+    assert_eq!(through_pipeline(&rt, &registry, &ws, 100).await.len(), 100);
+    let shown = through_pipeline(&rt, &registry, &ws, 50_000).await;
+    assert!(shown.len() <= 4096, "{}", shown.len());
+    assert!(shown.starts_with("line 1\nline 2\n"), "{shown}");
+    assert!(shown.contains("bytes omitted"));
+    let path = shown
+        .split("the whole of it is in ")
+        .nth(1)
+        .and_then(|s| s.split(". Read it").next())
+        .unwrap()
+        .to_owned();
+    let whole = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(whole.len(), 50_000);
+    assert!(whole.ends_with(
+        &shown[shown.find("\n\n[This").unwrap() - 20..shown.find("\n\n[This").unwrap()]
+    ));
+    // Private: the root, the session directory, the file.
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o700);
+    assert_eq!(mode(Path::new(&path).parent().unwrap()), 0o700);
+    assert_eq!(mode(Path::new(&path)), 0o600);
+    // read_file reads it by that path, even read-only and outside the
+    // workspace.
+    let (read, _, _) = file_tools();
+    let read: Arc<dyn Tool> = Arc::new(read);
+    let read_only = Policy {
+        mode: PermissionMode::ReadOnly,
+        network: false,
+    };
+    let out = call_under(
+        read.clone(),
+        &rt,
+        &ws,
+        json!({"file_path": path, "offset": 5000, "limit": 2}),
+        read_only,
+    )
+    .await
+    .unwrap();
+    assert!(text(&out).contains("5000: line 5000"), "{}", text(&out));
+    // A link planted in the spill root leads nowhere outside it.
+    let secret = workspace().join("secret.txt");
+    std::fs::write(&secret, "secret").unwrap();
+    let link = Path::new(&path).parent().unwrap().join("planted.txt");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    let err = call_under(read, &rt, &ws, json!({"file_path": link}), read_only)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, "OUTSIDE_WORKSPACE", "{err}");
+    rt.shutdown().await;
+}
+
+/// A spill root someone else prepared — a symlink to elsewhere, or a
+/// directory open to others — is never written: the result stays inline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_spill_root_is_refused_and_the_result_stays_inline() {
+    use dsh_services::tools::SpillStore;
+    use std::os::unix::fs::PermissionsExt;
+    let elsewhere = workspace();
+    let linked = workspace().join("linked");
+    std::os::unix::fs::symlink(&elsewhere, &linked).unwrap();
+    let open = workspace().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for root in [linked, open.clone()] {
+        let store = SpillStore::new(root.clone(), 2048);
+        let out = store
+            .apply("s", "long", ToolOutput::text("x".repeat(10_000)))
+            .await;
+        assert_eq!(text(&out).len(), 10_000, "{}", root.display());
+    }
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+    // Not text only (an image beside it): passed as it is.
+    let store = SpillStore::new(workspace().join("fine"), 2048);
+    let mixed = ToolOutput {
+        content: vec![
+            ContentBlock::text("y".repeat(10_000)),
+            ContentBlock::Image {
+                fields: serde_json::Map::new(),
+            },
+        ],
+        meta: None,
+    };
+    assert_eq!(
+        store.apply("s", "long", mixed.clone()).await.content,
+        mixed.content
+    );
+}

@@ -200,7 +200,10 @@ impl Tool for Read {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
             let args: ReadArgs = cx.parse()?;
-            let place = Place::of(&cx, &args.file_path)?;
+            let place = match Place::spilled(&cx, &args.file_path) {
+                Some(place) => place,
+                None => Place::of(&cx, &args.file_path)?,
+            };
             let text = read_text(&place, &args.file_path).await?;
             let path = place.shown();
             self.observed.record(&cx, &path, &text);

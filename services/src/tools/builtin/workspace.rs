@@ -72,6 +72,33 @@ impl Place {
         }
     }
 
+    /// A file dsh spilled for the model (a long result, a job's output),
+    /// named by its absolute path: read beneath its spill root as a
+    /// workspace file is read beneath the workspace, whatever the mode.
+    pub(super) fn spilled(cx: &ToolContext, given: &str) -> Option<Place> {
+        let given = Path::new(given);
+        if !given.is_absolute() {
+            return None;
+        }
+        let roots = [
+            cx.ctx
+                .get::<crate::tools::SpillStore>(crate::tools::SpillStore::SERVICE)
+                .map(|s| s.root().to_path_buf()),
+            cx.ctx
+                .get::<crate::jobs::Jobs>(crate::jobs::Jobs::SERVICE)
+                .map(|j| j.spill_dir().to_path_buf()),
+        ];
+        let full = lexical(given);
+        roots.into_iter().flatten().find_map(|root| {
+            let root = root.canonicalize().ok()?;
+            let rel = full.strip_prefix(&root).ok()?;
+            (!rel.as_os_str().is_empty()).then(|| Place::Beneath {
+                rel: rel.to_path_buf(),
+                root,
+            })
+        })
+    }
+
     /// The path to show and to key what was read by.
     pub(super) fn shown(&self) -> PathBuf {
         match self {
