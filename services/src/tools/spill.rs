@@ -12,7 +12,7 @@
 //! beforehand can redirect or read it. A save that fails keeps the result
 //! inline: spilling never turns a successful call into a failure.
 //!
-//! `read_file` reads a spilled file by the absolute path the preview names,
+//! `read` reads a spilled file by the absolute path the preview names,
 //! beneath the spill root as it reads beneath the workspace.
 
 use std::io::Write as _;
@@ -103,7 +103,7 @@ fn text_only(content: &[ContentBlock]) -> Option<String> {
 /// `text`'s head and tail within `budget` bytes with the file's pointer.
 fn preview(text: &str, path: &Path, budget: usize) -> String {
     let note = format!(
-        "\n\n[This result was {} bytes; the whole of it is in {}. Read it with read_file (offset and limit for a range) rather than running the call again.]",
+        "\n\n[This result was {} bytes; the whole of it is in {}. Read it with the read tool (offset and limit for a range) rather than running the call again.]",
         text.len(),
         path.display()
     );

@@ -778,7 +778,7 @@ async fn through_pipeline(rt: &Runtime, registry: &ToolRegistry, ws: &Path, n: u
 }
 
 /// A long plain-text result is kept whole in a private file and the model
-/// reads its head, its tail and the path, which `read_file` then reads
+/// reads its head, its tail and the path, which `read` then reads
 /// (beneath the spill root, under read-only too); a short one passes as it
 /// is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -804,7 +804,7 @@ async fn a_long_result_is_spilled_and_read_back_by_its_path() {
     let path = shown
         .split("the whole of it is in ")
         .nth(1)
-        .and_then(|s| s.split(". Read it").next())
+        .and_then(|s| s.split(". Read it with the read tool").next())
         .unwrap()
         .to_owned();
     let whole = std::fs::read_to_string(&path).unwrap();
@@ -817,7 +817,7 @@ async fn a_long_result_is_spilled_and_read_back_by_its_path() {
     assert_eq!(mode(&root), 0o700);
     assert_eq!(mode(Path::new(&path).parent().unwrap()), 0o700);
     assert_eq!(mode(Path::new(&path)), 0o600);
-    // read_file reads it by that path, even read-only and outside the
+    // `read` reads it by that path, even read-only and outside the
     // workspace.
     let (read, _, _) = file_tools();
     let read: Arc<dyn Tool> = Arc::new(read);
