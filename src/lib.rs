@@ -16,6 +16,8 @@
 //! - [`config`]: `dsh check`, `dsh tree`.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
+//! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent
+//!   per session (on a model, or on a recording).
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
 //! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
 //! - [`bench`](mod@bench): `dsh bench …` workloads, printing per-operation
@@ -31,6 +33,7 @@ pub use dsh_actors as actors;
 pub use dsh_services as services;
 pub use dsh_supervisors as kernel;
 
+pub mod acp;
 pub mod args;
 pub mod bench;
 pub mod catalogue;

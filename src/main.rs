@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dsh::{bench, config, multi, replay, run, serve, sessions};
+use dsh::{acp, bench, config, multi, replay, run, serve, sessions};
 
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
@@ -58,6 +58,9 @@ enum Command {
     Serve(Box<serve::ServeArgs>),
     /// Run a benchmark and print its figures (last line: `RESULT {json}`).
     Bench(bench::BenchArgs),
+    /// Serve the Agent Client Protocol on stdin/stdout (for editors and
+    /// parent agents); exits 0 when stdin closes.
+    Acp(Box<acp::AcpArgs>),
 }
 
 fn main() -> ExitCode {
@@ -102,6 +105,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Ralph(args) => ("ralph", multi::ralph(*args).await),
         Command::Serve(args) => ("serve", serve::serve(*args).await),
         Command::Bench(args) => ("bench", bench::bench(args).await),
+        Command::Acp(args) => ("acp", acp::acp(*args).await),
     };
     exit.report(name)
 }

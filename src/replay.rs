@@ -102,7 +102,7 @@ type Events = Vec<Arc<dsh_services::session::SessionEvent>>;
 
 /// The child logs recorded beside `log` (`session.1.jsonl`, `session.2.jsonl`,
 /// ... for `session.jsonl`), in child creation order.
-fn child_recordings(
+pub(crate) fn child_recordings(
     log: &std::path::Path,
 ) -> exit::Result<Vec<Vec<dsh_services::session::SessionEvent>>> {
     let (Some(dir), Some(stem)) = (log.parent(), log.file_stem()) else {
@@ -124,15 +124,19 @@ fn child_recordings(
     Ok(out)
 }
 
-async fn drive(
-    rt: &Runtime,
+/// The agents a replay created, in creation order (the first is the
+/// recorded session's; the others its children).
+pub(crate) type Created = Arc<std::sync::Mutex<Vec<Agent>>>;
+
+/// Provides what a replay runs on under `root`: the recorded tools (the
+/// built-ins and the multi-agent ones), no approval, and the models — the
+/// route `replay` serving `model`, and `replay-<n>` serving the n-th child
+/// recording to the n-th agent created after the first.
+pub(crate) async fn install(
+    root: &dsh_supervisors::Context,
     model: Arc<ReplayModel>,
     children: &[Vec<dsh_services::session::SessionEvent>],
-    cwd: PathBuf,
-    out: Option<PathBuf>,
-    inputs: &[String],
-) -> Result<(Events, Vec<Events>), String> {
-    let root = rt.root();
+) -> Result<Created, String> {
     let llm = Arc::new(LlmRuntime::new());
     let tools = Arc::new(ToolRegistry::new());
     root.provide(LlmRuntime::SERVICE, llm.clone())
@@ -144,7 +148,7 @@ async fn drive(
         Arc::new(Approval::new(ApprovalPolicy::Never)),
     )
     .map_err(|e| e.to_string())?;
-    let agents = Agents::start(&root, Default::default())
+    let agents = Agents::start(root, Default::default())
         .await
         .map_err(|e| e.to_string())?;
     root.provide(Agents::SERVICE, agents)
@@ -154,13 +158,13 @@ async fn drive(
         Arc::new(dsh_services::jobs::Jobs::new(Default::default())),
     )
     .map_err(|e| e.to_string())?;
-    register_builtin(&root, &tools).map_err(|e| e.to_string())?;
-    llm.register(&root, &["replay"], model.clone())
+    register_builtin(root, &tools).map_err(|e| e.to_string())?;
+    llm.register(root, &["replay"], model.clone())
         .map_err(|e| e.to_string())?;
     // Children: the recorded tool names, each child served its own recorded
     // model output (`replay-<n>`, in creation order).
     dsh_actors::multi_agent::install(
-        &root,
+        root,
         &tools,
         &dsh_actors::multi_agent::MultiAgentConfig::default(),
     )
@@ -168,7 +172,7 @@ async fn drive(
     for (i, events) in children.iter().enumerate() {
         let route = format!("replay-{}", i + 1);
         llm.register(
-            &root,
+            root,
             &[route.as_str()],
             Arc::new(ReplayModel::from_events(events)),
         )
@@ -198,6 +202,19 @@ async fn drive(
         async move { next.run(r).await }
     })
     .map_err(|e| e.to_string())?;
+    Ok(created)
+}
+
+async fn drive(
+    rt: &Runtime,
+    model: Arc<ReplayModel>,
+    children: &[Vec<dsh_services::session::SessionEvent>],
+    cwd: PathBuf,
+    out: Option<PathBuf>,
+    inputs: &[String],
+) -> Result<(Events, Vec<Events>), String> {
+    let root = rt.root();
+    let created = install(&root, model.clone(), children).await?;
     let mut spec = AgentSpec::new("replay", "recorded", cwd);
     spec.store = out.map(|p| {
         Arc::new(dsh_services::persistence::JsonlStore::file(p))

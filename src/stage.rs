@@ -42,6 +42,9 @@ pub enum Purpose {
     /// `serve`: the API serves the tree with or without a model; a config
     /// may hold no agent services or several routes (a request names one).
     Serve,
+    /// `acp`: a route is required; asks go to the protocol's client, never
+    /// to the terminal (stdin is the protocol's).
+    Protocol,
 }
 
 /// For a command that runs agents itself: boots the agent services and the
@@ -82,7 +85,9 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
         // Each request names its route (or takes the only one); nothing to pick.
         return Ok(None);
     }
-    answer_on_terminal(rt)?;
+    if purpose == Purpose::Run {
+        answer_on_terminal(rt)?;
+    }
     let Some(llm) = root.get::<LlmRuntime>(LlmRuntime::SERVICE) else {
         return Err(Exit::usage(
             "the config provides no `llm` service; add an `agent-services` entry",

@@ -101,7 +101,7 @@ mod tests {
         let first = events.json("delta", &value);
         assert_eq!(
             &first[..],
-            b"event: delta\ndata: {\"n\":1,\"text\":\"two\\nlines\"}\n\n"
+            b"event: delta\ndata: {\"text\":\"two\\nlines\",\"n\":1}\n\n"
         );
         let at = first.as_ptr();
         drop(first);

@@ -201,3 +201,259 @@ fn a_multi_agent_recording_without_its_child_log_diverges() {
         "{err}"
     );
 }
+
+/// `dsh acp --replay` driven as upstream's harness drives its ACP server:
+/// each scenario's `input.json` steps, over stdio, one response awaited at
+/// a time; what it printed compared with `stdout.expected.jsonl` (after
+/// `{{sessionId}}`, and with `agentInfo`, the implementation's name,
+/// set aside), and the session it persisted compared, turn by turn, with
+/// the recording.
+mod acp_scenarios {
+    use std::io::{BufRead, BufReader, Write};
+    use std::path::Path;
+    use std::process::{Child, ChildStdin, Command, Stdio};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use serde_json::{Value, json};
+
+    use super::{recordings, workspace};
+
+    const WAIT: Duration = Duration::from_secs(60);
+
+    /// A running `dsh acp` and the lines it printed.
+    struct Server {
+        child: Child,
+        stdin: Option<ChildStdin>,
+        lines: mpsc::Receiver<String>,
+        printed: Vec<Value>,
+        next_id: u64,
+        session: Option<String>,
+        /// The prompt sent without waiting for its response.
+        open: Option<u64>,
+    }
+
+    impl Server {
+        fn start(recording: &Path, sessions: &Path) -> Server {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+                .env_remove("DSH_BASE_URL")
+                .env_remove("DSH_MODEL")
+                .args(["acp", "--replay"])
+                .arg(recording)
+                .arg("--sessions-dir")
+                .arg(sessions)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("dsh acp starts");
+            let stdout = child.stdout.take().unwrap();
+            let (tx, lines) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            Server {
+                stdin: child.stdin.take(),
+                child,
+                lines,
+                printed: Vec::new(),
+                next_id: 1,
+                session: None,
+                open: None,
+            }
+        }
+
+        fn send(&mut self, frame: Value) {
+            let stdin = self.stdin.as_mut().unwrap();
+            writeln!(stdin, "{frame}").unwrap();
+            stdin.flush().unwrap();
+        }
+
+        fn request(&mut self, method: &str, params: Value) -> u64 {
+            let id = self.next_id;
+            self.next_id += 1;
+            self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+            id
+        }
+
+        /// Reads lines until the response to `id`; returns it.
+        fn response(&mut self, id: u64) -> Value {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let line = self
+                    .lines
+                    .recv_timeout(left)
+                    .unwrap_or_else(|_| panic!("no response to request {id}: {:#?}", self.printed));
+                let frame: Value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("stdout carries a non-JSON line `{line}`: {e}"));
+                self.printed.push(frame.clone());
+                if frame["id"] == json!(id) && frame.get("method").is_none() {
+                    return frame;
+                }
+            }
+        }
+
+        fn prompt_params(&self, text: &str) -> Value {
+            json!({"sessionId": self.session.clone().unwrap(), "prompt": [{"type": "text", "text": text}]})
+        }
+
+        fn step(&mut self, step: &Value, cwd: &Path) {
+            match step["op"].as_str().unwrap() {
+                "initialize" => {
+                    let id = self.request(
+                        "initialize",
+                        json!({"protocolVersion": 1, "clientCapabilities": {}}),
+                    );
+                    self.response(id);
+                }
+                "newSession" => {
+                    let id = self.request("session/new", json!({"cwd": cwd, "mcpServers": []}));
+                    let r = self.response(id);
+                    self.session = Some(r["result"]["sessionId"].as_str().unwrap().to_owned());
+                }
+                "prompt" => {
+                    let params = self.prompt_params(step["text"].as_str().unwrap());
+                    let id = self.request("session/prompt", params);
+                    self.response(id);
+                }
+                "promptExpectError" => {
+                    let params = self.prompt_params(step["text"].as_str().unwrap());
+                    let id = self.request("session/prompt", params);
+                    let r = self.response(id);
+                    assert!(r.get("error").is_some(), "{r}");
+                }
+                "promptAndCancel" => {
+                    let params = self.prompt_params(step["text"].as_str().unwrap());
+                    let id = self.request("session/prompt", params);
+                    self.open = Some(id);
+                    if let Some(file) = step["waitForFile"]["path"].as_str() {
+                        let path = cwd.join(file);
+                        let deadline = Instant::now() + WAIT;
+                        while !path.exists() {
+                            assert!(
+                                Instant::now() < deadline,
+                                "{} never appeared",
+                                path.display()
+                            );
+                            std::thread::yield_now();
+                        }
+                    }
+                    let session = self.session.clone().unwrap();
+                    self.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
+                }
+                "waitForTurnEnd" => {
+                    let id = self.open.take().expect("a prompt is open");
+                    self.response(id);
+                }
+                other => panic!("unknown step `{other}`"),
+            }
+        }
+
+        /// Closes stdin and waits for the exit; its status code.
+        fn finish(mut self) -> (Option<i32>, Vec<Value>) {
+            drop(self.stdin.take());
+            let deadline = Instant::now() + WAIT;
+            let status = loop {
+                if let Some(s) = self.child.try_wait().unwrap() {
+                    break s;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "dsh acp did not exit after stdin closed"
+                );
+                std::thread::yield_now();
+            };
+            // Whatever it printed after the last response.
+            while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+                self.printed.push(serde_json::from_str(&line).unwrap());
+            }
+            (status.code(), self.printed)
+        }
+    }
+
+    /// `frames` with `agentInfo` (the implementation's own name) set aside.
+    fn comparable(frames: &[Value]) -> Vec<Value> {
+        frames
+            .iter()
+            .cloned()
+            .map(|mut f| {
+                if let Some(info) = f.pointer_mut("/result/agentInfo") {
+                    *info = json!("<agentInfo>");
+                }
+                f
+            })
+            .collect()
+    }
+
+    fn scenario(name: &str) {
+        let dir = recordings().join(name);
+        let cwd = workspace();
+        let sessions = cwd.join(".sessions");
+        let input: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("input.json")).unwrap())
+                .unwrap();
+        let mut server = Server::start(&dir.join("session.jsonl"), &sessions);
+        for step in input["steps"].as_array().unwrap() {
+            server.step(step, &cwd);
+        }
+        let session = server.session.clone();
+        let (code, printed) = server.finish();
+        assert_eq!(code, Some(0), "{name}: the exit status");
+        let expected: Vec<Value> = std::fs::read_to_string(dir.join("stdout.expected.jsonl"))
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let l = l.replace("{{sessionId}}", session.as_deref().unwrap_or(""));
+                serde_json::from_str(&l).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            comparable(&printed),
+            comparable(&expected),
+            "{name}: stdout"
+        );
+        // The persisted session, under the ACP session id, has the
+        // recording's structure.
+        let Some(id) = session else { return };
+        let log = sessions.join(&id).join("session.jsonl");
+        let (header, replayed) = dsh::services::session::jsonl::parse(
+            &std::fs::read_to_string(&log)
+                .unwrap_or_else(|e| panic!("{name}: {}: {e}", log.display())),
+        )
+        .unwrap();
+        assert_eq!(header.id, id, "{name}: the header id is the ACP session id");
+        let (_, recorded) = dsh::services::session::jsonl::parse(
+            &std::fs::read_to_string(dir.join("session.jsonl")).unwrap(),
+        )
+        .unwrap();
+        use dsh::services::session::compare::{compare, shape};
+        if let Err(d) = compare(&shape(&recorded), &shape(&replayed)) {
+            panic!("{name}: the persisted log diverges: {d}");
+        }
+    }
+
+    #[test]
+    fn the_upstream_acp_scenarios_pass() {
+        for name in [
+            "handshake",
+            "text-turn",
+            "multi-turn",
+            "tool-call-turn",
+            "bash-tool-turn",
+            "parallel-tool-calls",
+            "fs-read",
+            "fs-write",
+            "subagent-spawn-in-process",
+            "cancel",
+        ] {
+            scenario(name);
+        }
+    }
+}

@@ -1,0 +1,678 @@
+//! `dsh acp`: an Agent Client Protocol agent over stdio.
+//!
+//! Newline-delimited JSON-RPC 2.0 on stdin and stdout; stdout carries only
+//! protocol frames (diagnostics go to stderr). The message shapes are the
+//! protocol's own (`agent-client-protocol-schema`); the connection is ours,
+//! so that every task it runs is owned here and ends with it, and so that
+//! the requests we send are numbered from 0, as upstream's agent numbers
+//! them.
+//!
+//! One connection, several sessions; each session is one agent under the
+//! runtime root, created by `session/new` with an absolute `cwd`, created
+//! with the ACP session id as its session id (its log, when a store keeps
+//! sessions, is filed under that id). A `session/prompt` is the interval
+//! from the prompt entering the agent's inbox to the agent being idle: every
+//! committed assistant message of it reaches the client as one
+//! `agent_message_chunk` per non-empty text block, then the response's
+//! stop reason (`cancelled` after `session/cancel`, else `end_turn`; a model
+//! error is the request's error). The approval seam's asks for the
+//! session's agent become `session/request_permission` requests; no answer
+//! (the connection closing, the ask withdrawn) denies.
+//!
+//! With `--replay SESSION.jsonl` the agents run on the recording's model
+//! output (what `dsh replay` does), child recordings beside it
+//! (`SESSION.N.jsonl`) serve the children, and `replay.override.json`'s
+//! `hang` entries name the file (relative to the session's `cwd`) created
+//! when a held stream is ready to be cancelled.
+//!
+//! Stdin closing ends the connection: prompts in flight are cancelled, the
+//! sessions' agents disposed (last created first), and the process exits 0.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol_schema::v1 as acp;
+use dsh_actors::agent::{Agent, AgentSpec};
+use dsh_services::approval::{ApprovalAsk, ApprovalOutcome};
+use dsh_services::llm::{ContentBlock, Message};
+use dsh_services::persistence::SessionPersistence;
+use dsh_services::replay::{CancelPoint, ReplayModel};
+use dsh_services::session::{EventData, TurnEndReason};
+use dsh_supervisors::{Context, Runtime, RuntimeSettings};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::{AgentArgs, StoreArgs};
+use crate::exit::{self, Exit};
+use crate::stage::{Purpose, Route};
+
+/// `dsh acp`: the options.
+#[derive(clap::Args, Debug)]
+pub struct AcpArgs {
+    /// The model, policy and plugin tree sessions run on.
+    #[command(flatten)]
+    pub agents: AgentArgs,
+    /// Where the sessions are kept.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Serve a recorded session's model output instead of a model.
+    #[arg(long, value_name = "SESSION.jsonl")]
+    pub replay: Option<PathBuf>,
+}
+
+/// The protocol version spoken.
+const PROTOCOL_VERSION: u16 = 1;
+
+/// How long a permission request waits for the client's answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a prompt may run.
+const PROMPT_LIMIT: Duration = Duration::from_secs(24 * 3600);
+
+/// JSON-RPC error codes.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const INTERNAL_ERROR: i64 = -32603;
+
+/// Serves ACP on stdin and stdout until stdin closes.
+pub async fn acp(args: AcpArgs) -> Exit {
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+    };
+    let exit = Exit::from(serve(&rt, &args).await);
+    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
+        .await
+        .is_err()
+    {
+        return Exit::failed("shutdown did not finish within 60 s");
+    }
+    exit
+}
+
+/// What the sessions run on: a model route, or a recording.
+enum Models {
+    Route(Route),
+    Replay {
+        model: Arc<ReplayModel>,
+        /// `hang` entries' ready files, in order.
+        ready: Vec<String>,
+    },
+}
+
+async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
+    let root = rt.root();
+    let models = match &args.replay {
+        Some(log) => replay_models(&root, log).await?,
+        None => {
+            let route = crate::stage::boot(rt, &args.agents, Purpose::Protocol)
+                .await?
+                .ok_or_else(|| Exit::usage(crate::args::HOW_TO_CONFIGURE))?;
+            Models::Route(route)
+        }
+    };
+    let store = if args.replay.is_none() || args.store.named() {
+        Some(crate::stage::store(rt, &args.store)?)
+    } else {
+        None
+    };
+    let (out, lines) = mpsc::unbounded_channel::<String>();
+    let conn = Arc::new(Connection {
+        root: root.clone(),
+        out,
+        models,
+        store,
+        sessions: Mutex::default(),
+        order: Mutex::default(),
+        pending: Mutex::default(),
+        next_id: AtomicU64::new(0),
+        closed: CancellationToken::new(),
+    });
+    let mut tasks = JoinSet::new();
+    tasks.spawn(write_lines(lines));
+    read_until_closed(&conn, &mut tasks).await;
+    conn.close().await;
+    // Prompts settle (cancelled); then the writer drains what they sent.
+    let drain = async {
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                crate::errln!("dsh acp: a connection task panicked: {e}");
+            }
+        }
+    };
+    drop(conn);
+    if tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .is_err()
+    {
+        tasks.abort_all();
+        return Err(Exit::failed(
+            "the connection's tasks did not end within 30 s",
+        ));
+    }
+    Ok(())
+}
+
+/// The replay models of `log`, installed under `root`.
+async fn replay_models(root: &Context, log: &std::path::Path) -> exit::Result<Models> {
+    let text = std::fs::read_to_string(log)
+        .map_err(|e| Exit::usage(format!("cannot read {}: {e}", log.display())))?;
+    let (_, events) = dsh_services::session::jsonl::parse(&text)
+        .map_err(|e| Exit::usage(format!("{}: {e}", log.display())))?;
+    let children = crate::replay::child_recordings(log)?;
+    let model = Arc::new(ReplayModel::from_events(&events));
+    crate::replay::install(root, model.clone(), &children)
+        .await
+        .map_err(Exit::failed)?;
+    let overrides = log.with_file_name("replay.override.json");
+    let ready = match std::fs::read_to_string(&overrides) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            return Err(Exit::usage(format!(
+                "cannot read {}: {e}",
+                overrides.display()
+            )));
+        }
+        Ok(text) => {
+            hang_files(&text).map_err(|e| Exit::usage(format!("{}: {e}", overrides.display())))?
+        }
+    };
+    Ok(Models::Replay { model, ready })
+}
+
+/// The ready files of the `hang` entries of a `replay.override.json`.
+fn hang_files(text: &str) -> Result<Vec<String>, String> {
+    let entries: Vec<Value> =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON list: {e}"))?;
+    let mut out = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        match entry["kind"].as_str() {
+            Some("hang") => {
+                let file = entry["readyFile"]
+                    .as_str()
+                    .filter(|f| !f.is_empty() && !std::path::Path::new(f).is_absolute())
+                    .ok_or_else(|| format!("entry {i}: `readyFile` must be a relative path"))?;
+                out.push(file.to_owned());
+            }
+            Some(other) => return Err(format!("entry {i}: unknown kind `{other}`")),
+            None => return Err(format!("entry {i}: no `kind`")),
+        }
+    }
+    Ok(out)
+}
+
+/// Writes each line to stdout as it comes, until every sender is gone.
+async fn write_lines(mut lines: mpsc::UnboundedReceiver<String>) {
+    let mut stdout = tokio::io::stdout();
+    while let Some(mut line) = lines.recv().await {
+        line.push('\n');
+        if stdout.write_all(line.as_bytes()).await.is_err() || stdout.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads frames until stdin closes (or a stop signal arrives).
+async fn read_until_closed(conn: &Arc<Connection>, tasks: &mut JoinSet<()>) {
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        let line = tokio::select! {
+            line = lines.next_line() => line,
+            _ = crate::exit::stop_signal() => return,
+        };
+        match line {
+            Ok(Some(line)) if line.trim().is_empty() => {}
+            Ok(Some(line)) => conn.clone().frame(&line, tasks).await,
+            Ok(None) => return,
+            Err(e) => {
+                crate::errln!("dsh acp: cannot read stdin: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// One ACP session.
+struct Session {
+    id: String,
+    agent: Agent,
+    cwd: PathBuf,
+    /// A prompt is in flight.
+    busy: AtomicBool,
+    /// `session/cancel` arrived for the prompt in flight.
+    cancelled: AtomicBool,
+}
+
+/// One client connection.
+struct Connection {
+    root: Context,
+    out: mpsc::UnboundedSender<String>,
+    models: Models,
+    store: Option<Arc<dyn SessionPersistence>>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Session ids in creation order.
+    order: Mutex<Vec<String>>,
+    /// Our requests awaiting the client's response.
+    pending: Mutex<HashMap<u64, oneshot::Sender<Result<Value, Value>>>>,
+    next_id: AtomicU64,
+    closed: CancellationToken,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An error for the client: a JSON-RPC code and a message.
+struct RpcError(i64, String);
+
+impl RpcError {
+    fn params(message: impl Into<String>) -> RpcError {
+        RpcError(INVALID_PARAMS, message.into())
+    }
+}
+
+impl Connection {
+    fn send(&self, frame: Value) {
+        let _ = self.out.send(frame.to_string());
+    }
+
+    fn respond(&self, id: &Value, result: Result<Value, RpcError>) {
+        let frame = match result {
+            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Err(RpcError(code, message)) => {
+                json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+            }
+        };
+        self.send(frame);
+    }
+
+    /// Handles one line from the client.
+    async fn frame(self: Arc<Self>, line: &str, tasks: &mut JoinSet<()>) {
+        let frame: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => {
+                self.respond(
+                    &Value::Null,
+                    Err(RpcError(PARSE_ERROR, format!("not JSON: {e}"))),
+                );
+                return;
+            }
+        };
+        let id = frame.get("id").cloned();
+        let method = frame.get("method").and_then(Value::as_str);
+        let params = frame.get("params").cloned().unwrap_or(Value::Null);
+        match (method, id) {
+            (Some(method), Some(id)) => self.request(method, id, params, tasks).await,
+            (Some(method), None) => self.notification(method, params),
+            (None, Some(id)) => self.response(&id, &frame),
+            (None, None) => self.respond(
+                &Value::Null,
+                Err(RpcError(
+                    INVALID_REQUEST,
+                    "a frame needs a `method` or an `id`".into(),
+                )),
+            ),
+        }
+    }
+
+    async fn request(
+        self: Arc<Self>,
+        method: &str,
+        id: Value,
+        params: Value,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let result = match method {
+            "initialize" => initialize(params),
+            "authenticate" => Ok(json!({})),
+            "session/new" => self.new_session(params).await,
+            "session/prompt" => match self.admit(params) {
+                Ok((session, message)) => {
+                    let conn = self.clone();
+                    tasks.spawn(async move {
+                        let result = conn.prompt(&session, message).await;
+                        session.busy.store(false, Ordering::Release);
+                        conn.respond(&id, result);
+                    });
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            other => Err(RpcError(
+                METHOD_NOT_FOUND,
+                format!("`{other}` is not supported"),
+            )),
+        };
+        self.respond(&id, result);
+    }
+
+    fn notification(&self, method: &str, params: Value) {
+        if method == "session/cancel" {
+            let Ok(cancel) = serde_json::from_value::<acp::CancelNotification>(params) else {
+                return;
+            };
+            let session = lock(&self.sessions)
+                .get(&cancel.session_id.to_string())
+                .cloned();
+            if let Some(session) = session {
+                if session.busy.load(Ordering::Acquire) {
+                    session.cancelled.store(true, Ordering::Release);
+                }
+                session.agent.cancel();
+            }
+        }
+        // Other notifications are not for us; ignoring them is the protocol's rule.
+    }
+
+    /// A response to one of our requests.
+    fn response(&self, id: &Value, frame: &Value) {
+        let Some(n) = id.as_u64() else { return };
+        let Some(waiter) = lock(&self.pending).remove(&n) else {
+            return;
+        };
+        let answer = match frame.get("error") {
+            Some(e) => Err(e.clone()),
+            None => Ok(frame.get("result").cloned().unwrap_or(Value::Null)),
+        };
+        let _ = waiter.send(answer);
+    }
+
+    /// Sends a request to the client and waits for its answer (`None`: no
+    /// answer — the connection closed, `cancel` fired, or time ran out).
+    async fn ask(&self, method: &str, params: Value, cancel: &CancellationToken) -> Option<Value> {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        lock(&self.pending).insert(n, tx);
+        self.send(json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}));
+        let answer = tokio::select! {
+            a = rx => a.ok().and_then(Result::ok),
+            () = cancel.cancelled() => None,
+            () = self.closed.cancelled() => None,
+            () = tokio::time::sleep(ASK_TIMEOUT) => None,
+        };
+        lock(&self.pending).remove(&n);
+        answer
+    }
+
+    async fn new_session(self: &Arc<Self>, params: Value) -> Result<Value, RpcError> {
+        let request: acp::NewSessionRequest = serde_json::from_value(params)
+            .map_err(|e| RpcError::params(format!("session/new: {e}")))?;
+        let cwd = request.cwd;
+        if !cwd.is_absolute() || !cwd.is_dir() {
+            return Err(RpcError::params(format!(
+                "session/new: `cwd` must be the absolute path of a directory (got {})",
+                cwd.display()
+            )));
+        }
+        if !request.mcp_servers.is_empty() {
+            return Err(RpcError::params(
+                "session/new: `mcpServers` are not supported yet; send an empty list",
+            ));
+        }
+        if !request.additional_directories.is_empty() {
+            return Err(RpcError::params(
+                "session/new: `additionalDirectories` are not supported; send an empty list",
+            ));
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut spec = match &self.models {
+            Models::Route(route) => {
+                let mut spec = AgentSpec::new(&route.provider, &route.model, cwd.clone());
+                spec.system = Some(crate::stage::system_prompt(&cwd, &route.model));
+                spec.sections = crate::stage::workspace_sections(&cwd).await;
+                spec
+            }
+            Models::Replay { .. } => AgentSpec::new("replay", "recorded", cwd.clone()),
+        };
+        spec.id = Some(id.clone());
+        spec.store = self.store.clone();
+        let agent = Agent::create(&self.root, spec)
+            .await
+            .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot create the agent: {e}")))?;
+        self.answer_permissions(&agent, &id)
+            .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot route permissions: {e}")))?;
+        let session = Arc::new(Session {
+            id: id.clone(),
+            agent,
+            cwd,
+            busy: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
+        });
+        lock(&self.sessions).insert(id.clone(), session);
+        lock(&self.order).push(id.clone());
+        Ok(json!({"sessionId": id}))
+    }
+
+    /// Routes the agent's approval asks to the client as
+    /// `session/request_permission`.
+    fn answer_permissions(self: &Arc<Self>, agent: &Agent, session: &str) -> Result<(), String> {
+        let ctx = agent.context().map_err(|e| e.to_string())?;
+        let conn = Arc::downgrade(self);
+        let session = session.to_owned();
+        ctx.on_waterfall(move |ask: ApprovalAsk, _next| {
+            let (conn, session) = (conn.clone(), session.clone());
+            async move {
+                let Some(conn) = conn.upgrade() else {
+                    return ApprovalOutcome::Unavailable;
+                };
+                conn.permission(&session, &ask).await
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+
+    async fn permission(&self, session: &str, ask: &ApprovalAsk) -> ApprovalOutcome {
+        let call = ask
+            .request
+            .call_id
+            .clone()
+            .unwrap_or_else(|| ask.id.clone());
+        let params = json!({
+            "sessionId": session,
+            "toolCall": {
+                "toolCallId": call,
+                "title": format!("{}: {}", ask.request.tool, ask.request.reason),
+                "rawInput": ask.request.arguments,
+            },
+            "options": [
+                {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+                {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
+            ],
+        });
+        let Some(answer) = self
+            .ask("session/request_permission", params, &ask.cancel)
+            .await
+        else {
+            return if ask.cancel.is_cancelled() {
+                ApprovalOutcome::Cancelled
+            } else {
+                ApprovalOutcome::Unavailable
+            };
+        };
+        match serde_json::from_value::<acp::RequestPermissionResponse>(answer) {
+            Ok(r) => match r.outcome {
+                acp::RequestPermissionOutcome::Selected(s)
+                    if s.option_id.to_string() == "allow-once" =>
+                {
+                    ApprovalOutcome::AllowedOnce
+                }
+                acp::RequestPermissionOutcome::Selected(_) => ApprovalOutcome::Rejected,
+                acp::RequestPermissionOutcome::Cancelled => ApprovalOutcome::Cancelled,
+                _ => ApprovalOutcome::Unavailable,
+            },
+            // An answer we cannot read is no answer.
+            Err(_) => ApprovalOutcome::Unavailable,
+        }
+    }
+
+    /// Checks a `session/prompt` and claims the session's prompt slot.
+    fn admit(&self, params: Value) -> Result<(Arc<Session>, Message), RpcError> {
+        let request: acp::PromptRequest = serde_json::from_value(params)
+            .map_err(|e| RpcError::params(format!("session/prompt: {e}")))?;
+        let sid = request.session_id.to_string();
+        let session = lock(&self.sessions)
+            .get(&sid)
+            .cloned()
+            .ok_or_else(|| RpcError::params(format!("session/prompt: no session `{sid}`")))?;
+        let message = prompt_message(&request.prompt)?;
+        if session.busy.swap(true, Ordering::AcqRel) {
+            return Err(RpcError::params(format!(
+                "session/prompt: session `{sid}` is already answering a prompt"
+            )));
+        }
+        session.cancelled.store(false, Ordering::Release);
+        Ok((session, message))
+    }
+
+    /// Runs one prompt to the agent's idle; its stop reason.
+    async fn prompt(&self, session: &Session, message: Message) -> Result<Value, RpcError> {
+        let agent = &session.agent;
+        let out = self.out.clone();
+        let sid = session.id.clone();
+        let watcher = agent.session().observe(Arc::new(move |e| {
+            if let EventData::AssistantMessage { message, .. } = &e.data {
+                for block in &message.content {
+                    if let ContentBlock::Text { text } = block
+                        && !text.is_empty()
+                    {
+                        let update = json!({
+                            "jsonrpc": "2.0",
+                            "method": "session/update",
+                            "params": {"sessionId": sid, "update": {
+                                "sessionUpdate": "agent_message_chunk",
+                                "content": {"type": "text", "text": text},
+                            }},
+                        });
+                        let _ = out.send(update.to_string());
+                    }
+                }
+            }
+        }));
+        let before = agent.last_turn().map(|t| t.turn);
+        let outcome = match agent.followup(message) {
+            Ok(()) => self.until_idle(session).await,
+            Err(e) => Err(RpcError(INTERNAL_ERROR, e.to_string())),
+        };
+        agent.session().unobserve(watcher);
+        outcome?;
+        if session.cancelled.swap(false, Ordering::AcqRel) || self.closed.is_cancelled() {
+            return Ok(json!({"stopReason": "cancelled"}));
+        }
+        match agent.last_turn().filter(|t| Some(t.turn) != before) {
+            Some(t) => match t.reason {
+                TurnEndReason::Error { error } => Err(RpcError(
+                    INTERNAL_ERROR,
+                    format!("{}: {}", error.code, error.message),
+                )),
+                TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted => {
+                    Ok(json!({"stopReason": "cancelled"}))
+                }
+                _ => Ok(json!({"stopReason": "end_turn"})),
+            },
+            // The prompt never became a turn of its own (it was discarded).
+            None => Ok(json!({"stopReason": "cancelled"})),
+        }
+    }
+
+    /// Waits for the agent to be idle; under a replay, creates the ready
+    /// file when a held stream is due to be cancelled.
+    async fn until_idle(&self, session: &Session) -> Result<(), RpcError> {
+        let idle = session.agent.when_idle(PROMPT_LIMIT);
+        let Models::Replay { model, ready } = &self.models else {
+            return idle
+                .await
+                .map_err(|e| RpcError(INTERNAL_ERROR, e.to_string()));
+        };
+        tokio::pin!(idle);
+        let mut hangs = ready.iter();
+        loop {
+            tokio::select! {
+                done = &mut idle => return done.map_err(|e| RpcError(INTERNAL_ERROR, e.to_string())),
+                point = model.cancel_point() => {
+                    if let (CancelPoint::Streaming, Some(file)) = (point, hangs.next()) {
+                        let _ = tokio::fs::write(session.cwd.join(file), b"").await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the connection: new work refused, prompts cancelled, the
+    /// sessions' agents disposed, last created first.
+    async fn close(&self) {
+        self.closed.cancel();
+        let order = std::mem::take(&mut *lock(&self.order));
+        let mut sessions = std::mem::take(&mut *lock(&self.sessions));
+        for id in order.iter().rev() {
+            if let Some(session) = sessions.remove(id) {
+                session.agent.cancel();
+                session.agent.dispose().await;
+            }
+        }
+        lock(&self.pending).clear();
+    }
+}
+
+/// The `initialize` result: the version both speak, and what we take.
+fn initialize(params: Value) -> Result<Value, RpcError> {
+    let request: acp::InitializeRequest =
+        serde_json::from_value(params).map_err(|e| RpcError::params(format!("initialize: {e}")))?;
+    let asked: u16 = serde_json::to_value(request.protocol_version)
+        .ok()
+        .and_then(|v| v.as_u64())
+        .and_then(|v| u16::try_from(v).ok())
+        .unwrap_or(PROTOCOL_VERSION);
+    Ok(json!({
+        "protocolVersion": asked.min(PROTOCOL_VERSION),
+        "agentInfo": {"name": "dsh", "version": env!("CARGO_PKG_VERSION")},
+        "agentCapabilities": {
+            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+        },
+        "authMethods": [],
+    }))
+}
+
+/// The user message of a prompt: text and resource links (as bracketed
+/// references), in order; anything else is refused.
+fn prompt_message(blocks: &[acp::ContentBlock]) -> Result<Message, RpcError> {
+    let mut text = String::new();
+    for block in blocks {
+        match block {
+            acp::ContentBlock::Text(t) => text.push_str(&t.text),
+            acp::ContentBlock::ResourceLink(link) => {
+                if !text.is_empty() && !text.ends_with(char::is_whitespace) {
+                    text.push(' ');
+                }
+                text.push_str(&format!(
+                    "[resource_link name={} uri={}]",
+                    link.name, link.uri
+                ));
+            }
+            acp::ContentBlock::Image(_) => {
+                return Err(RpcError::params(
+                    "session/prompt: image blocks are not accepted (not advertised)",
+                ));
+            }
+            _ => {
+                return Err(RpcError::params(
+                    "session/prompt: only text and resource_link blocks are accepted",
+                ));
+            }
+        }
+    }
+    if text.trim().is_empty() {
+        return Err(RpcError::params("session/prompt: the prompt is empty"));
+    }
+    Ok(Message::user_text(text))
+}
