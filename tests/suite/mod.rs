@@ -1,3 +1,4 @@
+mod acp;
 mod architecture;
 mod cli;
 mod conformance;

@@ -1,0 +1,301 @@
+//! `dsh acp` driven by real ACP clients: the protocol project's own SDK
+//! (the `agent-client-protocol` crate's client side) and raw frames for
+//! what an SDK hides (request ids, refusals).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    ContentBlock, InitializeRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
+};
+use agent_client_protocol::{Agent, ByteStreams, Client};
+use dsh::kernel::scratch::fresh_dir;
+use serde_json::{Value, json};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Place {
+    ws: PathBuf,
+    outside: PathBuf,
+    sessions: PathBuf,
+    base: PathBuf,
+}
+
+fn place() -> Place {
+    let base = fresh_dir("dsh-acp").unwrap().canonicalize().unwrap();
+    let p = Place {
+        ws: base.join("ws"),
+        outside: base.join("outside"),
+        sessions: base.join("sessions"),
+        base,
+    };
+    std::fs::create_dir_all(&p.ws).unwrap();
+    std::fs::create_dir_all(&p.outside).unwrap();
+    p
+}
+
+/// A scripted model: each call in turn, then `done`.
+fn script(p: &Place, calls: &[Value]) -> PathBuf {
+    let mut steps: Vec<Value> = calls.iter().map(|c| json!({"tool_calls": [c]})).collect();
+    steps.push(json!({"text": "done"}));
+    let file = p.base.join("script.json");
+    std::fs::write(&file, json!({"steps": steps}).to_string()).unwrap();
+    file
+}
+
+fn escalated_touch(path: &Path) -> Value {
+    json!({"name": "bash", "arguments": {
+        "command": format!("touch {}", path.display()), "description": "touch",
+        "sandbox_permissions": "danger-full-access", "justification": "the test asks for it"
+    }})
+}
+
+fn dsh_acp(p: &Place, script: &Path) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"));
+    c.args(["acp", "--approval", "ask", "--script"])
+        .arg(script)
+        .arg("--sessions-dir")
+        .arg(&p.sessions)
+        .env_remove("DSH_APPROVAL")
+        .env_remove("DSH_PERMISSION_MODE")
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    c
+}
+
+/// The SDK's client drives a turn whose two escalations it is asked about:
+/// the one it allows runs, the one it rejects does not, the committed text
+/// arrives as an update, the turn ends `end_turn`; closing its end of the
+/// pipe ends the server with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_sdk_client_drives_a_session_and_answers_its_permission_requests() {
+    let p = place();
+    let (approved, refused) = (p.outside.join("approved"), p.outside.join("refused"));
+    let script = script(&p, &[escalated_touch(&approved), escalated_touch(&refused)]);
+    let mut child = dsh_acp(&p, &script).spawn().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let said: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (asks, says) = (asked.clone(), said.clone());
+    let ws = p.ws.clone();
+    let stop = Client
+        .v1()
+        .on_receive_request(
+            async move |request: RequestPermissionRequest, responder, _cx| {
+                let n = {
+                    let mut asks = asks.lock().unwrap();
+                    asks.push(serde_json::to_string(&request.tool_call).unwrap());
+                    asks.len()
+                };
+                // The first ask is allowed once, the second rejected.
+                let kind = if n == 1 {
+                    PermissionOptionKind::AllowOnce
+                } else {
+                    PermissionOptionKind::RejectOnce
+                };
+                let option = request
+                    .options
+                    .iter()
+                    .find(|o| o.kind == kind)
+                    .expect("both choices are offered")
+                    .option_id
+                    .clone();
+                responder.respond(RequestPermissionResponse::new(
+                    RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(option)),
+                ))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |n: SessionNotification, _cx| {
+                if let SessionUpdate::AgentMessageChunk(chunk) = n.update
+                    && let ContentBlock::Text(t) = chunk.content
+                {
+                    says.lock().unwrap().push(t.text);
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_with(
+            ByteStreams::new(stdin.compat_write(), stdout.compat()),
+            async move |cx: ConnectionTo<Agent>| {
+                let init = cx
+                    .send_request(InitializeRequest::new(
+                        agent_client_protocol::schema::ProtocolVersion::V1,
+                    ))
+                    .block_task()
+                    .await?;
+                assert_eq!(init.agent_info.unwrap().name, "dsh");
+                let session = cx
+                    .send_request(NewSessionRequest::new(ws))
+                    .block_task()
+                    .await?;
+                let done = cx
+                    .send_request(PromptRequest::new(
+                        session.session_id.clone(),
+                        vec![ContentBlock::Text(TextContent::new("touch both"))],
+                    ))
+                    .block_task()
+                    .await?;
+                Ok(done.stop_reason)
+            },
+        );
+    let stop = tokio::time::timeout(WAIT, stop)
+        .await
+        .expect("the turn ends")
+        .expect("the client saw no protocol error");
+    assert_eq!(stop, StopReason::EndTurn);
+    assert!(approved.exists(), "the allowed call ran");
+    assert!(!refused.exists(), "the rejected call did not");
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert!(
+        asked[0].contains("bash") && asked[0].contains("approved"),
+        "{}",
+        asked[0]
+    );
+    assert_eq!(said.lock().unwrap().as_slice(), ["done"]);
+    // The client is gone (its pipe closed): the server ends cleanly.
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .expect("the server exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+/// Raw frames: a client that never answers a permission request is denied
+/// (our request ids start at 0), and bad requests get JSON-RPC errors that
+/// say what was wrong; a session's log is filed under its ACP id.
+#[test]
+fn raw_frames_bad_requests_and_an_unanswered_ask() {
+    let p = place();
+    let script = script(&p, &[escalated_touch(&p.outside.join("never"))]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["acp", "--approval", "ask", "--script"])
+        .arg(&script)
+        .arg("--sessions-dir")
+        .arg(&p.sessions)
+        .env_remove("DSH_APPROVAL")
+        .env_remove("DSH_PERMISSION_MODE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let v = serde_json::from_str(&line).expect("stdout carries only JSON frames");
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let mut send = move |v: Value| {
+        // A string is sent as its text, so a broken frame can be sent.
+        match v {
+            Value::String(raw) => writeln!(stdin, "{raw}").unwrap(),
+            v => writeln!(stdin, "{v}").unwrap(),
+        }
+        stdin.flush().unwrap();
+    };
+    let next = || lines.recv_timeout(WAIT).expect("a frame");
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}),
+    );
+    assert_eq!(next()["result"]["protocolVersion"], 1);
+    // A relative cwd, an unknown session, an unknown method, broken JSON.
+    send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": "rel", "mcpServers": []}}),
+    );
+    let e = next();
+    assert_eq!(e["error"]["code"], -32602, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("absolute"),
+        "{e}"
+    );
+    send(
+        json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": {"sessionId": "nope", "prompt": [{"type": "text", "text": "x"}]}}),
+    );
+    assert!(
+        next()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no session `nope`")
+    );
+    send(json!({"jsonrpc": "2.0", "id": 4, "method": "session/fly", "params": {}}));
+    assert_eq!(next()["error"]["code"], -32601);
+    send(Value::String("{not json".into()));
+    assert_eq!(next()["error"]["code"], -32700);
+    send(Value::String("[1, 2]".into()));
+    assert_eq!(next()["error"]["code"], -32600);
+    // A real session; its one escalation is asked about with id 0, and
+    // never answered.
+    send(
+        json!({"jsonrpc": "2.0", "id": 5, "method": "session/new", "params": {"cwd": p.ws, "mcpServers": []}}),
+    );
+    let sid = next()["result"]["sessionId"].as_str().unwrap().to_owned();
+    send(
+        json!({"jsonrpc": "2.0", "id": 6, "method": "session/prompt", "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}}),
+    );
+    let ask = next();
+    assert_eq!(ask["method"], "session/request_permission", "{ask}");
+    assert_eq!(ask["id"], 0);
+    // A second prompt while the first runs is refused.
+    send(
+        json!({"jsonrpc": "2.0", "id": 7, "method": "session/prompt", "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "again"}]}}),
+    );
+    let busy = next();
+    assert_eq!(busy["id"], 7);
+    assert!(
+        busy["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already answering"),
+        "{busy}"
+    );
+    // The client answers with an error: no answer, so the call is denied
+    // and the turn goes on to its end.
+    send(json!({"jsonrpc": "2.0", "id": 0, "error": {"code": -32000, "message": "no UI"}}));
+    let mut frames = Vec::new();
+    let end = loop {
+        let f = next();
+        if f["id"] == 6 {
+            break f;
+        }
+        frames.push(f);
+    };
+    assert_eq!(end["result"]["stopReason"], "end_turn", "{end}");
+    assert!(!p.outside.join("never").exists());
+    drop(send); // closes stdin
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dsh acp outlived its stdin"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(status.code(), Some(0));
+    let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
+    assert!(log.contains("\"outcome\":\"unavailable\""), "{log}");
+}
