@@ -15,7 +15,10 @@
 //! committed assistant message of it reaches the client as one
 //! `agent_message_chunk` per non-empty text block, then the response's
 //! stop reason (`cancelled` after `session/cancel`, else `end_turn`; a model
-//! error is the request's error). The approval seam's asks for the
+//! error is the request's error). `session/load` continues a stored
+//! session (advertised as `loadSession` where sessions are kept and run on
+//! a model): its user and assistant text is sent back as updates, then it
+//! takes prompts, appending to the same log. The approval seam's asks for the
 //! session's agent become `session/request_permission` requests; no answer
 //! (the connection closing, the ask withdrawn) denies.
 //!
@@ -333,9 +336,10 @@ impl Connection {
         tasks: &mut JoinSet<()>,
     ) {
         let result = match method {
-            "initialize" => initialize(params),
+            "initialize" => initialize(params, self.loads()),
             "authenticate" => Ok(json!({})),
             "session/new" => self.new_session(params).await,
+            "session/load" => self.load_session(params).await,
             "session/prompt" => match self.admit(params) {
                 Ok((session, message)) => {
                     let conn = self.clone();
@@ -425,32 +429,118 @@ impl Connection {
             ));
         }
         let id = uuid::Uuid::new_v4().to_string();
+        let mut spec = self.spec(&cwd).await;
+        spec.id = Some(id.clone());
+        self.open(&id, spec, cwd).await?;
+        Ok(json!({"sessionId": id}))
+    }
+
+    /// Whether `session/load` works here: sessions are kept, and they run
+    /// on a model (a recording has nothing to continue with).
+    fn loads(&self) -> bool {
+        self.store.is_some() && matches!(self.models, Models::Route(_))
+    }
+
+    /// A stored session, continued: its conversation is sent to the client
+    /// as `user_message_chunk` and `agent_message_chunk` updates, then the
+    /// session takes prompts.
+    async fn load_session(self: &Arc<Self>, params: Value) -> Result<Value, RpcError> {
+        let request: acp::LoadSessionRequest = serde_json::from_value(params)
+            .map_err(|e| RpcError::params(format!("session/load: {e}")))?;
+        let (Some(store), true) = (self.store.clone(), self.loads()) else {
+            return Err(RpcError(
+                METHOD_NOT_FOUND,
+                "session/load: this server keeps no sessions it can continue".into(),
+            ));
+        };
+        let cwd = request.cwd;
+        if !cwd.is_absolute() || !cwd.is_dir() {
+            return Err(RpcError::params(format!(
+                "session/load: `cwd` must be the absolute path of a directory (got {})",
+                cwd.display()
+            )));
+        }
+        if !request.mcp_servers.is_empty() {
+            return Err(RpcError::params(
+                "session/load: `mcpServers` are not supported yet; send an empty list",
+            ));
+        }
+        let id = request.session_id.to_string();
+        if lock(&self.sessions).contains_key(&id) {
+            return Err(RpcError::params(format!(
+                "session/load: session `{id}` is already open on this connection"
+            )));
+        }
+        let loaded = store
+            .load(&id)
+            .map_err(|e| RpcError::params(format!("session/load: {e}")))?;
+        store
+            .prepare_resume(&id, &loaded)
+            .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/load: {e}")))?;
+        for event in &loaded.events {
+            self.history_update(&id, event);
+        }
+        let mut spec = self.spec(&cwd).await;
+        spec.durable = Some(loaded.durable);
+        spec.seed = Some(Box::new((loaded.header, loaded.events)));
+        self.open(&id, spec, cwd).await?;
+        Ok(json!({}))
+    }
+
+    /// The client's view of one stored event: the user's words and the
+    /// assistant's committed text.
+    fn history_update(&self, session: &str, event: &dsh_services::session::SessionEvent) {
+        let (kind, message) = match &event.data {
+            EventData::UserMessage(m) if m.source.kind == "user" => ("user_message_chunk", m),
+            EventData::AssistantMessage { message, .. } => ("agent_message_chunk", message),
+            _ => return,
+        };
+        for block in &message.content {
+            if let ContentBlock::Text { text } = block
+                && !text.is_empty()
+            {
+                self.send(update(session, kind, text));
+            }
+        }
+    }
+
+    /// The agent spec of a session in `cwd` on this server's models.
+    async fn spec(&self, cwd: &std::path::Path) -> AgentSpec {
         let mut spec = match &self.models {
             Models::Route(route) => {
-                let mut spec = AgentSpec::new(&route.provider, &route.model, cwd.clone());
-                spec.system = Some(crate::stage::system_prompt(&cwd, &route.model));
-                spec.sections = crate::stage::workspace_sections(&cwd).await;
+                let mut spec = AgentSpec::new(&route.provider, &route.model, cwd.to_path_buf());
+                spec.system = Some(crate::stage::system_prompt(cwd, &route.model));
+                spec.sections = crate::stage::workspace_sections(cwd).await;
                 spec
             }
-            Models::Replay { .. } => AgentSpec::new("replay", "recorded", cwd.clone()),
+            Models::Replay { .. } => AgentSpec::new("replay", "recorded", cwd.to_path_buf()),
         };
-        spec.id = Some(id.clone());
         spec.store = self.store.clone();
+        spec
+    }
+
+    /// Creates the session's agent from `spec` and opens the session.
+    async fn open(
+        self: &Arc<Self>,
+        id: &str,
+        spec: AgentSpec,
+        cwd: PathBuf,
+    ) -> Result<(), RpcError> {
         let agent = Agent::create(&self.root, spec)
             .await
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot create the agent: {e}")))?;
-        self.answer_permissions(&agent, &id)
+        self.answer_permissions(&agent, id)
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot route permissions: {e}")))?;
         let session = Arc::new(Session {
-            id: id.clone(),
+            id: id.to_owned(),
             agent,
             cwd,
             busy: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
         });
-        lock(&self.sessions).insert(id.clone(), session);
-        lock(&self.order).push(id.clone());
-        Ok(json!({"sessionId": id}))
+        lock(&self.sessions).insert(id.to_owned(), session);
+        lock(&self.order).push(id.to_owned());
+        Ok(())
     }
 
     /// Routes the agent's approval asks to the client as
@@ -546,15 +636,8 @@ impl Connection {
                     if let ContentBlock::Text { text } = block
                         && !text.is_empty()
                     {
-                        let update = json!({
-                            "jsonrpc": "2.0",
-                            "method": "session/update",
-                            "params": {"sessionId": sid, "update": {
-                                "sessionUpdate": "agent_message_chunk",
-                                "content": {"type": "text", "text": text},
-                            }},
-                        });
-                        let _ = out.send(update.to_string());
+                        let frame = update(&sid, "agent_message_chunk", text);
+                        let _ = out.send(frame.to_string());
                     }
                 }
             }
@@ -624,8 +707,21 @@ impl Connection {
     }
 }
 
-/// The `initialize` result: the version both speak, and what we take.
-fn initialize(params: Value) -> Result<Value, RpcError> {
+/// A `session/update` notification carrying one text chunk.
+fn update(session: &str, kind: &str, text: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "method": "session/update",
+        "params": {"sessionId": session, "update": {
+            "sessionUpdate": kind,
+            "content": {"type": "text", "text": text},
+        }},
+    })
+}
+
+/// The `initialize` result: the version both speak, and what we take
+/// (`loadSession` only where stored sessions can be continued).
+fn initialize(params: Value, loads: bool) -> Result<Value, RpcError> {
     let request: acp::InitializeRequest =
         serde_json::from_value(params).map_err(|e| RpcError::params(format!("initialize: {e}")))?;
     let asked: u16 = serde_json::to_value(request.protocol_version)
@@ -633,12 +729,16 @@ fn initialize(params: Value) -> Result<Value, RpcError> {
         .and_then(|v| v.as_u64())
         .and_then(|v| u16::try_from(v).ok())
         .unwrap_or(PROTOCOL_VERSION);
+    let mut capabilities = json!({
+        "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+    });
+    if loads {
+        capabilities["loadSession"] = json!(true);
+    }
     Ok(json!({
         "protocolVersion": asked.min(PROTOCOL_VERSION),
         "agentInfo": {"name": "dsh", "version": env!("CARGO_PKG_VERSION")},
-        "agentCapabilities": {
-            "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
-        },
+        "agentCapabilities": capabilities,
         "authMethods": [],
     }))
 }

@@ -299,3 +299,157 @@ fn raw_frames_bad_requests_and_an_unanswered_ask() {
     let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
     assert!(log.contains("\"outcome\":\"unavailable\""), "{log}");
 }
+
+/// Frames in, frames out, one `dsh acp --demo-model` per call of `talk`.
+struct Raw {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Raw {
+    fn start(p: &Place) -> Raw {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .args(["acp", "--demo-model", "--sessions-dir"])
+            .arg(&p.sessions)
+            .env_remove("DSH_BASE_URL")
+            .env_remove("DSH_MODEL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = std::sync::mpsc::channel::<Value>();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        Raw {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+        }
+    }
+
+    /// Sends a request; the frames up to and including its response.
+    fn call(&mut self, id: u64, method: &str, params: Value) -> Vec<Value> {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(
+            stdin,
+            "{}",
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+        )
+        .unwrap();
+        stdin.flush().unwrap();
+        let mut frames = Vec::new();
+        loop {
+            let f = self.lines.recv_timeout(WAIT).expect("a frame");
+            let done = f["id"] == id;
+            frames.push(f);
+            if done {
+                return frames;
+            }
+        }
+    }
+
+    fn close(mut self) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + WAIT;
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "dsh acp outlived its stdin"
+            );
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The texts of the `session/update` frames, with their kinds.
+fn updates(frames: &[Value]) -> Vec<(String, String)> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "session/update")
+        .map(|f| {
+            let u = &f["params"]["update"];
+            (
+                u["sessionUpdate"].as_str().unwrap().to_owned(),
+                u["content"]["text"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A session kept by one connection is continued by the next: `loadSession`
+/// is advertised, loading sends back the conversation, a new prompt
+/// continues it in the same log; loading what is not stored says so.
+#[test]
+fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
+    let p = place();
+    let mut first = Raw::start(&p);
+    let init = first.call(1, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(init[0]["result"]["agentCapabilities"]["loadSession"], true);
+    let sid = first.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
+        ["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let said = first.call(
+        3,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "first words"}]}),
+    );
+    assert_eq!(
+        updates(&said),
+        [(
+            "agent_message_chunk".to_owned(),
+            "Done: first words".to_owned()
+        )]
+    );
+    first.close();
+    let mut second = Raw::start(&p);
+    second.call(1, "initialize", json!({"protocolVersion": 1}));
+    let missing = second.call(
+        2,
+        "session/load",
+        json!({"sessionId": "not-stored", "cwd": p.ws, "mcpServers": []}),
+    );
+    assert_eq!(missing[0]["error"]["code"], -32602, "{missing:?}");
+    assert!(
+        missing[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not-stored")
+    );
+    let loaded = second.call(
+        3,
+        "session/load",
+        json!({"sessionId": sid, "cwd": p.ws, "mcpServers": []}),
+    );
+    assert_eq!(loaded.last().unwrap()["result"], json!({}));
+    assert_eq!(
+        updates(&loaded),
+        [
+            ("user_message_chunk".to_owned(), "first words".to_owned()),
+            (
+                "agent_message_chunk".to_owned(),
+                "Done: first words".to_owned()
+            ),
+        ]
+    );
+    let again = second.call(
+        4,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "more words"}]}),
+    );
+    assert_eq!(again.last().unwrap()["result"]["stopReason"], "end_turn");
+    second.close();
+    let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
+    let turns = log.matches("\"type\":\"turn/end\"").count();
+    assert_eq!(turns, 2, "{log}");
+}
