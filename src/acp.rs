@@ -40,6 +40,7 @@ use std::time::Duration;
 use agent_client_protocol_schema::v1 as acp;
 use dsh_actors::agent::{Agent, AgentSpec};
 use dsh_services::approval::{ApprovalAsk, ApprovalOutcome};
+use dsh_services::attachments::Attachments;
 use dsh_services::llm::{ContentBlock, Message};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::replay::{CancelPoint, ReplayModel};
@@ -336,11 +337,11 @@ impl Connection {
         tasks: &mut JoinSet<()>,
     ) {
         let result = match method {
-            "initialize" => initialize(params, self.loads()),
+            "initialize" => initialize(params, self.loads(), self.images()),
             "authenticate" => Ok(json!({})),
             "session/new" => self.new_session(params).await,
             "session/load" => self.load_session(params).await,
-            "session/prompt" => match self.admit(params) {
+            "session/prompt" => match self.admit(params).await {
                 Ok((session, message)) => {
                     let conn = self.clone();
                     tasks.spawn(async move {
@@ -606,8 +607,21 @@ impl Connection {
         }
     }
 
+    /// Whether prompts may carry images: an attachment store keeps them
+    /// and the sessions' model takes them.
+    fn images(&self) -> bool {
+        let Models::Route(route) = &self.models else {
+            return false;
+        };
+        let llm = self
+            .root
+            .get::<dsh_services::llm::LlmRuntime>(dsh_services::llm::LlmRuntime::SERVICE);
+        self.root.get::<Attachments>(Attachments::SERVICE).is_some()
+            && llm.is_some_and(|l| l.accepts_images(&route.provider, &route.model))
+    }
+
     /// Checks a `session/prompt` and claims the session's prompt slot.
-    fn admit(&self, params: Value) -> Result<(Arc<Session>, Message), RpcError> {
+    async fn admit(&self, params: Value) -> Result<(Arc<Session>, Message), RpcError> {
         let request: acp::PromptRequest = serde_json::from_value(params)
             .map_err(|e| RpcError::params(format!("session/prompt: {e}")))?;
         let sid = request.session_id.to_string();
@@ -615,7 +629,11 @@ impl Connection {
             .get(&sid)
             .cloned()
             .ok_or_else(|| RpcError::params(format!("session/prompt: no session `{sid}`")))?;
-        let message = prompt_message(&request.prompt)?;
+        let store = self
+            .images()
+            .then(|| self.root.get::<Attachments>(Attachments::SERVICE))
+            .flatten();
+        let message = prompt_message(request.prompt, store).await?;
         if session.busy.swap(true, Ordering::AcqRel) {
             return Err(RpcError::params(format!(
                 "session/prompt: session `{sid}` is already answering a prompt"
@@ -721,7 +739,7 @@ fn update(session: &str, kind: &str, text: &str) -> Value {
 
 /// The `initialize` result: the version both speak, and what we take
 /// (`loadSession` only where stored sessions can be continued).
-fn initialize(params: Value, loads: bool) -> Result<Value, RpcError> {
+fn initialize(params: Value, loads: bool, images: bool) -> Result<Value, RpcError> {
     let request: acp::InitializeRequest =
         serde_json::from_value(params).map_err(|e| RpcError::params(format!("initialize: {e}")))?;
     let asked: u16 = serde_json::to_value(request.protocol_version)
@@ -730,7 +748,7 @@ fn initialize(params: Value, loads: bool) -> Result<Value, RpcError> {
         .and_then(|v| u16::try_from(v).ok())
         .unwrap_or(PROTOCOL_VERSION);
     let mut capabilities = json!({
-        "promptCapabilities": {"image": false, "audio": false, "embeddedContext": false},
+        "promptCapabilities": {"image": images, "audio": false, "embeddedContext": false},
     });
     if loads {
         capabilities["loadSession"] = json!(true);
@@ -743,36 +761,92 @@ fn initialize(params: Value, loads: bool) -> Result<Value, RpcError> {
     }))
 }
 
-/// The user message of a prompt: text and resource links (as bracketed
-/// references), in order; anything else is refused.
-fn prompt_message(blocks: &[acp::ContentBlock]) -> Result<Message, RpcError> {
-    let mut text = String::new();
-    for block in blocks {
+/// The user message of a prompt: text, resource links (as bracketed
+/// references) and, with a `store`, inline images (each checked and kept
+/// before the message exists; the message holds the reference), in order;
+/// anything else is refused.
+async fn prompt_message(
+    blocks: Vec<acp::ContentBlock>,
+    store: Option<Arc<Attachments>>,
+) -> Result<Message, RpcError> {
+    use base64::Engine as _;
+    // Decoded and checked, all of them, before any is kept.
+    let mut parts: Vec<Result<String, Vec<u8>>> = Vec::new();
+    for (i, block) in blocks.into_iter().enumerate() {
         match block {
-            acp::ContentBlock::Text(t) => text.push_str(&t.text),
-            acp::ContentBlock::ResourceLink(link) => {
-                if !text.is_empty() && !text.ends_with(char::is_whitespace) {
-                    text.push(' ');
+            acp::ContentBlock::Text(t) => parts.push(Ok(t.text)),
+            acp::ContentBlock::ResourceLink(link) => parts.push(Ok(format!(
+                "[resource_link name={} uri={}]",
+                link.name, link.uri
+            ))),
+            acp::ContentBlock::Image(image) if store.is_some() => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(image.data.as_bytes())
+                    .map_err(|e| {
+                        RpcError::params(format!("session/prompt: block {i}: bad base64: {e}"))
+                    })?;
+                let info = dsh_services::attachments::sniff(&bytes).ok_or_else(|| {
+                    RpcError::params(format!(
+                        "session/prompt: block {i}: not a PNG, JPEG, GIF or WebP image"
+                    ))
+                })?;
+                if info.media_type != image.mime_type {
+                    return Err(RpcError::params(format!(
+                        "session/prompt: block {i}: the bytes are {}, not {}",
+                        info.media_type, image.mime_type
+                    )));
                 }
-                text.push_str(&format!(
-                    "[resource_link name={} uri={}]",
-                    link.name, link.uri
-                ));
+                parts.push(Err(bytes));
             }
             acp::ContentBlock::Image(_) => {
                 return Err(RpcError::params(
-                    "session/prompt: image blocks are not accepted (not advertised)",
+                    "session/prompt: image blocks are not accepted (this model takes no images)",
                 ));
             }
             _ => {
                 return Err(RpcError::params(
-                    "session/prompt: only text and resource_link blocks are accepted",
+                    "session/prompt: only text, resource_link and image blocks are accepted",
                 ));
             }
         }
     }
-    if text.trim().is_empty() {
+    let mut content: Vec<ContentBlock> = Vec::new();
+    for part in parts {
+        match part {
+            Ok(text) => match content.last_mut() {
+                Some(ContentBlock::Text { text: last }) => {
+                    if !last.is_empty()
+                        && !last.ends_with(char::is_whitespace)
+                        && text.starts_with('[')
+                    {
+                        last.push(' ');
+                    }
+                    last.push_str(&text);
+                }
+                _ => content.push(ContentBlock::text(text)),
+            },
+            Err(bytes) => {
+                let Some(store) = store.clone() else { continue };
+                let fields = tokio::task::spawn_blocking(move || store.put(&bytes, None))
+                    .await
+                    .map_err(|e| RpcError(INTERNAL_ERROR, format!("the image was not kept: {e}")))?
+                    .map_err(|e| RpcError::params(format!("session/prompt: {e}")))?;
+                content.push(ContentBlock::Image { fields });
+            }
+        }
+    }
+    let has_text = content
+        .iter()
+        .any(|b| matches!(b, ContentBlock::Text { text } if !text.trim().is_empty()));
+    if !has_text
+        && !content
+            .iter()
+            .any(|b| matches!(b, ContentBlock::Image { .. }))
+    {
         return Err(RpcError::params("session/prompt: the prompt is empty"));
     }
-    Ok(Message::user_text(text))
+    Ok(Message {
+        content,
+        ..Message::user_text("")
+    })
 }

@@ -394,11 +394,28 @@ fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
     let mut first = Raw::start(&p);
     let init = first.call(1, "initialize", json!({"protocolVersion": 1}));
     assert_eq!(init[0]["result"]["agentCapabilities"]["loadSession"], true);
+    // The demo model takes no images, so none are advertised or accepted.
+    assert_eq!(
+        init[0]["result"]["agentCapabilities"]["promptCapabilities"]["image"],
+        false
+    );
     let sid = first.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
         ["sessionId"]
         .as_str()
         .unwrap()
         .to_owned();
+    let refused = first.call(
+        9,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "image", "mimeType": "image/png", "data": "AAAA"}]}),
+    );
+    assert!(
+        refused[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("takes no images"),
+        "{refused:?}"
+    );
     let said = first.call(
         3,
         "session/prompt",
@@ -452,4 +469,116 @@ fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
     let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
     let turns = log.matches("\"type\":\"turn/end\"").count();
     assert_eq!(turns, 2, "{log}");
+}
+
+/// A model that takes images: `initialize` says so, an inline PNG is kept
+/// in the attachment store and reaches the model as an `image_url` part
+/// beside the text; bytes that are not what the block says are refused.
+#[test]
+fn an_image_prompt_reaches_a_model_that_takes_images() {
+    use base64::Engine as _;
+    let p = place();
+    let (url, server) = super::run::deepseek_mock(
+        vec![vec![
+            r#"{"choices":[{"delta":{"content":"a small square"}}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        ]],
+        1,
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args([
+            "acp",
+            "--model",
+            "deepseek-v4-flash-vision-exp",
+            "--approval",
+            "never",
+        ])
+        .arg("--sessions-dir")
+        .arg(&p.sessions)
+        .env("DEEPSEEK_API_KEY", "sk-test")
+        .env("DEEPSEEK_BASE_URL", &url)
+        .env("HOME", &p.base)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut raw = Raw {
+        stdin: child.stdin.take(),
+        child,
+        lines,
+    };
+    let init = raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    assert_eq!(
+        init[0]["result"]["agentCapabilities"]["promptCapabilities"]["image"],
+        true
+    );
+    let sid = raw.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
+        ["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR".to_vec();
+    png.extend_from_slice(&[0, 0, 0, 8, 0, 0, 0, 8, 8, 6, 0, 0, 0, 0, 0, 0, 0]);
+    let data = base64::engine::general_purpose::STANDARD.encode(&png);
+    let wrong = raw.call(
+        3,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "image", "mimeType": "image/jpeg", "data": data}]}),
+    );
+    assert!(
+        wrong[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not image/jpeg"),
+        "{wrong:?}"
+    );
+    let said = raw.call(
+        4,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image", "mimeType": "image/png", "data": data},
+        ]}),
+    );
+    assert_eq!(
+        said.last().unwrap()["result"]["stopReason"],
+        "end_turn",
+        "{said:?}"
+    );
+    assert_eq!(
+        updates(&said),
+        [(
+            "agent_message_chunk".to_owned(),
+            "a small square".to_owned()
+        )]
+    );
+    raw.close();
+    let requests = server.join().unwrap();
+    let asked = requests
+        .iter()
+        .find(|r| !r.to_lowercase().contains("x-dsh-purpose: session-title"))
+        .expect("the conversation request");
+    let body = super::run::body_of(asked);
+    let sent = body["messages"].to_string();
+    assert!(sent.contains("what is this?"), "{sent}");
+    assert!(
+        sent.contains(&format!("data:image/png;base64,{data}")),
+        "{sent}"
+    );
+    // The image was kept by its content address.
+    assert!(p.base.join(".dsh/attachments/v1").is_dir());
 }

@@ -338,7 +338,7 @@ fn an_answer_cut_at_the_token_limit_exits_1() {
 /// loopback from a thread, and answers each `x-dsh-purpose: session-title`
 /// request with a title, until `replies` are used and `titles` titles were
 /// asked (or a minute passed); every request (head and body), in order.
-fn deepseek_mock(
+pub(crate) fn deepseek_mock(
     replies: Vec<Vec<&'static str>>,
     titles: usize,
 ) -> (String, std::thread::JoinHandle<Vec<String>>) {
@@ -409,7 +409,7 @@ fn deepseek_mock(
     (url, handle)
 }
 
-fn body_of(request: &str) -> serde_json::Value {
+pub(crate) fn body_of(request: &str) -> serde_json::Value {
     serde_json::from_str(&request[request.find("\r\n\r\n").unwrap() + 4..]).unwrap()
 }
 

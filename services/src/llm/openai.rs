@@ -856,6 +856,19 @@ impl LlmAdapter for OpenAiCompatible {
         }
     }
 
+    /// Whether `model` on this endpoint takes image input: as its
+    /// catalogue entry says, else DeepSeek's vision models, or any model of
+    /// an endpoint configured to.
+    fn accepts_images(&self, model: &str) -> bool {
+        if let Some(images) = self.config.model(model).and_then(|m| m.images) {
+            return images;
+        }
+        match self.config.dialect {
+            Dialect::DeepSeek { .. } => model.contains("vision"),
+            Dialect::OpenAi => self.config.images,
+        }
+    }
+
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
         let now = tokio::time::Instant::now();
         let limits = Limits {
@@ -932,19 +945,6 @@ async fn read_images(
 }
 
 impl OpenAiCompatible {
-    /// Whether `model` on this endpoint takes image input: as its
-    /// catalogue entry says, else DeepSeek's vision models, or any model of
-    /// an endpoint configured to.
-    pub fn accepts_images(&self, model: &str) -> bool {
-        if let Some(images) = self.config.model(model).and_then(|m| m.images) {
-            return images;
-        }
-        match self.config.dialect {
-            Dialect::DeepSeek { .. } => model.contains("vision"),
-            Dialect::OpenAi => self.config.images,
-        }
-    }
-
     /// The endpoint's model catalogue.
     pub fn models(&self) -> &[ModelEntry] {
         &self.config.models

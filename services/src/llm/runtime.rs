@@ -70,6 +70,13 @@ pub trait LlmAdapter: Send + Sync + 'static {
         let _ = model;
         ModelDefaults::default()
     }
+
+    /// Whether `model` on this route takes image input (else images are
+    /// described to it in text).
+    fn accepts_images(&self, model: &str) -> bool {
+        let _ = model;
+        false
+    }
 }
 
 /// The call settings an adapter supplies for a model (see
@@ -164,6 +171,15 @@ impl LlmRuntime {
             .get(provider)
             .map(|a| a.defaults(model))
             .unwrap_or_default()
+    }
+
+    /// Whether `model` on `provider` takes image input (`false` for a route
+    /// that is not registered).
+    pub fn accepts_images(&self, provider: &str, model: &str) -> bool {
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        routes
+            .get(provider)
+            .is_some_and(|a| a.accepts_images(model))
     }
 
     /// Registered provider routes, sorted.
