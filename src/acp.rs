@@ -7,8 +7,9 @@
 //! the requests we send are numbered from 0, as upstream's agent numbers
 //! them.
 //!
-//! One connection, several sessions; each session is one agent under the
-//! runtime root, created by `session/new` with an absolute `cwd`, created
+//! One connection (a scope under the runtime root), several sessions; each
+//! session is one agent under the connection's scope, created by
+//! `session/new` with an absolute `cwd`, created
 //! with the ACP session id as its session id (its log, when a store keeps
 //! sessions, is filed under that id). A `session/prompt` is the interval
 //! from the prompt entering the agent's inbox to the agent being idle: every
@@ -128,9 +129,15 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
     } else {
         None
     };
+    // The connection is a scope under the root: its sessions' agents are
+    // its children, and it goes with them.
+    let scope = root
+        .scope(dsh_supervisors::ScopeKey::new("acp-connection"))
+        .await
+        .map_err(|e| Exit::failed(format!("cannot open the connection's scope: {e}")))?;
     let (out, lines) = mpsc::unbounded_channel::<String>();
     let conn = Arc::new(Connection {
-        root: root.clone(),
+        root: scope.ctx().clone(),
         out,
         models,
         store,
@@ -144,6 +151,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
     tasks.spawn(write_lines(lines));
     read_until_closed(&conn, &mut tasks).await;
     conn.close().await;
+    scope.dispose().await;
     // Prompts settle (cancelled); then the writer drains what they sent.
     let drain = async {
         while let Some(done) = tasks.join_next().await {
