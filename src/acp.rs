@@ -674,10 +674,12 @@ impl Connection {
             Err(e) => Err(RpcError(INTERNAL_ERROR, e.to_string())),
         };
         agent.session().unobserve(watcher);
-        outcome?;
+        // Cancelled, or the connection closing under it (the agent may be
+        // disposed before it went idle): cancelled, whatever the wait said.
         if session.cancelled.swap(false, Ordering::AcqRel) || self.closed.is_cancelled() {
             return Ok(json!({"stopReason": "cancelled"}));
         }
+        outcome?;
         match agent.last_turn().filter(|t| Some(t.turn) != before) {
             Some(t) => match t.reason {
                 TurnEndReason::Error { error } => Err(RpcError(

@@ -582,3 +582,108 @@ fn an_image_prompt_reaches_a_model_that_takes_images() {
     // The image was kept by its content address.
     assert!(p.base.join(".dsh/attachments/v1").is_dir());
 }
+
+/// Whether a live (not zombie) process's command line holds `token`.
+fn running(token: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'));
+        !zombie
+            && std::fs::read(p.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(token))
+                .unwrap_or(false)
+    })
+}
+
+/// The client goes away mid-turn (stdin closes while a command runs): the
+/// prompt is answered `cancelled`, the command is killed, the turn is
+/// logged as aborted, and the server exits 0.
+#[test]
+fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
+    let p = place();
+    let token = "77.9753";
+    let script = script(
+        &p,
+        &[
+            json!({"name": "bash", "arguments": {"command": format!("sleep {token}"), "description": "wait"}}),
+        ],
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["acp", "--approval", "never", "--script"])
+        .arg(&script)
+        .arg("--sessions-dir")
+        .arg(&p.sessions)
+        .env_remove("DSH_APPROVAL")
+        .env_remove("DSH_PERMISSION_MODE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut raw = Raw {
+        stdin: child.stdin.take(),
+        child,
+        lines,
+    };
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let sid = raw.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
+        ["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let stdin = raw.stdin.as_mut().unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt", "params": {"sessionId": sid, "prompt": [{"type": "text", "text": "wait"}]}})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while !running(token) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never started"
+        );
+        std::thread::yield_now();
+    }
+    drop(raw.stdin.take());
+    let answer = raw
+        .lines
+        .recv_timeout(WAIT)
+        .expect("the prompt is answered");
+    assert_eq!(answer["id"], 3, "{answer}");
+    assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+    let status = loop {
+        if let Some(s) = raw.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "dsh acp outlived its stdin"
+        );
+        std::thread::yield_now();
+    };
+    assert_eq!(status.code(), Some(0));
+    while running(token) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command outlived the server"
+        );
+        std::thread::yield_now();
+    }
+    let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
+    assert!(log.contains("\"kind\":\"aborted\""), "{log}");
+}
