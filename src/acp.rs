@@ -23,6 +23,10 @@
 //! session's agent become `session/request_permission` requests; no answer
 //! (the connection closing, the ask withdrawn) denies.
 //!
+//! With `--progress` a turn's progress goes out too, as an editor shows it:
+//! reasoning (`agent_thought_chunk`), each tool call (`tool_call`) and its
+//! result (`tool_call_update`), the task list (`plan`).
+//!
 //! With `--replay SESSION.jsonl` the agents run on the recording's model
 //! output (what `dsh replay` does), child recordings beside it
 //! (`SESSION.N.jsonl`) serve the children, and `replay.override.json`'s
@@ -69,6 +73,11 @@ pub struct AcpArgs {
     /// Serve a recorded session's model output instead of a model.
     #[arg(long, value_name = "SESSION.jsonl")]
     pub replay: Option<PathBuf>,
+    /// Also send what an editor shows while a turn runs: the model's
+    /// thinking (`agent_thought_chunk`), each tool call and its result
+    /// (`tool_call`, `tool_call_update`) and the task list (`plan`).
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// The protocol version spoken.
@@ -141,6 +150,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
         out,
         models,
         store,
+        progress: args.progress,
         sessions: Mutex::default(),
         order: Mutex::default(),
         pending: Mutex::default(),
@@ -271,6 +281,8 @@ struct Connection {
     out: mpsc::UnboundedSender<String>,
     models: Models,
     store: Option<Arc<dyn SessionPersistence>>,
+    /// Send the turn's progress too (`--progress`).
+    progress: bool,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// Session ids in creation order.
     order: Mutex<Vec<String>>,
@@ -656,16 +668,10 @@ impl Connection {
         let agent = &session.agent;
         let out = self.out.clone();
         let sid = session.id.clone();
+        let progress = self.progress;
         let watcher = agent.session().observe(Arc::new(move |e| {
-            if let EventData::AssistantMessage { message, .. } = &e.data {
-                for block in &message.content {
-                    if let ContentBlock::Text { text } = block
-                        && !text.is_empty()
-                    {
-                        let frame = update(&sid, "agent_message_chunk", text);
-                        let _ = out.send(frame.to_string());
-                    }
-                }
+            for frame in frames_of(&sid, &e.data, progress) {
+                let _ = out.send(frame.to_string());
             }
         }));
         let before = agent.last_turn().map(|t| t.turn);
@@ -732,6 +738,95 @@ impl Connection {
             }
         }
         lock(&self.pending).clear();
+    }
+}
+
+/// The `session/update` frames one logged event makes: the committed
+/// assistant text always; with `progress`, its reasoning, tool calls and
+/// their results, and the task list.
+fn frames_of(session: &str, data: &EventData, progress: bool) -> Vec<Value> {
+    let notify = |update: Value| {
+        json!({"jsonrpc": "2.0", "method": "session/update",
+               "params": {"sessionId": session, "update": update}})
+    };
+    match data {
+        EventData::AssistantMessage { message, .. } => message
+            .content
+            .iter()
+            .filter_map(|block| match block {
+                ContentBlock::Text { text } if !text.is_empty() => {
+                    Some(update(session, "agent_message_chunk", text))
+                }
+                ContentBlock::Reasoning { text } if progress && !text.is_empty() => {
+                    Some(update(session, "agent_thought_chunk", text))
+                }
+                _ => None,
+            })
+            .collect(),
+        EventData::ToolCall {
+            call_id,
+            name,
+            arguments,
+            ..
+        } if progress => {
+            let input: Value = serde_json::from_str(arguments)
+                .unwrap_or_else(|_| Value::String(arguments.clone()));
+            vec![notify(json!({
+                "sessionUpdate": "tool_call",
+                "toolCallId": call_id,
+                "title": name,
+                "kind": tool_kind(name),
+                "status": "in_progress",
+                "rawInput": input,
+            }))]
+        }
+        EventData::ToolResult { message, error, .. } if progress => message
+            .content
+            .iter()
+            .filter_map(|block| match block {
+                ContentBlock::ToolResult {
+                    tool_call_id,
+                    content,
+                    ..
+                } => {
+                    let text: String = content
+                        .iter()
+                        .filter_map(|c| match c {
+                            ContentBlock::Text { text } => Some(text.as_str()),
+                            _ => None,
+                        })
+                        .collect();
+                    Some(notify(json!({
+                        "sessionUpdate": "tool_call_update",
+                        "toolCallId": tool_call_id,
+                        "status": if error.is_some() { "failed" } else { "completed" },
+                        "content": [{"type": "content", "content": {"type": "text", "text": text}}],
+                    })))
+                }
+                _ => None,
+            })
+            .collect(),
+        EventData::TodoWrite { todos } if progress => {
+            let entries: Vec<Value> = todos
+                .iter()
+                .map(|t| json!({"content": t.content, "priority": "medium", "status": t.status}))
+                .collect();
+            vec![notify(json!({"sessionUpdate": "plan", "entries": entries}))]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The ACP kind of one of our tools, for an editor's icon.
+fn tool_kind(name: &str) -> &'static str {
+    match name {
+        "read" | "read_image" | "job_output" | "job_list" | "skill" => "read",
+        "write" | "edit" => "edit",
+        "bash" | "job_kill" => "execute",
+        "glob" | "grep" => "search",
+        "web_fetch" => "fetch",
+        "todo_write" => "think",
+        _ => "other",
     }
 }
 

@@ -687,3 +687,92 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
     let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
     assert!(log.contains("\"kind\":\"aborted\""), "{log}");
 }
+
+/// With `--progress` an editor sees the turn as it goes: each tool call and
+/// its result, the task list as a plan, then the answer.
+#[test]
+fn with_progress_tool_calls_results_and_the_plan_are_sent() {
+    let p = place();
+    let script = script(
+        &p,
+        &[
+            json!({"name": "todo_write", "arguments": {"todos": [
+                {"content": "look around", "status": "in_progress"},
+                {"content": "report", "status": "pending"},
+            ]}}),
+            json!({"name": "bash", "arguments": {"command": "echo seen-it", "description": "look"}}),
+        ],
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["acp", "--progress", "--approval", "never", "--script"])
+        .arg(&script)
+        .arg("--sessions-dir")
+        .arg(&p.sessions)
+        .env_remove("DSH_APPROVAL")
+        .env_remove("DSH_PERMISSION_MODE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut raw = Raw {
+        stdin: child.stdin.take(),
+        child,
+        lines,
+    };
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let sid = raw.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
+        ["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let frames = raw.call(
+        3,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "go"}]}),
+    );
+    raw.close();
+    let kinds: Vec<&str> = frames
+        .iter()
+        .filter_map(|f| f["params"]["update"]["sessionUpdate"].as_str())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "tool_call",
+            "plan",
+            "tool_call_update",
+            "tool_call",
+            "tool_call_update",
+            "agent_message_chunk"
+        ],
+        "{frames:#?}"
+    );
+    let u = |i: usize| frames[i]["params"]["update"].clone();
+    assert_eq!(u(0)["title"], "todo_write");
+    assert_eq!(
+        u(1)["entries"][0],
+        json!({"content": "look around", "priority": "medium", "status": "in_progress"})
+    );
+    assert_eq!(u(3)["kind"], "execute");
+    assert_eq!(u(3)["rawInput"]["command"], "echo seen-it");
+    assert_eq!(u(4)["toolCallId"], u(3)["toolCallId"]);
+    assert_eq!(u(4)["status"], "completed");
+    assert!(
+        u(4)["content"][0]["content"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("seen-it")
+    );
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn");
+}
