@@ -183,30 +183,10 @@ async fn the_protocol_sdk_client_drives_a_session_and_answers_its_permission_req
 fn raw_frames_bad_requests_and_an_unanswered_ask() {
     let p = place();
     let script = script(&p, &[escalated_touch(&p.outside.join("never"))]);
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["acp", "--approval", "ask", "--script"])
-        .arg(&script)
-        .arg("--sessions-dir")
-        .arg(&p.sessions)
-        .env_remove("DSH_APPROVAL")
-        .env_remove("DSH_PERMISSION_MODE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel::<Value>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let v = serde_json::from_str(&line).expect("stdout carries only JSON frames");
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
+    let script = script.display().to_string();
+    let mut raw = Raw::spawn(&p, &["--approval", "ask", "--script", &script], &[]);
+    let mut stdin = raw.stdin.take().unwrap();
+    let lines = &raw.lines;
     let mut send = move |v: Value| {
         // A string is sent as its text, so a broken frame can be sent.
         match v {
@@ -286,7 +266,7 @@ fn raw_frames_bad_requests_and_an_unanswered_ask() {
     drop(send); // closes stdin
     let deadline = std::time::Instant::now() + WAIT;
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = raw.child.try_wait().unwrap() {
             break s;
         }
         assert!(
@@ -308,23 +288,36 @@ struct Raw {
 }
 
 impl Raw {
+    /// `dsh acp --demo-model` keeping its sessions in `p`.
     fn start(p: &Place) -> Raw {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-            .args(["acp", "--demo-model", "--sessions-dir"])
+        Raw::spawn(p, &["--demo-model"], &[])
+    }
+
+    /// `dsh acp ARGS` keeping its sessions in `p`, with `env` set and no
+    /// model or policy variables inherited.
+    fn spawn(p: &Place, args: &[&str], env: &[(&str, &str)]) -> Raw {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"));
+        command
+            .arg("acp")
+            .args(args)
+            .arg("--sessions-dir")
             .arg(&p.sessions)
             .env_remove("DSH_BASE_URL")
             .env_remove("DSH_MODEL")
+            .env_remove("DSH_APPROVAL")
+            .env_remove("DSH_PERMISSION_MODE")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::inherit());
+        let mut child = command.spawn().unwrap();
         let (tx, lines) = std::sync::mpsc::channel::<Value>();
         let stdout = child.stdout.take().unwrap();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                let frame = serde_json::from_str(&line).expect("stdout carries only JSON frames");
+                if tx.send(frame).is_err() {
                     break;
                 }
             }
@@ -485,42 +478,21 @@ fn an_image_prompt_reaches_a_model_that_takes_images() {
         ]],
         1,
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args([
-            "acp",
+    let home = p.base.display().to_string();
+    let mut raw = Raw::spawn(
+        &p,
+        &[
             "--model",
             "deepseek-v4-flash-vision-exp",
             "--approval",
             "never",
-        ])
-        .arg("--sessions-dir")
-        .arg(&p.sessions)
-        .env("DEEPSEEK_API_KEY", "sk-test")
-        .env("DEEPSEEK_BASE_URL", &url)
-        .env("HOME", &p.base)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .env_remove("DSH_APPROVAL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = std::sync::mpsc::channel::<Value>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut raw = Raw {
-        stdin: child.stdin.take(),
-        child,
-        lines,
-    };
+        ],
+        &[
+            ("DEEPSEEK_API_KEY", "sk-test"),
+            ("DEEPSEEK_BASE_URL", url.as_str()),
+            ("HOME", home.as_str()),
+        ],
+    );
     let init = raw.call(1, "initialize", json!({"protocolVersion": 1}));
     assert_eq!(
         init[0]["result"]["agentCapabilities"]["promptCapabilities"]["image"],
@@ -583,20 +555,6 @@ fn an_image_prompt_reaches_a_model_that_takes_images() {
     assert!(p.base.join(".dsh/attachments/v1").is_dir());
 }
 
-/// Whether a live (not zombie) process's command line holds `token`.
-fn running(token: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z'));
-        !zombie
-            && std::fs::read(p.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(token))
-                .unwrap_or(false)
-    })
-}
-
 /// The client goes away mid-turn (stdin closes while a command runs): the
 /// prompt is answered `cancelled`, the command is killed, the turn is
 /// logged as aborted, and the server exits 0.
@@ -610,33 +568,8 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
             json!({"name": "bash", "arguments": {"command": format!("sleep {token}"), "description": "wait"}}),
         ],
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["acp", "--approval", "never", "--script"])
-        .arg(&script)
-        .arg("--sessions-dir")
-        .arg(&p.sessions)
-        .env_remove("DSH_APPROVAL")
-        .env_remove("DSH_PERMISSION_MODE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = std::sync::mpsc::channel::<Value>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut raw = Raw {
-        stdin: child.stdin.take(),
-        child,
-        lines,
-    };
+    let script = script.display().to_string();
+    let mut raw = Raw::spawn(&p, &["--approval", "never", "--script", &script], &[]);
     raw.call(1, "initialize", json!({"protocolVersion": 1}));
     let sid = raw.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
         ["sessionId"]
@@ -652,7 +585,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
     .unwrap();
     stdin.flush().unwrap();
     let deadline = std::time::Instant::now() + WAIT;
-    while !running(token) {
+    while !super::running(token) {
         assert!(
             std::time::Instant::now() < deadline,
             "the command never started"
@@ -677,7 +610,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
         std::thread::yield_now();
     };
     assert_eq!(status.code(), Some(0));
-    while running(token) {
+    while super::running(token) {
         assert!(
             std::time::Instant::now() < deadline,
             "the command outlived the server"
@@ -703,33 +636,12 @@ fn with_progress_tool_calls_results_and_the_plan_are_sent() {
             json!({"name": "bash", "arguments": {"command": "echo seen-it", "description": "look"}}),
         ],
     );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["acp", "--progress", "--approval", "never", "--script"])
-        .arg(&script)
-        .arg("--sessions-dir")
-        .arg(&p.sessions)
-        .env_remove("DSH_APPROVAL")
-        .env_remove("DSH_PERMISSION_MODE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = std::sync::mpsc::channel::<Value>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut raw = Raw {
-        stdin: child.stdin.take(),
-        child,
-        lines,
-    };
+    let script = script.display().to_string();
+    let mut raw = Raw::spawn(
+        &p,
+        &["--progress", "--approval", "never", "--script", &script],
+        &[],
+    );
     raw.call(1, "initialize", json!({"protocolVersion": 1}));
     let sid = raw.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))[0]["result"]
         ["sessionId"]

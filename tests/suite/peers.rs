@@ -385,20 +385,6 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
     rt.shutdown().await;
 }
 
-/// Whether a live process's command line holds `token`.
-fn running(token: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z'));
-        !zombie
-            && std::fs::read(p.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(token))
-                .unwrap_or(false)
-    })
-}
-
 /// The real model, a context window far too small for the seeded history:
 /// the turn starts a background job through the real `bash` tool, the
 /// history before it is summarised by the model itself (a `compaction`
@@ -507,7 +493,7 @@ async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction(
         .map(|e| e.to_json().to_string())
         .collect();
     assert_eq!(listed.len(), 1, "{told:#?}");
-    assert!(running("84.2468"), "the job's command runs");
+    assert!(super::running("84.2468"), "the job's command runs");
     let events = agent.session().events();
     let started = events.iter().any(|e| match &e.data {
         EventData::ToolResult { message, .. } => {
@@ -549,7 +535,7 @@ async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction(
     // Disposing the agent ends its job.
     agent.dispose().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while running("84.2468") {
+    while super::running("84.2468") {
         assert!(
             std::time::Instant::now() < deadline,
             "the job outlived its agent"
