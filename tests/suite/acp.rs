@@ -264,18 +264,7 @@ fn raw_frames_bad_requests_and_an_unanswered_ask() {
     assert_eq!(end["result"]["stopReason"], "end_turn", "{end}");
     assert!(!p.outside.join("never").exists());
     drop(send); // closes stdin
-    let deadline = std::time::Instant::now() + WAIT;
-    let status = loop {
-        if let Some(s) = raw.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "dsh acp outlived its stdin"
-        );
-        std::thread::yield_now();
-    };
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(raw.exited().code(), Some(0));
     let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
     assert!(log.contains("\"outcome\":\"unavailable\""), "{log}");
 }
@@ -350,10 +339,19 @@ impl Raw {
         }
     }
 
+    /// Closes stdin and waits for the server to exit with status 0.
     fn close(mut self) {
         drop(self.stdin.take());
+        assert_eq!(self.exited().code(), Some(0));
+    }
+
+    /// Waits (bounded) for the server to exit; how it did.
+    fn exited(&mut self) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + WAIT;
-        while self.child.try_wait().unwrap().is_none() {
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
             assert!(
                 std::time::Instant::now() < deadline,
                 "dsh acp outlived its stdin"
@@ -599,17 +597,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
         .expect("the prompt is answered");
     assert_eq!(answer["id"], 3, "{answer}");
     assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
-    let status = loop {
-        if let Some(s) = raw.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "dsh acp outlived its stdin"
-        );
-        std::thread::yield_now();
-    };
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(raw.exited().code(), Some(0));
     while super::running(token) {
         assert!(
             std::time::Instant::now() < deadline,

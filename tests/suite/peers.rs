@@ -311,16 +311,22 @@ fn worked(examples: &[Example]) -> Vec<dsh::services::session::SessionEvent> {
     log.events().iter().map(|e| e.as_ref().clone()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_llama_server_drives_a_tool_calling_turn() {
+/// llama.cpp's server on SmolLM2, healthy; its port.
+async fn llama() -> (Peer, u16) {
     let dir = peers();
     let port = free_port();
     let mut cmd = Command::new(dir.join("venv/bin/python"));
     cmd.arg(repo().join("tests/peers/serve_llama.py"))
         .args(["--port", &port.to_string(), "--template"])
         .arg(repo().join("tests/peers/chatml_tools.jinja"));
-    let _server = start(cmd, "READY");
+    let server = start(cmd, "READY");
     healthy(port).await;
+    (server, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_llama_server_drives_a_tool_calling_turn() {
+    let (_server, port) = llama().await;
     // With the retry listener, as `agent-services` configures it: a pooled
     // connection the server already closed is retried, not fatal.
     let rt = runtime(
@@ -393,14 +399,7 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction() {
     use dsh::services::llm::ContentBlock;
-    let dir = peers();
-    let port = free_port();
-    let mut cmd = Command::new(dir.join("venv/bin/python"));
-    cmd.arg(repo().join("tests/peers/serve_llama.py"))
-        .args(["--port", &port.to_string(), "--template"])
-        .arg(repo().join("tests/peers/chatml_tools.jinja"));
-    let _server = start(cmd, "READY");
-    healthy(port).await;
+    let (_server, port) = llama().await;
     let rt = runtime_with(
         &format!("http://127.0.0.1:{port}/v1"),
         vec![],

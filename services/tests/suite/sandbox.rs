@@ -415,25 +415,11 @@ async fn a_command_killed_while_bwrap_sets_up_leaves_nothing() {
         drop(spawned);
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while live(token) {
+    while super::tools::running(token) {
         assert!(
             std::time::Instant::now() < deadline,
             "a killed command lives on"
         );
         tokio::task::yield_now().await;
     }
-}
-
-/// Whether a live (not zombie) process's command line holds `token`.
-fn live(token: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-        let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z'));
-        !zombie
-            && std::fs::read(p.path().join("cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(token))
-                .unwrap_or(false)
-    })
 }

@@ -577,7 +577,7 @@ mod link_layouts {
 }
 
 /// Whether a live (not zombie) process's command line contains `token`.
-fn running(token: &str) -> bool {
+pub(crate) fn running(token: &str) -> bool {
     std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
         let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
         let zombie = stat
