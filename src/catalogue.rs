@@ -152,6 +152,10 @@ pub struct AgentServicesConfig {
     /// (default true).
     #[serde(default)]
     pub multi_agent: Option<bool>,
+    /// Subagents that are other ACP agent processes (`dsh acp`, or any ACP
+    /// agent), each a provider with its own `subagent_<name>` tool.
+    #[serde(default)]
+    pub acp_subagents: Vec<AcpSubagentConfig>,
     /// When idle agents hibernate (default: after 5 minutes idle, no cap on
     /// awake agents).
     #[serde(default)]
@@ -181,6 +185,27 @@ pub struct AgentServicesConfig {
     /// file's path (default 40000; 0 keeps every result inline).
     #[serde(default)]
     pub spill_max_inline_bytes: Option<usize>,
+}
+
+/// One `acp_subagents` entry of `agent-services`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcpSubagentConfig {
+    /// The provider's name (default `acp`); its tool is `subagent_<name>`.
+    #[serde(default = "default_acp_name")]
+    pub name: String,
+    /// The agent's executable, started for each run in the parent's cwd.
+    pub command: std::path::PathBuf,
+    /// Its arguments (for dsh: `["acp", ...]` with a model).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables set for it (beside the parent's permission mode).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+fn default_acp_name() -> String {
+    "acp".into()
 }
 
 /// The `web_fetch` entry of `agent-services`.
@@ -354,11 +379,26 @@ impl Plugin for AgentServices {
             )?;
         }
         if config.multi_agent.unwrap_or(true) {
-            dsh_actors::multi_agent::install(
+            let subagents = dsh_actors::multi_agent::install(
                 &ctx,
                 &tools,
                 &dsh_actors::multi_agent::MultiAgentConfig::default(),
             )?;
+            for acp in &config.acp_subagents {
+                use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
+                let provider = dsh_actors::subagent::acp::AcpProvider::new(
+                    acp.name.clone(),
+                    acp.command.clone(),
+                    acp.args.clone(),
+                    acp.env.clone().into_iter().collect(),
+                );
+                subagents.register(&ctx, Arc::new(provider))?;
+                let mut tool =
+                    SubagentToolConfig::new(&acp.name, &format!("subagent_{}", acp.name));
+                // A remote child lives in its process: no resident children.
+                tool.background = false;
+                tools.register(&ctx, Arc::new(SubagentTool::new(subagents.clone(), tool)?))?;
+            }
         }
         let retry = match &config.retry {
             Some(r) => RetryListener {

@@ -676,3 +676,241 @@ fn with_progress_tool_calls_results_and_the_plan_are_sent() {
     );
     assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn");
 }
+
+/// A runtime whose agents may delegate to `dsh acp CHILD_ARGS` children
+/// (provider `acp`, asking their approvals of us), and
+/// a parent agent in `p.ws`; every ask the parent's seam gets, answered
+/// allowed once.
+async fn delegating(
+    p: &Place,
+    child_args: &[String],
+) -> (
+    dsh::kernel::Runtime,
+    dsh::actors::agent::Agent,
+    Arc<dsh::actors::subagent::Subagents>,
+    Arc<Mutex<Vec<String>>>,
+) {
+    use dsh::actors::agent::{Agent, AgentSpec, Agents};
+    use dsh::actors::subagent::Subagents;
+    use dsh::actors::subagent::acp::AcpProvider;
+    use dsh::services::approval::{Approval, ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
+    use dsh::services::llm::LlmRuntime;
+    use dsh::services::tools::ToolRegistry;
+    let rt = dsh::kernel::Runtime::start(dsh::kernel::RuntimeSettings::default())
+        .await
+        .unwrap();
+    let root = rt.root();
+    let llm = Arc::new(LlmRuntime::new());
+    root.provide(LlmRuntime::SERVICE, llm.clone()).unwrap();
+    root.provide(ToolRegistry::SERVICE, Arc::new(ToolRegistry::new()))
+        .unwrap();
+    root.provide(
+        Approval::SERVICE,
+        Arc::new(Approval::new(ApprovalPolicy::Ask)),
+    )
+    .unwrap();
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = asked.clone();
+    root.on_waterfall(move |ask: ApprovalAsk, _next| {
+        seen.lock().unwrap().push(ask.request.arguments.to_string());
+        async { ApprovalOutcome::AllowedOnce }
+    })
+    .unwrap();
+    let agents = Agents::start(&root, Default::default()).await.unwrap();
+    root.provide(Agents::SERVICE, agents).unwrap();
+    let subagents = Arc::new(Subagents::with_builtin());
+    root.provide(Subagents::SERVICE, subagents.clone()).unwrap();
+    let mut args: Vec<String> = vec!["acp".into()];
+    args.extend(child_args.iter().cloned());
+    args.extend(["--sessions-dir".into(), p.sessions.display().to_string()]);
+    subagents
+        .register(
+            &root,
+            Arc::new(AcpProvider::new(
+                "acp",
+                env!("CARGO_BIN_EXE_dsh"),
+                args,
+                vec![],
+            )),
+        )
+        .unwrap();
+    // Workspace-write: the child gets at most that, so its escalation asks.
+    let spec = AgentSpec::new("unused", "unused", p.ws.clone());
+    let parent = Agent::create(&root, spec).await.unwrap();
+    (rt, parent, subagents, asked)
+}
+
+/// A `dsh acp` child does a delegated task: its approval ask reaches the
+/// parent's approval seam (allowed, so its command runs), its committed
+/// answer is the run's output, and disposing the run ends the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_child_completes_a_delegated_task_and_asks_the_parent() {
+    use dsh::actors::subagent::{StartRequest, StopReason};
+    let p = place();
+    let made = p.outside.join("made-by-child");
+    let child_script = script(&p, &[escalated_touch(&made)]);
+    let child_args = [
+        "--approval",
+        "ask",
+        "--script",
+        &child_script.display().to_string(),
+    ]
+    .map(String::from);
+    let (rt, parent, subagents, asked) = delegating(&p, &child_args).await;
+    let run = subagents
+        .start(
+            "acp",
+            StartRequest::new(
+                &parent,
+                "make the file",
+                tokio_util::sync::CancellationToken::new(),
+            ),
+        )
+        .await
+        .expect("the child starts");
+    let result = tokio::time::timeout(WAIT, run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Completed, "{result:?}");
+    assert_eq!(result.output, "done");
+    assert!(made.exists(), "the allowed command ran in the child");
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert!(asked[0].contains("made-by-child"), "{asked:?}");
+    run.dispose().await;
+    let script = child_script.display().to_string();
+    let deadline = std::time::Instant::now() + WAIT;
+    while super::running(&script) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child process outlived its run"
+        );
+        tokio::task::yield_now().await;
+    }
+    rt.shutdown().await;
+}
+
+/// The child process killed mid-turn (its model stream held open: the
+/// recorded `cancel` scenario replayed): the run fails instead of waiting,
+/// and the child is reaped (no zombie left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
+    use dsh::actors::subagent::{StartRequest, StopReason};
+    let p = place();
+    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/dsh-sessions/cancel/session.jsonl");
+    let child_args = ["--replay".to_owned(), recording.display().to_string()];
+    let (rt, parent, subagents, _) = delegating(&p, &child_args).await;
+    let run = subagents
+        .start(
+            "acp",
+            StartRequest::new(&parent, "start", tokio_util::sync::CancellationToken::new()),
+        )
+        .await
+        .expect("the child starts");
+    // The held stream is ready (the replay says so in the shared cwd).
+    let ready = p.ws.join(".dsh-snapshot-stream-ready");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child's turn never started"
+        );
+        tokio::task::yield_now().await;
+    }
+    let recording = recording.display().to_string();
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmd)
+                .contains(&recording)
+                .then_some(pid)
+        })
+        .expect("the child process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let result = tokio::time::timeout(WAIT, run.result())
+        .await
+        .expect("the run settles instead of waiting");
+    assert_eq!(result.stop_reason, StopReason::Error, "{result:?}");
+    assert!(
+        result
+            .diagnostic
+            .as_deref()
+            .unwrap_or("")
+            .contains("SUBAGENT_EXITED"),
+        "{result:?}"
+    );
+    run.dispose().await;
+    // Reaped: no /proc entry, not even a zombie's.
+    let entry = PathBuf::from(format!("/proc/{pid}"));
+    while entry.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child was not reaped"
+        );
+        tokio::task::yield_now().await;
+    }
+    rt.shutdown().await;
+}
+
+/// Configured in `agent-services`, an ACP subagent is a tool of the parent
+/// (`subagent_acp`): `dsh run` delegates to a `dsh acp` child and reads its
+/// answer as the tool's result.
+#[test]
+fn a_configured_acp_subagent_is_a_tool_the_parent_calls() {
+    let p = place();
+    let child = p.base.join("child.json");
+    std::fs::write(&child, json!({"steps": [{"text": "CHILD_OK"}]}).to_string()).unwrap();
+    let parent = p.base.join("parent.json");
+    std::fs::write(
+        &parent,
+        json!({"steps": [
+            {"tool_calls": [{"name": "subagent_acp", "arguments": {"description": "delegate", "prompt": "say it"}}]},
+            {"text": "PARENT_DONE"},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let config = p.base.join("cordis.yml");
+    let bin = env!("CARGO_BIN_EXE_dsh");
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - id: services\n    name: agent-services\n    config:\n      acp_subagents:\n        - command: {bin}\n          args: [acp, --script, {}, --approval, never, --sessions-dir, {}]\n  - id: model\n    name: scripted\n    config: {{ provider: scripted, script: {} }}\n",
+            child.display(),
+            p.sessions.display(),
+            parent.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["run", "--config"])
+        .arg(&config)
+        .args(["--approval", "never", "--json", "--cwd"])
+        .arg(&p.ws)
+        .arg("--sessions-dir")
+        .arg(&p.sessions)
+        .arg("go")
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_APPROVAL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("PARENT_DONE"), "{stdout}");
+    let result = stdout
+        .lines()
+        .find(|l| l.contains("\"type\":\"tool/result\""))
+        .expect("the tool's result");
+    assert!(result.contains("CHILD_OK"), "{result}");
+}

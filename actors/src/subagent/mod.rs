@@ -18,6 +18,7 @@
 //! The child's header records `parentSession`, `origin: "subagent"` and its
 //! delegation depth; its first turn opens with a `subagent/descriptor`.
 
+pub mod acp;
 pub mod tools;
 
 use std::collections::BTreeMap;
@@ -72,6 +73,17 @@ pub trait SubagentProvider: Send + Sync + 'static {
     fn inherits_parent_context(&self) -> bool;
     /// The events the child's session starts from (`None`: a fresh session).
     fn seed(&self, parent: &Agent) -> Result<Option<Vec<SessionEvent>>, SubagentError>;
+    /// For a child that runs elsewhere (another process): starts it, for a
+    /// child of `spec`, and returns the model route its in-process agent
+    /// relays through. `None` (the default): an in-process child.
+    fn remote<'a>(
+        &'a self,
+        parent: &'a Agent,
+        spec: &'a AgentSpec,
+    ) -> BoxFuture<'a, Result<Option<Arc<dyn dsh_services::llm::LlmAdapter>>, SubagentError>> {
+        let _ = (parent, spec);
+        Box::pin(async { Ok(None) })
+    }
 }
 
 /// `spawn`: a fresh child with an empty conversation.
@@ -1129,7 +1141,36 @@ async fn compose(
         Some(owner) => owner.clone(),
         None => request.parent.context()?,
     };
+    // A remote child: its agent here relays to it, offering no tools.
+    let remote = provider.remote(&request.parent, &spec).await?;
+    let route = format!("remote/{id}");
+    if remote.is_some() {
+        spec.provider = route.clone();
+        spec.model = "remote".into();
+        spec.restriction = Some(Restriction {
+            allow: Some(Vec::new()),
+            deny: Vec::new(),
+        });
+    }
     let agent = Agent::create(&owner, spec).await?;
+    if let Some(adapter) = remote {
+        // Registered for the child's lifetime: disposing it ends the process.
+        let registered = agent
+            .context()
+            .map_err(SubagentError::from)
+            .and_then(|ctx| {
+                let llm = ctx
+                    .get::<dsh_services::llm::LlmRuntime>(dsh_services::llm::LlmRuntime::SERVICE)
+                    .ok_or_else(|| SubagentError::Start("no `llm` service".into()))?;
+                llm.register(&ctx, &[route.as_str()], adapter)
+                    .map(|_| ())
+                    .map_err(SubagentError::from)
+            });
+        if let Err(e) = registered {
+            agent.dispose().await;
+            return Err(e);
+        }
+    }
     if let (Some(schema), Some(slot)) = (schema, capture) {
         // An ad hoc registration: it keeps the child awake until disposed.
         let registered = agent

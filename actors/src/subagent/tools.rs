@@ -52,6 +52,9 @@ pub struct SubagentTool {
     config: SubagentToolConfig,
     subagents: Arc<Subagents>,
     inherits: bool,
+    /// The provider enforces a depth cap (a remote one does not: it is
+    /// still capped here, one level down).
+    depth_limit: bool,
 }
 
 impl SubagentTool {
@@ -65,6 +68,7 @@ impl SubagentTool {
             .ok_or_else(|| SubagentError::UnknownProvider(config.provider.clone()))?;
         Ok(SubagentTool {
             inherits: provider.inherits_parent_context(),
+            depth_limit: provider.capabilities().depth_limit,
             config,
             subagents,
         })
@@ -195,7 +199,7 @@ impl Tool for SubagentTool {
             }
             let mut request = StartRequest::new(&parent, prompt, cx.cancel.clone());
             request.label = Some(label.clone());
-            request.max_depth = Some(self.config.max_depth);
+            request.max_depth = self.depth_limit.then_some(self.config.max_depth);
             request.persona = self.config.persona.clone();
             request.tool_filter = self.config.tool_filter.clone();
             request.route = self.config.route.clone();
