@@ -33,8 +33,8 @@ use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, Role, TokenUsage,
 };
 use dsh_supervisors::Context;
-use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
@@ -179,7 +179,28 @@ impl AcpChild {
             gone: CancellationToken::new(),
             stop: CancellationToken::new(),
         });
-        tokio::spawn(read(inner.clone(), child, stdout, parent));
+        // The reader is a worker under the parent's scope: supervised, and
+        // gone with the parent whatever else happens.
+        let reader = ReaderRun {
+            inner: inner.clone(),
+            child: Some((child, stdout)),
+            parent: parent.clone(),
+        };
+        let name = format!(
+            "acp-child/{}",
+            crate::session::short(&dsh_services::llm::Message::new_id())
+        );
+        if let Err(e) = parent
+            .spawn(dsh_supervisors::WorkerSpec::new(
+                "acp-child",
+                name,
+                Reader,
+                reader,
+            ))
+            .await
+        {
+            return Err(format!("cannot supervise the ACP child: {e}"));
+        }
         let started = async {
             inner
                 .call(
@@ -245,9 +266,12 @@ async fn read(
     parent: Context,
 ) {
     let mut lines = tokio::io::BufReader::new(stdout).lines();
+    // Permission asks being answered (each waits for the parent's seam).
+    let mut asks = futures::stream::FuturesUnordered::new();
     loop {
         let line = tokio::select! {
             line = lines.next_line() => line,
+            Some(()) = asks.next(), if !asks.is_empty() => continue,
             () = inner.stop.cancelled() => break,
         };
         let Ok(Some(line)) = line else { break };
@@ -266,27 +290,30 @@ async fn read(
             (Some("session/request_permission"), Some(id)) => {
                 let (inner, parent, id) = (inner.clone(), parent.clone(), id.clone());
                 let params = frame["params"].clone();
-                tokio::spawn(async move {
-                    let outcome = ask_parent(&parent, &params, &inner.stop).await;
-                    let option = params["options"].as_array().and_then(|options| {
-                        let kind = if outcome == ApprovalOutcome::AllowedOnce {
-                            "allow_once"
-                        } else {
-                            "reject_once"
+                asks.push(
+                    async move {
+                        let outcome = ask_parent(&parent, &params, &inner.stop).await;
+                        let option = params["options"].as_array().and_then(|options| {
+                            let kind = if outcome == ApprovalOutcome::AllowedOnce {
+                                "allow_once"
+                            } else {
+                                "reject_once"
+                            };
+                            options
+                                .iter()
+                                .find(|o| o["kind"] == kind)
+                                .map(|o| o["optionId"].clone())
+                        });
+                        let result = match option {
+                            Some(id) => json!({"outcome": {"outcome": "selected", "optionId": id}}),
+                            None => json!({"outcome": {"outcome": "cancelled"}}),
                         };
-                        options
-                            .iter()
-                            .find(|o| o["kind"] == kind)
-                            .map(|o| o["optionId"].clone())
-                    });
-                    let result = match option {
-                        Some(id) => json!({"outcome": {"outcome": "selected", "optionId": id}}),
-                        None => json!({"outcome": {"outcome": "cancelled"}}),
-                    };
-                    let _ = inner
-                        .send(json!({"jsonrpc": "2.0", "id": id, "result": result}))
-                        .await;
-                });
+                        let _ = inner
+                            .send(json!({"jsonrpc": "2.0", "id": id, "result": result}))
+                            .await;
+                    }
+                    .boxed(),
+                );
             }
             (Some(_), Some(id)) => {
                 let id = id.clone();
@@ -384,5 +411,51 @@ impl LlmAdapter for AcpChild {
                 .collect()
         };
         Box::pin(futures::stream::once(answer).flat_map(futures::stream::iter))
+    }
+}
+
+/// The reader worker.
+struct Reader;
+
+struct ReaderRun {
+    inner: Arc<Inner>,
+    child: Option<(tokio::process::Child, tokio::process::ChildStdout)>,
+    parent: Context,
+}
+
+impl ractor::Actor for Reader {
+    type Msg = ();
+    type State = ReaderRun;
+    type Arguments = ReaderRun;
+
+    async fn pre_start(
+        &self,
+        _me: ractor::ActorRef<()>,
+        run: ReaderRun,
+    ) -> Result<ReaderRun, ractor::ActorProcessingErr> {
+        Ok(run)
+    }
+
+    async fn post_start(
+        &self,
+        me: ractor::ActorRef<()>,
+        run: &mut ReaderRun,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        if let Some((child, stdout)) = run.child.take() {
+            read(run.inner.clone(), child, stdout, run.parent.clone()).await;
+        }
+        me.stop(None);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _me: ractor::ActorRef<()>,
+        run: &mut ReaderRun,
+    ) -> Result<(), ractor::ActorProcessingErr> {
+        // Stopped from outside first: the process dies with the dropped child.
+        run.inner.stop.cancel();
+        run.inner.gone.cancel();
+        Ok(())
     }
 }
