@@ -5,7 +5,9 @@
 #     its dependencies would compile llama-cpp-python for ten minutes);
 #   - the fault-injecting OpenAI mock @copilotkit/aimock (npm);
 #   - playwright-core (npm), which drives the Debian `chromium` that .ci/run
-#     installs, for the dashboard's browser tests.
+#     installs, for the dashboard's browser tests;
+#   - elizacp (crates.io), a third-party ACP agent (the symposium-acp
+#     project's Eliza) that the acp subagent provider drives.
 # Idempotent and safe to run concurrently (flock). Prints the peers directory.
 set -euo pipefail
 dir="${DSH_PEERS_DIR:-/var/tmp/dsh-peers}"
@@ -27,5 +29,12 @@ if [ ! -f "$dir/.aimock-ok" ]; then
   mkdir -p "$dir/npm"
   (cd "$dir/npm" && npm install --silent --no-audit --no-fund @copilotkit/aimock@1.43.0 >/dev/null)
   touch "$dir/.aimock-ok"
+fi
+if [ ! -f "$dir/.elizacp-ok" ]; then
+  # Its own target directory, so the project's build cache is left alone.
+  CARGO_TARGET_DIR="$dir/cargo-target" cargo install --quiet --locked \
+    elizacp --version 12.0.0 --root "$dir/cargo" >&2
+  rm -rf "$dir/cargo-target"
+  touch "$dir/.elizacp-ok"
 fi
 echo "$dir"

@@ -690,6 +690,23 @@ async fn delegating(
     Arc<dsh::actors::subagent::Subagents>,
     Arc<Mutex<Vec<String>>>,
 ) {
+    let mut args: Vec<String> = vec!["acp".into()];
+    args.extend(child_args.iter().cloned());
+    args.extend(["--sessions-dir".into(), p.sessions.display().to_string()]);
+    delegating_to(p, Path::new(env!("CARGO_BIN_EXE_dsh")), args).await
+}
+
+/// [`delegating`] to the ACP agent `command args…`.
+async fn delegating_to(
+    p: &Place,
+    command: &Path,
+    args: Vec<String>,
+) -> (
+    dsh::kernel::Runtime,
+    dsh::actors::agent::Agent,
+    Arc<dsh::actors::subagent::Subagents>,
+    Arc<Mutex<Vec<String>>>,
+) {
     use dsh::actors::agent::{Agent, AgentSpec, Agents};
     use dsh::actors::subagent::Subagents;
     use dsh::actors::subagent::acp::AcpProvider;
@@ -720,18 +737,10 @@ async fn delegating(
     root.provide(Agents::SERVICE, agents).unwrap();
     let subagents = Arc::new(Subagents::with_builtin());
     root.provide(Subagents::SERVICE, subagents.clone()).unwrap();
-    let mut args: Vec<String> = vec!["acp".into()];
-    args.extend(child_args.iter().cloned());
-    args.extend(["--sessions-dir".into(), p.sessions.display().to_string()]);
     subagents
         .register(
             &root,
-            Arc::new(AcpProvider::new(
-                "acp",
-                env!("CARGO_BIN_EXE_dsh"),
-                args,
-                vec![],
-            )),
+            Arc::new(AcpProvider::new("acp", command, args, vec![])),
         )
         .unwrap();
     // Workspace-write: the child gets at most that, so its escalation asks.
@@ -913,4 +922,40 @@ fn a_configured_acp_subagent_is_a_tool_the_parent_calls() {
         .find(|l| l.contains("\"type\":\"tool/result\""))
         .expect("the tool's result");
     assert!(result.contains("CHILD_OK"), "{result}");
+}
+
+/// A third-party ACP agent as the child: the symposium-acp project's Eliza
+/// (`elizacp`, from crates.io) answers a delegated prompt through the acp
+/// provider, and its process is gone with the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_third_party_acp_agent_answers_as_a_subagent() {
+    use dsh::actors::subagent::{StartRequest, StopReason};
+    let eliza = super::peers::peers().join("cargo/bin/elizacp");
+    let p = place();
+    let args = ["--deterministic", "acp"].map(String::from).to_vec();
+    let (rt, parent, subagents, _) = delegating_to(&p, &eliza, args).await;
+    let run = subagents
+        .start(
+            "acp",
+            StartRequest::new(
+                &parent,
+                "I feel sad today",
+                tokio_util::sync::CancellationToken::new(),
+            ),
+        )
+        .await
+        .expect("eliza starts");
+    let result = tokio::time::timeout(WAIT, run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Completed, "{result:?}");
+    assert!(!result.output.trim().is_empty(), "{result:?}");
+    run.dispose().await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while super::running("elizacp") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "eliza outlived its run"
+        );
+        tokio::task::yield_now().await;
+    }
+    rt.shutdown().await;
 }
