@@ -959,3 +959,80 @@ async fn a_third_party_acp_agent_answers_as_a_subagent() {
     }
     rt.shutdown().await;
 }
+
+/// One connection, two sessions in two workspaces: each prompt's update
+/// names its own session, and each session has its own log.
+#[test]
+fn one_connection_holds_several_sessions() {
+    let p = place();
+    let other = p.base.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut raw = Raw::start(&p);
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let new = |raw: &mut Raw, id: u64, cwd: &Path| {
+        raw.call(id, "session/new", json!({"cwd": cwd, "mcpServers": []}))[0]["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let a = new(&mut raw, 2, &p.ws);
+    let b = new(&mut raw, 3, &other);
+    assert_ne!(a, b);
+    for (id, sid, text) in [(4, &a, "to a"), (5, &b, "to b"), (6, &a, "a again")] {
+        let frames = raw.call(
+            id,
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": text}]}),
+        );
+        let update = &frames[0];
+        assert_eq!(update["params"]["sessionId"], sid.as_str(), "{frames:?}");
+        assert_eq!(updates(&frames)[0].1, format!("Done: {text}"));
+    }
+    raw.close();
+    let turns = |sid: &str| {
+        std::fs::read_to_string(p.sessions.join(sid).join("session.jsonl"))
+            .unwrap()
+            .matches("\"type\":\"turn/end\"")
+            .count()
+    };
+    assert_eq!((turns(&a), turns(&b)), (2, 1));
+}
+
+/// Cancelling the run mid-turn cancels the child's remote turn: the run
+/// ends aborted, and disposing it ends the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_an_acp_child_aborts_its_turn() {
+    use dsh::actors::subagent::{StartRequest, StopReason};
+    let p = place();
+    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/dsh-sessions/cancel/session.jsonl");
+    let child_args = ["--replay".to_owned(), recording.display().to_string()];
+    let (rt, parent, subagents, _) = delegating(&p, &child_args).await;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let run = subagents
+        .start("acp", StartRequest::new(&parent, "start", cancel.clone()))
+        .await
+        .expect("the child starts");
+    let ready = p.ws.join(".dsh-snapshot-stream-ready");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child's turn never started"
+        );
+        tokio::task::yield_now().await;
+    }
+    cancel.cancel();
+    let result = tokio::time::timeout(WAIT, run.result()).await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Aborted, "{result:?}");
+    run.dispose().await;
+    let recording = recording.display().to_string();
+    while super::running(&recording) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child outlived its run"
+        );
+        tokio::task::yield_now().await;
+    }
+    rt.shutdown().await;
+}
