@@ -419,12 +419,16 @@ impl Connection {
         let (tx, rx) = oneshot::channel();
         lock(&self.pending).insert(n, tx);
         self.send(json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params}));
-        let answer = tokio::select! {
-            a = rx => a.ok().and_then(Result::ok),
-            () = cancel.cancelled() => None,
-            () = self.closed.cancelled() => None,
-            () = tokio::time::sleep(ASK_TIMEOUT) => None,
-        };
+        let answer = tokio::time::timeout(ASK_TIMEOUT, async {
+            tokio::select! {
+                a = rx => a.ok().and_then(Result::ok),
+                () = cancel.cancelled() => None,
+                () = self.closed.cancelled() => None,
+            }
+        })
+        .await
+        .ok()
+        .flatten();
         lock(&self.pending).remove(&n);
         answer
     }
