@@ -879,12 +879,20 @@ async fn prompt_message(
     store: Option<Arc<Attachments>>,
 ) -> Result<Message, RpcError> {
     use base64::Engine as _;
+    /// One prompt block, checked.
+    enum Part {
+        Text(String),
+        /// A resource link, as its bracketed reference.
+        Link(String),
+        /// An image's bytes (of the type its block said).
+        Image(Vec<u8>),
+    }
     // Decoded and checked, all of them, before any is kept.
-    let mut parts: Vec<Result<String, Vec<u8>>> = Vec::new();
+    let mut parts: Vec<Part> = Vec::new();
     for (i, block) in blocks.into_iter().enumerate() {
         match block {
-            acp::ContentBlock::Text(t) => parts.push(Ok(t.text)),
-            acp::ContentBlock::ResourceLink(link) => parts.push(Ok(format!(
+            acp::ContentBlock::Text(t) => parts.push(Part::Text(t.text)),
+            acp::ContentBlock::ResourceLink(link) => parts.push(Part::Link(format!(
                 "[resource_link name={} uri={}]",
                 link.name, link.uri
             ))),
@@ -905,7 +913,7 @@ async fn prompt_message(
                         info.media_type, image.mime_type
                     )));
                 }
-                parts.push(Err(bytes));
+                parts.push(Part::Image(bytes));
             }
             acp::ContentBlock::Image(_) => {
                 return Err(RpcError::params(
@@ -921,27 +929,29 @@ async fn prompt_message(
     }
     let mut content: Vec<ContentBlock> = Vec::new();
     for part in parts {
-        match part {
-            Ok(text) => match content.last_mut() {
-                Some(ContentBlock::Text { text: last }) => {
-                    if !last.is_empty()
-                        && !last.ends_with(char::is_whitespace)
-                        && text.starts_with('[')
-                    {
-                        last.push(' ');
-                    }
-                    last.push_str(&text);
-                }
-                _ => content.push(ContentBlock::text(text)),
-            },
-            Err(bytes) => {
+        let (text, link) = match part {
+            Part::Text(text) => (text, false),
+            Part::Link(text) => (text, true),
+            Part::Image(bytes) => {
+                // Images are admitted only with a store (checked above).
                 let Some(store) = store.clone() else { continue };
                 let fields = tokio::task::spawn_blocking(move || store.put(&bytes, None))
                     .await
                     .map_err(|e| RpcError(INTERNAL_ERROR, format!("the image was not kept: {e}")))?
                     .map_err(|e| RpcError::params(format!("session/prompt: {e}")))?;
                 content.push(ContentBlock::Image { fields });
+                continue;
             }
+        };
+        // Adjacent text joins one block; a link is set off by a space.
+        match content.last_mut() {
+            Some(ContentBlock::Text { text: last }) => {
+                if link && !last.is_empty() && !last.ends_with(char::is_whitespace) {
+                    last.push(' ');
+                }
+                last.push_str(&text);
+            }
+            _ => content.push(ContentBlock::text(text)),
         }
     }
     let has_text = content

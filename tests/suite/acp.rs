@@ -347,17 +347,12 @@ impl Raw {
 
     /// Waits (bounded) for the server to exit; how it did.
     fn exited(&mut self) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "dsh acp outlived its stdin"
-            );
-            std::thread::yield_now();
-        }
+        let mut status = None;
+        super::until_blocking("dsh acp outlived its stdin", || {
+            status = self.child.try_wait().unwrap();
+            status.is_some()
+        });
+        status.unwrap()
     }
 }
 
@@ -582,14 +577,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
     )
     .unwrap();
     stdin.flush().unwrap();
-    let deadline = std::time::Instant::now() + WAIT;
-    while !super::running(token) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command never started"
-        );
-        std::thread::yield_now();
-    }
+    super::until_blocking("the command never started", || super::running(token));
     drop(raw.stdin.take());
     let answer = raw
         .lines
@@ -598,13 +586,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
     assert_eq!(answer["id"], 3, "{answer}");
     assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
     assert_eq!(raw.exited().code(), Some(0));
-    while super::running(token) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command outlived the server"
-        );
-        std::thread::yield_now();
-    }
+    super::until_blocking("the command outlived the server", || !super::running(token));
     let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
     assert!(log.contains("\"kind\":\"aborted\""), "{log}");
 }
@@ -786,15 +768,41 @@ async fn an_acp_child_completes_a_delegated_task_and_asks_the_parent() {
     assert!(asked[0].contains("made-by-child"), "{asked:?}");
     run.dispose().await;
     let script = child_script.display().to_string();
-    let deadline = std::time::Instant::now() + WAIT;
-    while super::running(&script) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the child process outlived its run"
-        );
-        tokio::task::yield_now().await;
-    }
+    super::until("the child process outlived its run", || {
+        !super::running(&script)
+    })
+    .await;
     rt.shutdown().await;
+}
+
+/// An ACP child run (cancelled by `cancel`) replaying the recorded
+/// `cancel` scenario, once its model stream is held open; the recording's
+/// path (which the child's command line names).
+async fn held_child(
+    p: &Place,
+    cancel: tokio_util::sync::CancellationToken,
+) -> (
+    dsh::kernel::Runtime,
+    dsh::actors::subagent::SubagentRun,
+    String,
+) {
+    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/dsh-sessions/cancel/session.jsonl")
+        .display()
+        .to_string();
+    let child_args = ["--replay".to_owned(), recording.clone()];
+    let (rt, parent, subagents, _) = delegating(p, &child_args).await;
+    let run = subagents
+        .start(
+            "acp",
+            dsh::actors::subagent::StartRequest::new(&parent, "start", cancel),
+        )
+        .await
+        .expect("the child starts");
+    // The held stream is ready: the replay says so in the shared cwd.
+    let ready = p.ws.join(".dsh-snapshot-stream-ready");
+    super::until("the child's turn never started", || ready.exists()).await;
+    (rt, run, recording)
 }
 
 /// The child process killed mid-turn (its model stream held open: the
@@ -802,30 +810,10 @@ async fn an_acp_child_completes_a_delegated_task_and_asks_the_parent() {
 /// and the child is reaped (no zombie left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
-    use dsh::actors::subagent::{StartRequest, StopReason};
+    use dsh::actors::subagent::StopReason;
     let p = place();
-    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/dsh-sessions/cancel/session.jsonl");
-    let child_args = ["--replay".to_owned(), recording.display().to_string()];
-    let (rt, parent, subagents, _) = delegating(&p, &child_args).await;
-    let run = subagents
-        .start(
-            "acp",
-            StartRequest::new(&parent, "start", tokio_util::sync::CancellationToken::new()),
-        )
-        .await
-        .expect("the child starts");
-    // The held stream is ready (the replay says so in the shared cwd).
-    let ready = p.ws.join(".dsh-snapshot-stream-ready");
-    let deadline = std::time::Instant::now() + WAIT;
-    while !ready.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the child's turn never started"
-        );
-        tokio::task::yield_now().await;
-    }
-    let recording = recording.display().to_string();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (rt, run, recording) = held_child(&p, cancel).await;
     let pid = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -857,13 +845,7 @@ async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
     run.dispose().await;
     // Reaped: no /proc entry, not even a zombie's.
     let entry = PathBuf::from(format!("/proc/{pid}"));
-    while entry.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the child was not reaped"
-        );
-        tokio::task::yield_now().await;
-    }
+    super::until("the child was not reaped", || !entry.exists()).await;
     rt.shutdown().await;
 }
 
@@ -949,14 +931,7 @@ async fn a_third_party_acp_agent_answers_as_a_subagent() {
     assert_eq!(result.stop_reason, StopReason::Completed, "{result:?}");
     assert!(!result.output.trim().is_empty(), "{result:?}");
     run.dispose().await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while super::running("elizacp") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "eliza outlived its run"
-        );
-        tokio::task::yield_now().await;
-    }
+    super::until("eliza outlived its run", || !super::running("elizacp")).await;
     rt.shutdown().await;
 }
 
@@ -988,6 +963,19 @@ fn one_connection_holds_several_sessions() {
         assert_eq!(update["params"]["sessionId"], sid.as_str(), "{frames:?}");
         assert_eq!(updates(&frames)[0].1, format!("Done: {text}"));
     }
+    // A resource link becomes a bracketed reference in the user's words.
+    let linked = raw.call(
+        7,
+        "session/prompt",
+        json!({"sessionId": b, "prompt": [
+            {"type": "text", "text": "see"},
+            {"type": "resource_link", "name": "a.txt", "uri": "file:///a.txt"},
+        ]}),
+    );
+    assert_eq!(
+        updates(&linked)[0].1,
+        "Done: see [resource_link name=a.txt uri=file:///a.txt]"
+    );
     raw.close();
     let turns = |sid: &str| {
         std::fs::read_to_string(p.sessions.join(sid).join("session.jsonl"))
@@ -995,44 +983,21 @@ fn one_connection_holds_several_sessions() {
             .matches("\"type\":\"turn/end\"")
             .count()
     };
-    assert_eq!((turns(&a), turns(&b)), (2, 1));
+    assert_eq!((turns(&a), turns(&b)), (2, 2));
 }
 
 /// Cancelling the run mid-turn cancels the child's remote turn: the run
 /// ends aborted, and disposing it ends the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_an_acp_child_aborts_its_turn() {
-    use dsh::actors::subagent::{StartRequest, StopReason};
+    use dsh::actors::subagent::StopReason;
     let p = place();
-    let recording = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/dsh-sessions/cancel/session.jsonl");
-    let child_args = ["--replay".to_owned(), recording.display().to_string()];
-    let (rt, parent, subagents, _) = delegating(&p, &child_args).await;
     let cancel = tokio_util::sync::CancellationToken::new();
-    let run = subagents
-        .start("acp", StartRequest::new(&parent, "start", cancel.clone()))
-        .await
-        .expect("the child starts");
-    let ready = p.ws.join(".dsh-snapshot-stream-ready");
-    let deadline = std::time::Instant::now() + WAIT;
-    while !ready.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the child's turn never started"
-        );
-        tokio::task::yield_now().await;
-    }
+    let (rt, run, recording) = held_child(&p, cancel.clone()).await;
     cancel.cancel();
     let result = tokio::time::timeout(WAIT, run.result()).await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Aborted, "{result:?}");
     run.dispose().await;
-    let recording = recording.display().to_string();
-    while super::running(&recording) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the child outlived its run"
-        );
-        tokio::task::yield_now().await;
-    }
+    super::until("the child outlived its run", || !super::running(&recording)).await;
     rt.shutdown().await;
 }

@@ -334,15 +334,8 @@ mod acp_scenarios {
                     self.open = Some(id);
                     if let Some(file) = step["waitForFile"]["path"].as_str() {
                         let path = cwd.join(file);
-                        let deadline = Instant::now() + WAIT;
-                        while !path.exists() {
-                            assert!(
-                                Instant::now() < deadline,
-                                "{} never appeared",
-                                path.display()
-                            );
-                            std::thread::yield_now();
-                        }
+                        let what = format!("{} never appeared", path.display());
+                        crate::suite::until_blocking(&what, || path.exists());
                     }
                     let session = self.session.clone().unwrap();
                     self.send(json!({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": session}}));
@@ -358,17 +351,12 @@ mod acp_scenarios {
         /// Closes stdin and waits for the exit; its status code.
         fn finish(mut self) -> (Option<i32>, Vec<Value>) {
             drop(self.stdin.take());
-            let deadline = Instant::now() + WAIT;
-            let status = loop {
-                if let Some(s) = self.child.try_wait().unwrap() {
-                    break s;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "dsh acp did not exit after stdin closed"
-                );
-                std::thread::yield_now();
-            };
+            let mut status = None;
+            crate::suite::until_blocking("dsh acp did not exit after stdin closed", || {
+                status = self.child.try_wait().unwrap();
+                status.is_some()
+            });
+            let status = status.unwrap();
             // Whatever it printed after the last response.
             while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
                 self.printed.push(serde_json::from_str(&line).unwrap());

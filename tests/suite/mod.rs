@@ -25,3 +25,22 @@ pub(crate) fn running(token: &str) -> bool {
                 .unwrap_or(false)
     })
 }
+
+/// Waits (at most a minute) until `done` holds, yielding to the runtime in
+/// between; `what` names what never happened.
+pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+    }
+}
+
+/// [`until`] for a test without a runtime.
+pub(crate) fn until_blocking(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::yield_now();
+    }
+}

@@ -533,14 +533,7 @@ async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction(
     assert!(first.starts_with("Summary of the conversation"), "{first}");
     // Disposing the agent ends its job.
     agent.dispose().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while super::running("84.2468") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job outlived its agent"
-        );
-        tokio::task::yield_now().await;
-    }
+    super::until("the job outlived its agent", || !super::running("84.2468")).await;
     rt.shutdown().await;
 }
 

@@ -66,12 +66,14 @@ impl SpillStore {
             return output;
         }
         let (root, session, tool) = (self.root.clone(), session.to_owned(), tool.to_owned());
-        let whole = text.clone();
-        let saved =
-            tokio::task::spawn_blocking(move || save(&root, &session, &tool, whole.as_bytes()))
-                .await;
+        // The text goes to the blocking pool and comes back for the preview.
+        let saved = tokio::task::spawn_blocking(move || {
+            let path = save(&root, &session, &tool, text.as_bytes());
+            (path, text)
+        })
+        .await;
         match saved {
-            Ok(Ok(path)) => ToolOutput {
+            Ok((Ok(path), text)) => ToolOutput {
                 content: vec![ContentBlock::text(preview(
                     &text,
                     &path,
@@ -79,7 +81,7 @@ impl SpillStore {
                 ))],
                 meta: output.meta,
             },
-            Ok(Err(e)) => {
+            Ok((Err(e), text)) => {
                 tracing::warn!("a {} byte result stays inline: {e}", text.len());
                 output
             }
