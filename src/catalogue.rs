@@ -61,7 +61,53 @@ pub fn default_catalogue() -> Catalogue {
     c.register("prompt-section", || PromptSectionPlugin);
     c.register("session-store", || SessionStore);
     c.register("web", || crate::web::Web);
+    c.register("mcp", || Mcp);
     c
+}
+
+/// Config of the `mcp` plugin: one MCP server, checked where it is read
+/// (a field of the wrong transport, a bad name, URL or header is refused
+/// with the entry and line named).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(try_from = "dsh_services::mcp::ServerConfig")]
+#[schemars(with = "dsh_services::mcp::ServerConfig")]
+pub struct McpConfig(pub dsh_services::mcp::ServerConfig);
+
+impl TryFrom<dsh_services::mcp::ServerConfig> for McpConfig {
+    type Error = String;
+
+    fn try_from(c: dsh_services::mcp::ServerConfig) -> Result<McpConfig, String> {
+        c.spec(Policy::default())?;
+        Ok(McpConfig(c))
+    }
+}
+
+/// One MCP server: a supervised actor whose tools are registered, for every
+/// agent, as `mcp__<server>__<tool>` while it is up.
+pub struct Mcp;
+
+impl Plugin for Mcp {
+    type Config = McpConfig;
+
+    fn name(&self) -> &str {
+        "mcp"
+    }
+
+    fn inject(&self) -> &[&'static str] {
+        &[ToolRegistry::SERVICE]
+    }
+
+    async fn apply(&self, ctx: Context, config: Arc<McpConfig>) -> Result<(), BoxError> {
+        let defaults = ctx
+            .get::<Sandbox>(Sandbox::SERVICE)
+            .unwrap_or_else(Sandbox::host)
+            .defaults();
+        let spec = config.0.spec(defaults)?;
+        let server = dsh_services::mcp::start(&ctx, spec).await?;
+        // Its status leaves `dsh mcp list` with the entry.
+        ctx.effect("mcp server status", move || drop(server))?;
+        Ok(())
+    }
 }
 
 /// Config of the `session-store` plugin.
@@ -308,6 +354,10 @@ impl Plugin for AgentServices {
         let tools = Arc::new(ToolRegistry::new());
         ctx.provide(LlmRuntime::SERVICE, Arc::new(LlmRuntime::new()))?;
         ctx.provide(ToolRegistry::SERVICE, tools.clone())?;
+        ctx.provide(
+            dsh_services::mcp::McpServers::SERVICE,
+            Arc::new(dsh_services::mcp::McpServers::new()),
+        )?;
         ctx.provide(
             Approval::SERVICE,
             Arc::new(Approval::new(

@@ -1,12 +1,14 @@
-//! `dsh check` and `dsh tree`: a `cordis.yml` validated without starting
-//! anything, or booted, its live supervision tree printed, and shut down in
-//! order.
+//! `dsh check`, `dsh tree` and `dsh mcp list`: a `cordis.yml` validated
+//! without starting anything, or booted, its live supervision tree (or its
+//! MCP servers) printed, and shut down in order.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Loader, Runtime, RuntimeSettings, Source};
+
+use dsh_services::mcp::{McpServers, ServerStatus, State, TransportKind};
 
 use crate::catalogue::default_catalogue;
 use crate::exit::{self, Exit};
@@ -37,6 +39,103 @@ pub struct TreeArgs {
     /// Print the tree as JSON (one array of nodes).
     #[arg(long)]
     pub json: bool,
+}
+
+/// `dsh mcp`: the subcommands.
+#[derive(clap::Args, Debug)]
+pub struct McpArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: McpCommand,
+}
+
+/// `dsh mcp …`.
+#[derive(clap::Subcommand, Debug)]
+pub enum McpCommand {
+    /// Boot the config, connect its MCP servers (each up to its connect
+    /// timeout), print each server's state and tools, shut down.
+    List(TreeArgs),
+}
+
+/// `dsh mcp list`: every MCP server of the file with its state and tools;
+/// exits 1 when one is not up.
+pub async fn mcp(args: McpArgs) -> Exit {
+    let McpCommand::List(args) = args.command;
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+    };
+    let source = Source {
+        base: args.file,
+        patches: args.patches,
+    };
+    let exit = match Loader::boot(&rt, default_catalogue(), source).await {
+        Err(e) => Exit::from(e),
+        Ok((_loader, failures)) => {
+            let servers = rt
+                .root()
+                .get::<McpServers>(McpServers::SERVICE)
+                .map(|m| m.list())
+                .unwrap_or_default();
+            if args.json {
+                crate::outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&servers).unwrap_or_default()
+                );
+            } else {
+                crate::out!("{}", render_servers(&servers));
+            }
+            let mut list: Vec<String> = failures
+                .iter()
+                .map(|(id, reason)| format!("entry `{id}` failed to start: {reason}"))
+                .collect();
+            list.extend(
+                servers
+                    .iter()
+                    .filter(|s| s.state != State::Up)
+                    .map(|s| format!("MCP server {} is {}", s.name, s.state.as_str())),
+            );
+            if list.is_empty() {
+                Exit::ok()
+            } else {
+                Exit::placed(exit::FAILED, list.join("\n"))
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
+        .await
+        .is_err()
+    {
+        return Exit::failed("shutdown did not finish within 60 s");
+    }
+    exit
+}
+
+/// One block per server: name, transport, state, then its tools.
+fn render_servers(servers: &[ServerStatus]) -> String {
+    if servers.is_empty() {
+        return "no MCP servers are configured (add an entry with `name: mcp`)\n".into();
+    }
+    let mut out = String::new();
+    for s in servers {
+        let transport = match s.transport {
+            TransportKind::Stdio => "stdio",
+            TransportKind::StreamableHttp => "streamable-http",
+        };
+        out.push_str(&format!(
+            "{}  {transport}  {}  {} tool(s)\n",
+            s.name,
+            s.state.as_str(),
+            s.tools.len()
+        ));
+        if let Some(e) = &s.error {
+            out.push_str(&format!("  error: {e}\n"));
+        }
+        for t in &s.tools {
+            out.push_str(&format!("  {}\n", t.name));
+        }
+    }
+    out
 }
 
 /// Validates the file (and its patches), or prints a plugin's schema.

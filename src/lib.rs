@@ -13,7 +13,7 @@
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`stage`]: booting the agent services and the model those options name.
-//! - [`config`]: `dsh check`, `dsh tree`.
+//! - [`config`]: `dsh check`, `dsh tree`, `dsh mcp list`.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
 //! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent

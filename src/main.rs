@@ -61,6 +61,9 @@ enum Command {
     /// Serve the Agent Client Protocol on stdin/stdout (for editors and
     /// parent agents); exits 0 when stdin closes.
     Acp(Box<acp::AcpArgs>),
+    /// MCP servers of a cordis.yml: `dsh mcp list` connects them and shows
+    /// each one's state and tools.
+    Mcp(config::McpArgs),
 }
 
 fn main() -> ExitCode {
@@ -106,6 +109,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Serve(args) => ("serve", serve::serve(*args).await),
         Command::Bench(args) => ("bench", bench::bench(args).await),
         Command::Acp(args) => ("acp", acp::acp(*args).await),
+        Command::Mcp(args) => ("mcp", config::mcp(args).await),
     };
     exit.report(name)
 }

@@ -33,6 +33,8 @@
 //!   generated), the scoped registry with restrictions, the guarded pipeline
 //!   (pre-execute → guards → execute → post-execute → finalize →
 //!   `tools/result`), and the built-in tools.
+//! - [`mcp`]: the MCP client — each configured server a supervised actor
+//!   whose tools are registered as `mcp__<server>__<tool>` while it is up.
 //!
 //! Dependency direction: `supervisors <- services <- actors <- dsh`.
 //!
@@ -49,6 +51,7 @@ pub mod attachments;
 pub mod instructions;
 pub mod jobs;
 pub mod llm;
+pub mod mcp;
 pub mod persistence;
 pub mod prompt;
 pub mod replay;

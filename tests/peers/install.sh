@@ -6,6 +6,8 @@
 #   - the fault-injecting OpenAI mock @copilotkit/aimock (npm);
 #   - playwright-core (npm), which drives the Debian `chromium` that .ci/run
 #     installs, for the dashboard's browser tests;
+#   - @modelcontextprotocol/server-everything (npm), the MCP reference
+#     server the MCP client is tested against (stdio and streamable HTTP);
 #   - elizacp (crates.io), a third-party ACP agent (the symposium-acp
 #     project's Eliza) that the acp subagent provider drives.
 # Idempotent and safe to run concurrently (flock). Prints the peers directory.
@@ -29,6 +31,11 @@ if [ ! -f "$dir/.aimock-ok" ]; then
   mkdir -p "$dir/npm"
   (cd "$dir/npm" && npm install --silent --no-audit --no-fund @copilotkit/aimock@1.43.0 >/dev/null)
   touch "$dir/.aimock-ok"
+fi
+if [ ! -f "$dir/.mcp-everything-ok" ]; then
+  mkdir -p "$dir/npm"
+  (cd "$dir/npm" && npm install --silent --no-audit --no-fund @modelcontextprotocol/server-everything@2026.8.31 >/dev/null)
+  touch "$dir/.mcp-everything-ok"
 fi
 if [ ! -f "$dir/.elizacp-ok" ]; then
   # Its own target directory, so the project's build cache is left alone.

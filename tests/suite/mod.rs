@@ -5,6 +5,7 @@ mod conformance;
 mod dashboard;
 mod embedding;
 mod hardening;
+mod mcp;
 mod multi;
 mod peers;
 mod persistence;

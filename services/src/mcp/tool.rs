@@ -1,0 +1,305 @@
+//! A server's tool as one of ours.
+//!
+//! A call acts with the server's powers, not the calling agent's, so it is
+//! admitted against the agent's policy first: an agent without network may
+//! not call a server that has it (every HTTP server has), and an agent with
+//! a narrower mode than the server's may call only the tools the server
+//! marks read-only (`readOnlyHint`). The call is sent under the raw name;
+//! dropping it (the turn cancelled, the timeout) sends
+//! `notifications/cancelled`. Result blocks keep their order: text runs
+//! join with newlines, images go to the attachment store, resource links
+//! and other blocks become text saying what they were.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use base64::Engine;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::ServiceError;
+use serde_json::{Value, json};
+
+use super::Transport;
+use super::server::Shared;
+use crate::attachments::Attachments;
+use crate::llm::{ContentBlock, ToolSchema};
+use crate::sandbox::Policy;
+use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// One tool of one server.
+pub(crate) struct McpTool {
+    server: Arc<Shared>,
+    raw: String,
+    public: String,
+    description: String,
+    parameters: Value,
+    read_only: bool,
+}
+
+impl McpTool {
+    pub(crate) fn new(server: Arc<Shared>, t: &rmcp::model::Tool) -> McpTool {
+        let raw = t.name.to_string();
+        let public = super::public_name(&server.spec.name, &raw);
+        let description = t
+            .description
+            .as_deref()
+            .map(str::to_owned)
+            .or_else(|| t.title.clone())
+            .unwrap_or_else(|| format!("Tool {raw} of MCP server {}.", server.spec.name));
+        let mut parameters = Value::Object((*t.input_schema).clone());
+        if let Some(map) = parameters.as_object_mut() {
+            map.entry("type").or_insert_with(|| json!("object"));
+            map.entry("properties").or_insert_with(|| json!({}));
+        }
+        if let Err(e) = jsonschema::validator_for(&parameters) {
+            tracing::warn!(
+                "MCP server {}: the input schema of {raw} does not compile ({e}); its arguments go unchecked",
+                server.spec.name
+            );
+            parameters = json!({"type": "object", "properties": {}});
+        }
+        let read_only = t
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            .unwrap_or(false);
+        McpTool {
+            server,
+            raw,
+            public,
+            description,
+            parameters,
+            read_only,
+        }
+    }
+
+    pub(crate) fn public_name(&self) -> &str {
+        &self.public
+    }
+
+    pub(crate) fn raw(&self) -> &str {
+        &self.raw
+    }
+
+    /// Whether `other` is the same definition (name, text, schema, hints).
+    pub(crate) fn same_as(&self, other: &McpTool) -> bool {
+        self.raw == other.raw
+            && self.description == other.description
+            && self.parameters == other.parameters
+            && self.read_only == other.read_only
+    }
+
+    /// Refuses a call the agent's `policy` does not cover.
+    fn admit(&self, policy: Policy) -> Result<(), ToolError> {
+        let spec = &self.server.spec;
+        let networked = matches!(spec.transport, Transport::Http { .. }) || spec.policy.network;
+        if networked && !policy.network {
+            return Err(ToolError::new(
+                "DENIED",
+                format!(
+                    "MCP server {} reaches the network and this agent may not",
+                    spec.name
+                ),
+            ));
+        }
+        if policy.mode < spec.policy.mode && !self.read_only {
+            return Err(ToolError::new(
+                "DENIED",
+                format!(
+                    "MCP server {} acts with {}, more than this agent's {}; only the tools it marks read-only are open here",
+                    spec.name,
+                    spec.policy.mode.as_str(),
+                    policy.mode.as_str()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn failure(&self, e: ServiceError) -> ToolError {
+        let name = &self.server.spec.name;
+        match e {
+            ServiceError::McpError(e) => ToolError::new(
+                "MCP_ERROR",
+                format!("MCP server {name}: {} (code {})", e.message, e.code.0),
+            ),
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+                let why = format!("the connection to MCP server {name} was lost during the call");
+                self.server.call_lost(e.to_string());
+                ToolError::new("UNAVAILABLE", why)
+            }
+            ServiceError::Timeout { timeout } => ToolError::new(
+                "TIMEOUT",
+                format!("MCP server {name} did not answer within {timeout:?}"),
+            ),
+            other => ToolError::failed(format!("MCP server {name}: {other}")),
+        }
+    }
+
+    /// The call's result as our blocks.
+    async fn output(
+        &self,
+        result: CallToolResult,
+        cx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        let blocks: Vec<Value> = serde_json::to_value(&result.content)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let store = cx.ctx.get::<Attachments>(Attachments::SERVICE);
+        let mut content: Vec<ContentBlock> = Vec::new();
+        for b in &blocks {
+            let block = match b["type"].as_str().unwrap_or("") {
+                "text" => ContentBlock::text(b["text"].as_str().unwrap_or("")),
+                "image" => image(b, store.clone()).await,
+                "resource_link" => ContentBlock::text(format!(
+                    "[resource link] {}: {}",
+                    b["name"].as_str().unwrap_or("(unnamed)"),
+                    b["uri"].as_str().unwrap_or("")
+                )),
+                "resource" => resource(&b["resource"]),
+                "audio" => ContentBlock::text(format!(
+                    "[audio ({}): not shown]",
+                    b["mimeType"].as_str().unwrap_or("unknown type")
+                )),
+                other => ContentBlock::text(format!("[{other} block: not shown]")),
+            };
+            push(&mut content, block);
+        }
+        if content.is_empty()
+            && let Some(structured) = &result.structured_content
+        {
+            content.push(ContentBlock::text(structured.to_string()));
+        }
+        if result.is_error == Some(true) {
+            let text: Vec<String> = content
+                .iter()
+                .filter_map(|c| match c {
+                    ContentBlock::Text { text } => Some(text.clone()),
+                    _ => None,
+                })
+                .collect();
+            let text = if text.is_empty() {
+                "the tool reported an error".to_owned()
+            } else {
+                text.join("\n")
+            };
+            return Err(ToolError::new("TOOL_ERROR", text));
+        }
+        if content.is_empty() {
+            content.push(ContentBlock::text(""));
+        }
+        let mut mcp = json!({"server": self.server.spec.name, "tool": self.raw});
+        if let Some(s) = result.structured_content {
+            mcp["structuredContent"] = s;
+        }
+        Ok(ToolOutput {
+            content,
+            meta: Some(json!({ "mcp": mcp })),
+        })
+    }
+}
+
+/// One call counted in flight until it is answered or dropped.
+struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    fn enter(server: &'a Shared) -> InFlight<'a> {
+        server.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(server)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Appends `block`, joining a text run with a newline.
+fn push(content: &mut Vec<ContentBlock>, block: ContentBlock) {
+    if let ContentBlock::Text { text: next } = &block
+        && let Some(ContentBlock::Text { text }) = content.last_mut()
+    {
+        text.push('\n');
+        text.push_str(next);
+        return;
+    }
+    content.push(block);
+}
+
+/// An image block, kept in the attachment store; text saying why not when
+/// it cannot be.
+async fn image(b: &Value, store: Option<Arc<Attachments>>) -> ContentBlock {
+    let mime = b["mimeType"].as_str().unwrap_or("unknown type").to_owned();
+    let not_shown = |why: String| ContentBlock::text(format!("[image ({mime}): not shown: {why}]"));
+    let Some(store) = store else {
+        return not_shown("no attachment store here".into());
+    };
+    let bytes =
+        match base64::engine::general_purpose::STANDARD.decode(b["data"].as_str().unwrap_or("")) {
+            Ok(bytes) => bytes,
+            Err(e) => return not_shown(format!("its data is not base64 ({e})")),
+        };
+    match tokio::task::spawn_blocking(move || store.put(&bytes, None)).await {
+        Ok(Ok(fields)) => ContentBlock::Image { fields },
+        Ok(Err(e)) => not_shown(e.to_string()),
+        Err(e) => not_shown(format!("it could not be kept ({e})")),
+    }
+}
+
+/// An embedded resource: its text when it has text, else what it was.
+fn resource(r: &Value) -> ContentBlock {
+    let uri = r["uri"].as_str().unwrap_or("");
+    match r["text"].as_str() {
+        Some(text) => ContentBlock::text(format!("[resource {uri}]\n{text}")),
+        None => ContentBlock::text(format!(
+            "[resource {uri} ({}): binary, not shown]",
+            r["mimeType"].as_str().unwrap_or("unknown type")
+        )),
+    }
+}
+
+impl Tool for McpTool {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: self.public.clone(),
+            description: self.description.clone(),
+            parameters: self.parameters.clone(),
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.server.spec.call_timeout)
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            self.admit(cx.policy)?;
+            let peer = self
+                .server
+                .peer()
+                .map_err(|e| ToolError::new("UNAVAILABLE", e))?;
+            let mut params = CallToolRequestParams::new(self.raw.clone());
+            match &cx.args {
+                Value::Object(map) => params = params.with_arguments(map.clone()),
+                Value::Null => {}
+                other => {
+                    return Err(ToolError::new(
+                        "INVALID_ARGS",
+                        format!("arguments must be an object, not {other}"),
+                    ));
+                }
+            }
+            let _counted = InFlight::enter(&self.server);
+            let result = peer.call_tool(params).await.map_err(|e| self.failure(e))?;
+            self.output(result, &cx).await
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,529 @@
+//! The MCP client against the protocol's reference server
+//! (`@modelcontextprotocol/server-everything`, npm, installed by
+//! `tests/peers/install.sh`), over stdio (under the sandbox) and over
+//! streamable HTTP: listing, calls and their result mapping, a crash and
+//! the restart, a call cancelled mid-flight, the reconnect budget, and the
+//! policy a call is admitted under.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh::catalogue::{AgentServices, AgentServicesConfig};
+use dsh::kernel::scratch::fresh_dir;
+use dsh::kernel::{Runtime, RuntimeSettings};
+use dsh::services::llm::ContentBlock;
+use dsh::services::mcp::{McpServer, ServerConfig, ServerStatus, State};
+use dsh::services::sandbox::{PermissionMode, Policy};
+use dsh::services::tools::{Bounds, PipelineOutcome, ToolCall, ToolRegistry, run_pipeline};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The reference server's entry point.
+pub(crate) fn everything() -> PathBuf {
+    super::peers::peers()
+        .join("npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+}
+
+/// A runtime with the agent services (tool registry, sandbox, attachments).
+async fn services() -> Runtime {
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    rt.root()
+        .plugin(AgentServices, AgentServicesConfig::default())
+        .await
+        .unwrap();
+    rt
+}
+
+/// A stdio entry for the reference server, its process marked by `marker`.
+fn stdio(name: &str, marker: &str, cwd: &std::path::Path) -> Value {
+    json!({
+        "server_name": name,
+        "transport": "stdio",
+        "command": "node",
+        "args": [everything(), "stdio"],
+        "env": {"DSH_MCP_MARKER": marker},
+        "cwd": cwd,
+        "reconnect": {"initial_delay_ms": 20, "max_delay_ms": 200}
+    })
+}
+
+async fn start(rt: &Runtime, entry: Value) -> Result<McpServer, String> {
+    let config: ServerConfig = serde_json::from_value(entry).unwrap();
+    let spec = config.spec(Policy::default()).unwrap();
+    dsh::services::mcp::start(&rt.root(), spec).await
+}
+
+/// Runs one call through the whole tool pipeline under `policy`.
+async fn call(
+    rt: &Runtime,
+    name: &str,
+    args: Value,
+    policy: Policy,
+    cancel: CancellationToken,
+) -> PipelineOutcome {
+    let root = rt.root();
+    let tools = root.get::<ToolRegistry>(ToolRegistry::SERVICE).unwrap();
+    let call = ToolCall {
+        id: format!("call-{name}"),
+        name: name.to_owned(),
+        arguments: args.to_string(),
+    };
+    let bounds = Bounds {
+        cwd: Arc::new(std::env::temp_dir()),
+        policy,
+    };
+    run_pipeline(&root, &tools, None, call, cancel, bounds).await
+}
+
+fn text(outcome: &PipelineOutcome) -> String {
+    outcome
+        .content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn names(status: &ServerStatus) -> Vec<String> {
+    status.tools.iter().map(|t| t.name.clone()).collect()
+}
+
+/// Pids of live processes whose environment holds `marker`.
+fn marked(marker: &str) -> Vec<i32> {
+    let needle = format!("DSH_MCP_MARKER={marker}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|p| {
+            let pid: i32 = p.file_name().to_str()?.parse().ok()?;
+            let env = std::fs::read(p.path().join("environ")).ok()?;
+            let stat = std::fs::read_to_string(p.path().join("stat")).ok()?;
+            let zombie = stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'));
+            (!zombie && String::from_utf8_lossy(&env).contains(&needle)).then_some(pid)
+        })
+        .collect()
+}
+
+fn kill(pids: &[i32]) {
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// A stdio server's tools are registered under qualified names and called
+/// through the pipeline: text, a sum, an image kept in the attachment
+/// store, resource links as text; its process sees the entry's variables
+/// and runs confined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_server_s_tools_are_registered_called_and_their_results_mapped() {
+    let rt = services().await;
+    let dir = fresh_dir("dsh-mcp").unwrap();
+    let marker = uuid::Uuid::new_v4().to_string();
+    let server = start(&rt, stdio("everything", &marker, &dir))
+        .await
+        .unwrap();
+    let status = server.status();
+    assert_eq!(status.state, State::Up, "{status:?}");
+    let listed = names(&status);
+    for want in [
+        "mcp__everything__echo",
+        "mcp__everything__get-sum",
+        "mcp__everything__get-tiny-image",
+        "mcp__everything__trigger-long-running-operation",
+    ] {
+        assert!(listed.iter().any(|n| n == want), "{want} in {listed:?}");
+    }
+    let tools = rt
+        .root()
+        .get::<ToolRegistry>(ToolRegistry::SERVICE)
+        .unwrap();
+    let echo = tools
+        .visible(None)
+        .into_iter()
+        .find(|t| t.schema.name == "mcp__everything__echo")
+        .expect("echo is visible to agents");
+    assert_eq!(
+        echo.schema.parameters["properties"]["message"]["type"], "string",
+        "the server's schema is the tool's: {}",
+        echo.schema.parameters
+    );
+
+    let policy = Policy::default();
+    let go = CancellationToken::new;
+    let echoed = call(
+        &rt,
+        "mcp__everything__echo",
+        json!({"message": "hi"}),
+        policy,
+        go(),
+    )
+    .await;
+    assert_eq!(echoed.error, None);
+    assert_eq!(text(&echoed), "Echo: hi");
+    let sum = call(
+        &rt,
+        "mcp__everything__get-sum",
+        json!({"a": 2, "b": 40}),
+        policy,
+        go(),
+    )
+    .await;
+    assert!(text(&sum).contains("is 42"), "{}", text(&sum));
+    // Arguments are checked against the server's schema before it is asked.
+    let bad = call(
+        &rt,
+        "mcp__everything__get-sum",
+        json!({"a": "two"}),
+        policy,
+        go(),
+    )
+    .await;
+    assert_eq!(bad.error.unwrap().code, "INVALID_ARGS");
+
+    let image = call(
+        &rt,
+        "mcp__everything__get-tiny-image",
+        json!({}),
+        policy,
+        go(),
+    )
+    .await;
+    assert_eq!(image.error, None, "{}", text(&image));
+    let kept = image
+        .content
+        .iter()
+        .find_map(|b| match b {
+            ContentBlock::Image { fields } => Some(fields.clone()),
+            _ => None,
+        })
+        .expect("the image is an image block");
+    assert_eq!(kept["mediaType"], "image/png");
+    assert!(
+        kept["attachmentId"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+
+    let links = call(
+        &rt,
+        "mcp__everything__get-resource-links",
+        json!({"count": 2}),
+        policy,
+        go(),
+    )
+    .await;
+    assert!(text(&links).contains("[resource link]"), "{}", text(&links));
+
+    let env = call(&rt, "mcp__everything__get-env", json!({}), policy, go()).await;
+    assert!(
+        text(&env).contains(&marker),
+        "the entry's env reaches the server"
+    );
+    // The process runs under the sandbox: it cannot write outside its cwd.
+    assert!(!marked(&marker).is_empty());
+    drop(server);
+    rt.shutdown().await;
+    super::until("the server process outlived the runtime", || {
+        marked(&marker).is_empty()
+    })
+    .await;
+}
+
+/// Killed, a stdio server is started again and its tools (the same names)
+/// answer again; in between they fail with `UNAVAILABLE`, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_stdio_server_is_restarted_and_its_tools_answer_again() {
+    let rt = services().await;
+    let dir = fresh_dir("dsh-mcp").unwrap();
+    let marker = uuid::Uuid::new_v4().to_string();
+    let server = start(&rt, stdio("crashy", &marker, &dir)).await.unwrap();
+    let before = names(&server.status());
+    let first = marked(&marker);
+    assert!(!first.is_empty());
+    kill(&first);
+    let after = server
+        .wait_until(Duration::from_secs(60), |s| {
+            s.connections == 2 && s.state == State::Up
+        })
+        .await;
+    assert_eq!(after.state, State::Up, "{after:?}");
+    let now = names(&after);
+    let unique: std::collections::BTreeSet<&String> = now.iter().collect();
+    assert_eq!(unique.len(), now.len(), "no tool is doubled: {now:?}");
+    assert!(
+        before.iter().all(|n| now.contains(n)),
+        "none lost: {before:?} {now:?}"
+    );
+    let echoed = call(
+        &rt,
+        "mcp__crashy__echo",
+        json!({"message": "back"}),
+        Policy::default(),
+        CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(text(&echoed), "Echo: back");
+    let second = marked(&marker);
+    assert!(
+        first.iter().all(|p| !second.contains(p)),
+        "a new process answers"
+    );
+    rt.shutdown().await;
+}
+
+/// A call cancelled while the server works ends `ABORTED` at once; the
+/// server is still there for the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_mid_flight_is_aborted_and_the_server_goes_on() {
+    let rt = services().await;
+    let dir = fresh_dir("dsh-mcp").unwrap();
+    let marker = uuid::Uuid::new_v4().to_string();
+    let server = Arc::new(start(&rt, stdio("slow", &marker, &dir)).await.unwrap());
+    let cancel = CancellationToken::new();
+    let long = {
+        let rt = rt.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            call(
+                &rt,
+                "mcp__slow__trigger-long-running-operation",
+                json!({"duration": 600, "steps": 600}),
+                Policy::default(),
+                cancel,
+            )
+            .await
+        })
+    };
+    let watched = server.clone();
+    super::until("the call never reached the server", || {
+        assert!(!long.is_finished(), "the call ended by itself");
+        watched.status().in_flight == 1
+    })
+    .await;
+    cancel.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), long)
+        .await
+        .expect("the cancelled call ended")
+        .unwrap();
+    assert_eq!(outcome.error.unwrap().code, "ABORTED");
+    assert_eq!(server.status().in_flight, 0);
+    let echoed = call(
+        &rt,
+        "mcp__slow__echo",
+        json!({"message": "still here"}),
+        Policy::default(),
+        CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(text(&echoed), "Echo: still here");
+    assert_eq!(server.status().connections, 1, "no reconnect was needed");
+    rt.shutdown().await;
+}
+
+/// A server that cannot start spends its attempt budget, then is `failed`
+/// with no tools; with `fail_on_startup_error` the start itself fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_starts_spends_its_budget_and_fails() {
+    let rt = services().await;
+    let dir = fresh_dir("dsh-mcp").unwrap();
+    let entry = |name: &str, fail: bool| {
+        json!({
+            "server_name": name, "transport": "stdio",
+            "command": "sh", "args": ["-c", "echo no such server >&2; exit 3"],
+            "cwd": dir, "fail_on_startup_error": fail,
+            "reconnect": {"initial_delay_ms": 5, "max_delay_ms": 20, "max_attempts": 3}
+        })
+    };
+    let server = start(&rt, entry("broken", false)).await.unwrap();
+    let end = server
+        .wait_until(Duration::from_secs(60), |s| s.state == State::Failed)
+        .await;
+    assert_eq!(end.state, State::Failed, "{end:?}");
+    assert_eq!(end.attempts, 3);
+    assert!(end.tools.is_empty());
+    let why = end.error.unwrap();
+    assert!(
+        why.contains("no such server"),
+        "the server's stderr is in the error: {why}"
+    );
+
+    let refused = start(&rt, entry("strict", true)).await.err().unwrap();
+    assert!(refused.contains("MCP server strict"), "{refused}");
+    // A second live server may not take a name already in use.
+    let twin = start(&rt, entry("broken", false)).await.err().unwrap();
+    assert!(twin.contains("already running"), "{twin}");
+    rt.shutdown().await;
+}
+
+/// A call acts with the server's powers: an agent narrower than the server
+/// may call only its read-only tools, and an agent without network none of
+/// a server that has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_narrower_than_the_server_may_call_only_its_read_only_tools() {
+    let rt = services().await;
+    let dir = fresh_dir("dsh-mcp").unwrap();
+    let marker = uuid::Uuid::new_v4().to_string();
+    let _server = start(&rt, stdio("guarded", &marker, &dir)).await.unwrap();
+    let read_only = Policy {
+        mode: PermissionMode::ReadOnly,
+        network: true,
+    };
+    let go = CancellationToken::new;
+    let allowed = call(
+        &rt,
+        "mcp__guarded__echo",
+        json!({"message": "ro"}),
+        read_only,
+        go(),
+    )
+    .await;
+    assert_eq!(text(&allowed), "Echo: ro", "echo is marked read-only");
+    let refused = call(
+        &rt,
+        "mcp__guarded__toggle-simulated-logging",
+        json!({}),
+        read_only,
+        go(),
+    )
+    .await;
+    let e = refused.error.unwrap();
+    assert_eq!(e.code, "DENIED");
+    assert!(e.message.contains("workspace-write"), "{}", e.message);
+    let offline = Policy {
+        mode: PermissionMode::WorkspaceWrite,
+        network: false,
+    };
+    let cut = call(
+        &rt,
+        "mcp__guarded__echo",
+        json!({"message": "x"}),
+        offline,
+        go(),
+    )
+    .await;
+    assert_eq!(cut.error.unwrap().code, "DENIED");
+    rt.shutdown().await;
+}
+
+/// The reference server over streamable HTTP, in its own process on a free
+/// loopback port.
+struct HttpServer {
+    child: tokio::process::Child,
+}
+
+impl HttpServer {
+    async fn start(port: u16) -> HttpServer {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("node")
+            .arg(everything())
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let ready = async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.contains("listening") {
+                    return;
+                }
+            }
+            panic!("the HTTP server ended before listening");
+        };
+        tokio::time::timeout(Duration::from_secs(60), ready)
+            .await
+            .expect("the HTTP server listens");
+        HttpServer { child }
+    }
+
+    async fn stop(mut self) {
+        self.child.kill().await.unwrap();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Over streamable HTTP: the tools are listed and called with the entry's
+/// headers; the server killed, calls fail `UNAVAILABLE`; the server back on
+/// its port, the client reconnects and the same tools answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_restart() {
+    let rt = services().await;
+    let port = free_port();
+    let http = HttpServer::start(port).await;
+    let server = start(
+        &rt,
+        json!({
+            "server_name": "web", "transport": "streamable-http",
+            "url": format!("http://127.0.0.1:{port}/mcp"),
+            "headers": {"X-Dsh-Test": "yes"},
+            "reconnect": {"initial_delay_ms": 20, "max_delay_ms": 200, "max_attempts": 1000}
+        }),
+    )
+    .await
+    .unwrap();
+    let status = server.status();
+    assert_eq!(status.state, State::Up, "{status:?}");
+    assert!(names(&status).iter().any(|n| n == "mcp__web__get-sum"));
+    let go = CancellationToken::new;
+    let sum = call(
+        &rt,
+        "mcp__web__get-sum",
+        json!({"a": 1, "b": 2}),
+        Policy::default(),
+        go(),
+    )
+    .await;
+    assert!(text(&sum).contains("is 3"), "{}", text(&sum));
+
+    http.stop().await;
+    let lost = call(
+        &rt,
+        "mcp__web__echo",
+        json!({"message": "x"}),
+        Policy::default(),
+        go(),
+    )
+    .await;
+    assert_eq!(
+        lost.error.as_ref().unwrap().code,
+        "UNAVAILABLE",
+        "{}",
+        text(&lost)
+    );
+    let _http = HttpServer::start(port).await;
+    let back = server
+        .wait_until(Duration::from_secs(60), |s| {
+            s.connections == 2 && s.state == State::Up
+        })
+        .await;
+    assert_eq!(back.state, State::Up, "{back:?}");
+    let echoed = call(
+        &rt,
+        "mcp__web__echo",
+        json!({"message": "again"}),
+        Policy::default(),
+        go(),
+    )
+    .await;
+    assert_eq!(text(&echoed), "Echo: again");
+    rt.shutdown().await;
+}
