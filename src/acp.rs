@@ -47,8 +47,10 @@ use dsh_actors::agent::{Agent, AgentSpec};
 use dsh_services::approval::{ApprovalAsk, ApprovalOutcome};
 use dsh_services::attachments::Attachments;
 use dsh_services::llm::{ContentBlock, Message};
+use dsh_services::mcp::{McpServer, ServerSpec, Transport};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::replay::{CancelPoint, ReplayModel};
+use dsh_services::sandbox::{Policy, Sandbox};
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::{Context, Runtime, RuntimeSettings};
 use serde_json::{Value, json};
@@ -268,6 +270,8 @@ async fn read_until_closed(conn: &Arc<Connection>, tasks: &mut JoinSet<()>) {
 struct Session {
     id: String,
     agent: Agent,
+    /// The session's MCP servers (their status leaves with the session).
+    _mcp: Vec<McpServer>,
     cwd: PathBuf,
     /// A prompt is in flight.
     busy: AtomicBool,
@@ -443,11 +447,7 @@ impl Connection {
                 cwd.display()
             )));
         }
-        if !request.mcp_servers.is_empty() {
-            return Err(RpcError::params(
-                "session/new: `mcpServers` are not supported yet; send an empty list",
-            ));
-        }
+        let servers = mcp_specs("session/new", request.mcp_servers, &cwd, self.defaults())?;
         if !request.additional_directories.is_empty() {
             return Err(RpcError::params(
                 "session/new: `additionalDirectories` are not supported; send an empty list",
@@ -456,8 +456,12 @@ impl Connection {
         let id = uuid::Uuid::new_v4().to_string();
         let mut spec = self.spec(&cwd).await;
         spec.id = Some(id.clone());
-        self.open(&id, spec, cwd).await?;
-        Ok(json!({"sessionId": id}))
+        let mcp = self.open(&id, spec, cwd, servers).await?;
+        let mut answer = json!({"sessionId": id});
+        if let Some(meta) = mcp {
+            answer["_meta"] = meta;
+        }
+        Ok(answer)
     }
 
     /// Whether `session/load` works here: sessions are kept, and they run
@@ -485,11 +489,7 @@ impl Connection {
                 cwd.display()
             )));
         }
-        if !request.mcp_servers.is_empty() {
-            return Err(RpcError::params(
-                "session/load: `mcpServers` are not supported yet; send an empty list",
-            ));
-        }
+        let servers = mcp_specs("session/load", request.mcp_servers, &cwd, self.defaults())?;
         let id = request.session_id.to_string();
         if lock(&self.sessions).contains_key(&id) {
             return Err(RpcError::params(format!(
@@ -508,8 +508,11 @@ impl Connection {
         let mut spec = self.spec(&cwd).await;
         spec.durable = Some(loaded.durable);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));
-        self.open(&id, spec, cwd).await?;
-        Ok(json!({}))
+        let mcp = self.open(&id, spec, cwd, servers).await?;
+        Ok(match mcp {
+            Some(meta) => json!({"_meta": meta}),
+            None => json!({}),
+        })
     }
 
     /// The client's view of one stored event: the user's words and the
@@ -544,28 +547,68 @@ impl Connection {
         spec
     }
 
-    /// Creates the session's agent from `spec` and opens the session.
+    /// The policy this server's agents (and their MCP servers) get.
+    fn defaults(&self) -> Policy {
+        self.root
+            .get::<Sandbox>(Sandbox::SERVICE)
+            .unwrap_or_else(Sandbox::host)
+            .defaults()
+    }
+
+    /// Creates the session's agent from `spec`, starts the session's MCP
+    /// servers in the agent's scope (only its agent sees their tools; they
+    /// stop with it), and opens the session. Returns the servers' states
+    /// for the answer's `_meta` when there are any: a server that did not
+    /// connect does not fail the session, it keeps trying, and the client
+    /// is told.
     async fn open(
         self: &Arc<Self>,
         id: &str,
         spec: AgentSpec,
         cwd: PathBuf,
-    ) -> Result<(), RpcError> {
+        servers: Vec<ServerSpec>,
+    ) -> Result<Option<Value>, RpcError> {
         let agent = Agent::create(&self.root, spec)
             .await
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot create the agent: {e}")))?;
         self.answer_permissions(&agent, id)
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot route permissions: {e}")))?;
+        let mut mcp = Vec::new();
+        if !servers.is_empty() {
+            let ctx = agent
+                .context()
+                .map_err(|e| RpcError(INTERNAL_ERROR, format!("the agent is not up: {e}")))?;
+            for server in servers {
+                match dsh_services::mcp::start(&ctx, server).await {
+                    Ok(s) => mcp.push(s),
+                    Err(e) => {
+                        agent.dispose().await;
+                        return Err(RpcError(INTERNAL_ERROR, e));
+                    }
+                }
+            }
+        }
+        let meta = (!mcp.is_empty()).then(|| {
+            let states: Vec<Value> = mcp
+                .iter()
+                .map(|s| {
+                    let s = s.status();
+                    json!({"name": s.name, "state": s.state, "tools": s.tools.len(), "error": s.error})
+                })
+                .collect();
+            json!({"dsh": {"mcpServers": states}})
+        });
         let session = Arc::new(Session {
             id: id.to_owned(),
             agent,
+            _mcp: mcp,
             cwd,
             busy: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
         });
         lock(&self.sessions).insert(id.to_owned(), session);
         lock(&self.order).push(id.to_owned());
-        Ok(())
+        Ok(meta)
     }
 
     /// Routes the agent's approval asks to the client as
@@ -846,8 +889,76 @@ fn update(session: &str, kind: &str, text: &str) -> Value {
     })
 }
 
+/// A session's `mcpServers`, checked: stdio (an absolute command) and
+/// HTTP servers with valid names, URLs and headers, each name once; SSE is
+/// refused (not advertised). Stdio servers run in the session's `cwd`
+/// under `policy`.
+fn mcp_specs(
+    method: &str,
+    servers: Vec<acp::McpServer>,
+    cwd: &std::path::Path,
+    policy: Policy,
+) -> Result<Vec<ServerSpec>, RpcError> {
+    let mut specs: Vec<ServerSpec> = Vec::new();
+    for (i, server) in servers.into_iter().enumerate() {
+        let at = |why: String| RpcError::params(format!("{method}: mcpServers[{i}]: {why}"));
+        let (name, transport) = match server {
+            acp::McpServer::Stdio(s) => {
+                if !s.command.is_absolute() {
+                    return Err(at(format!(
+                        "`command` must be an absolute path (got {})",
+                        s.command.display()
+                    )));
+                }
+                let transport = Transport::Stdio {
+                    command: s.command.to_string_lossy().into_owned(),
+                    args: s.args,
+                    env: s.env.into_iter().map(|v| (v.name, v.value)).collect(),
+                    cwd: cwd.to_path_buf(),
+                };
+                (s.name, transport)
+            }
+            acp::McpServer::Http(h) => {
+                dsh_services::mcp::check_url(&h.url).map_err(at)?;
+                let headers: Vec<(String, String)> =
+                    h.headers.into_iter().map(|v| (v.name, v.value)).collect();
+                dsh_services::mcp::check_headers(&headers).map_err(at)?;
+                (
+                    h.name,
+                    Transport::Http {
+                        url: h.url,
+                        headers,
+                    },
+                )
+            }
+            acp::McpServer::Sse(s) => {
+                return Err(at(format!(
+                    "server {:?} uses SSE, which this agent does not take (mcpCapabilities.sse is false); use http",
+                    s.name
+                )));
+            }
+            _ => return Err(at("an unknown transport".into())),
+        };
+        dsh_services::mcp::check_name(&name).map_err(at)?;
+        if specs.iter().any(|s| s.name == name) {
+            return Err(at(format!("the name {name:?} is used twice")));
+        }
+        specs.push(ServerSpec {
+            name,
+            transport,
+            policy,
+            call_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(30),
+            fail_on_startup_error: false,
+            reconnect: Default::default(),
+        });
+    }
+    Ok(specs)
+}
+
 /// The `initialize` result: the version both speak, and what we take
-/// (`loadSession` only where stored sessions can be continued).
+/// (`loadSession` only where stored sessions can be continued; MCP
+/// servers over stdio and HTTP, not SSE).
 fn initialize(params: Value, loads: bool, images: bool) -> Result<Value, RpcError> {
     let request: acp::InitializeRequest =
         serde_json::from_value(params).map_err(|e| RpcError::params(format!("initialize: {e}")))?;
@@ -858,6 +969,7 @@ fn initialize(params: Value, loads: bool, images: bool) -> Result<Value, RpcErro
         .unwrap_or(PROTOCOL_VERSION);
     let mut capabilities = json!({
         "promptCapabilities": {"image": images, "audio": false, "embeddedContext": false},
+        "mcpCapabilities": {"http": true, "sse": false},
     });
     if loads {
         capabilities["loadSession"] = json!(true);

@@ -1001,3 +1001,120 @@ async fn cancelling_an_acp_child_aborts_its_turn() {
     super::until("the child outlived its run", || !super::running(&recording)).await;
     rt.shutdown().await;
 }
+
+/// A session's `mcpServers` (stdio, here the MCP reference server) run in
+/// the session's scope: the answer reports each server up with its tools,
+/// the model's call reaches the server, the log holds the result, another
+/// session does not see the tools, and bad entries are refused by index.
+#[test]
+fn a_session_s_mcp_servers_serve_its_agent_alone() {
+    let p = place();
+    // Each session's turn: the call, then `done` (the model serves the
+    // steps in order, whichever session asks).
+    let sum = json!({"tool_calls": [{"name": "mcp__everything__get-sum", "arguments": {"a": 20, "b": 22}}]});
+    let steps = json!({"steps": [sum, {"text": "done"}, sum, {"text": "done"}]});
+    let script = p.base.join("script.json");
+    std::fs::write(&script, steps.to_string()).unwrap();
+    let script = script.display().to_string();
+    let mut raw = Raw::spawn(&p, &["--approval", "never", "--script", &script], &[]);
+    let init = raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let caps = &init[0]["result"]["agentCapabilities"]["mcpCapabilities"];
+    assert_eq!(caps["http"], true, "{caps}");
+    assert_eq!(caps["sse"], false, "{caps}");
+    let node = std::process::Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .unwrap();
+    let node = String::from_utf8(node.stdout).unwrap().trim().to_owned();
+    let server = json!({
+        "name": "everything", "command": node,
+        "args": [super::mcp::everything(), "stdio"], "env": []
+    });
+    let opened = raw.call(
+        2,
+        "session/new",
+        json!({"cwd": p.ws, "mcpServers": [server]}),
+    );
+    let result = &opened.last().unwrap()["result"];
+    let sid = result["sessionId"].as_str().unwrap().to_owned();
+    let states = &result["_meta"]["dsh"]["mcpServers"];
+    assert_eq!(states[0]["name"], "everything", "{result}");
+    assert_eq!(states[0]["state"], "up", "{result}");
+    assert!(states[0]["tools"].as_u64().unwrap() > 5, "{result}");
+    let done = raw.call(
+        3,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "add"}]}),
+    );
+    assert_eq!(done.last().unwrap()["result"]["stopReason"], "end_turn");
+
+    // Another session has no MCP servers: the tool is unknown there.
+    let other = raw.call(4, "session/new", json!({"cwd": p.ws, "mcpServers": []}));
+    let other = other.last().unwrap()["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let done = raw.call(
+        5,
+        "session/prompt",
+        json!({"sessionId": other, "prompt": [{"type": "text", "text": "add"}]}),
+    );
+    assert_eq!(
+        done.last().unwrap()["result"]["stopReason"],
+        "end_turn",
+        "{done:?}"
+    );
+
+    for (bad, says) in [
+        (
+            json!({"name": "x", "command": "node", "args": [], "env": []}),
+            "absolute path",
+        ),
+        (
+            json!({"name": "bad name", "command": node, "args": [], "env": []}),
+            "server_name",
+        ),
+        (
+            json!({"type": "http", "name": "h", "url": "ftp://h/", "headers": []}),
+            "http or https",
+        ),
+        (
+            json!({"type": "sse", "name": "s", "url": "http://h/", "headers": []}),
+            "SSE",
+        ),
+    ] {
+        let e = raw.call(6, "session/new", json!({"cwd": p.ws, "mcpServers": [bad]}));
+        let e = &e.last().unwrap()["error"];
+        assert_eq!(e["code"], -32602, "{e}");
+        let message = e["message"].as_str().unwrap();
+        assert!(
+            message.contains("mcpServers[0]") && message.contains(says),
+            "{message}"
+        );
+    }
+    let twice = raw.call(
+        7,
+        "session/new",
+        json!({"cwd": p.ws, "mcpServers": [server.clone(), server]}),
+    );
+    let message = twice.last().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("mcpServers[1]") && message.contains("twice"),
+        "{message}"
+    );
+    drop(raw.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+    let log =
+        |id: &str| std::fs::read_to_string(p.sessions.join(id).join("session.jsonl")).unwrap();
+    let first = log(&sid);
+    assert!(first.contains("The sum of 20 and 22 is 42."), "{first}");
+    let second = log(&other);
+    assert!(
+        second.contains("no tool named") || second.contains("UNKNOWN_TOOL"),
+        "{second}"
+    );
+    assert!(!second.contains("is 42"), "{second}");
+}

@@ -527,3 +527,156 @@ async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_resta
     assert_eq!(text(&echoed), "Echo: again");
     rt.shutdown().await;
 }
+
+/// A `cordis.yml` whose `mcp` entry mounts the reference server: `dsh mcp
+/// list` shows it up with its tools (also as JSON), `dsh run` on that file
+/// calls one of them, and `dsh check` names the line of a bad entry.
+#[test]
+fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
+    let dir = fresh_dir("dsh-mcp-cli").unwrap();
+    let script = dir.join("script.json");
+    let call = json!({"tool_calls": [{"name": "mcp__everything__get-sum", "arguments": {"a": 1, "b": 2}}]});
+    std::fs::write(
+        &script,
+        json!({"steps": [call, {"text": "done"}]}).to_string(),
+    )
+    .unwrap();
+    let config = dir.join("cordis.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - id: services\n    name: agent-services\n    config: {{ approval: never }}\n  - id: model\n    name: scripted\n    config: {{ script: {} }}\n  - id: everything\n    name: mcp\n    config:\n      server_name: everything\n      transport: stdio\n      command: node\n      args: [{}, stdio]\n",
+            script.display(),
+            everything().display()
+        ),
+    )
+    .unwrap();
+    let dsh = || {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"));
+        c.current_dir(&dir).env_remove("DSH_PERMISSION_MODE");
+        c
+    };
+    let listed = dsh().args(["mcp", "list"]).arg(&config).output().unwrap();
+    let out = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    assert!(out.contains("everything  stdio  up"), "{out}");
+    assert!(out.contains("  mcp__everything__get-sum\n"), "{out}");
+    let json_list = dsh()
+        .args(["mcp", "list", "--json"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let servers: Value = serde_json::from_slice(&json_list.stdout).unwrap();
+    assert_eq!(servers[0]["state"], "up");
+    assert_eq!(servers[0]["transport"], "stdio");
+
+    let sessions = dir.join("sessions");
+    let ran = dsh()
+        .args(["run", "--config"])
+        .arg(&config)
+        .arg("--sessions-dir")
+        .arg(&sessions)
+        .arg("add one and two")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&ran.stdout);
+    let err = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success(), "{out}{err}");
+    assert!(out.contains("done"), "{out}");
+    let logs: Vec<String> = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("session.jsonl")).ok())
+        .collect();
+    assert!(
+        logs.iter().any(|l| l.contains("The sum of 1 and 2 is 3.")),
+        "{logs:?}"
+    );
+
+    let bad = dir.join("bad.yml");
+    std::fs::write(
+        &bad,
+        "plugins:\n  - id: services\n    name: agent-services\n  - id: broken\n    name: mcp\n    config:\n      server_name: broken\n      transport: stdio\n",
+    )
+    .unwrap();
+    let checked = dsh().arg("check").arg(&bad).output().unwrap();
+    let err = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("broken") && err.contains("needs a command"),
+        "{err}"
+    );
+    assert!(
+        err.contains("bad.yml:7: entry `broken`"),
+        "the line is named: {err}"
+    );
+}
+
+/// A stdio server runs confined like bash: its tool writes inside its
+/// workspace but not outside it, and it sees the entry's variables but not
+/// the secrets of the process that started it.
+#[test]
+fn a_stdio_server_is_confined_and_sees_no_secrets() {
+    let dir = fresh_dir("dsh-mcp-jail").unwrap();
+    let ws = dir.join("ws");
+    let outside = dir.join("outside");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let probe =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/probe_server.py");
+    let calls = [
+        json!({"name": "mcp__probe__touch", "arguments": {"path": ws.join("inside")}}),
+        json!({"name": "mcp__probe__touch", "arguments": {"path": outside.join("escaped")}}),
+        json!({"name": "mcp__probe__env", "arguments": {"name": "OPENAI_API_KEY"}}),
+        json!({"name": "mcp__probe__env", "arguments": {"name": "PROBE_GIVEN"}}),
+    ];
+    let mut steps: Vec<Value> = calls.iter().map(|c| json!({"tool_calls": [c]})).collect();
+    steps.push(json!({"text": "done"}));
+    let script = dir.join("script.json");
+    std::fs::write(&script, json!({"steps": steps}).to_string()).unwrap();
+    let config = dir.join("cordis.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - id: services\n    name: agent-services\n    config: {{ approval: never }}\n  - id: model\n    name: scripted\n    config: {{ script: {} }}\n  - id: probe\n    name: mcp\n    config:\n      server_name: probe\n      transport: stdio\n      command: python3\n      args: [{}]\n      cwd: {}\n      env: {{ PROBE_GIVEN: given }}\n",
+            script.display(),
+            probe.display(),
+            ws.display()
+        ),
+    )
+    .unwrap();
+    let sessions = dir.join("sessions");
+    let ran = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .current_dir(&ws)
+        .env_remove("DSH_PERMISSION_MODE")
+        .env("OPENAI_API_KEY", "sk-must-not-leak")
+        .args(["run", "--config"])
+        .arg(&config)
+        .arg("--sessions-dir")
+        .arg(&sessions)
+        .arg("probe the jail")
+        .output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(ws.join("inside").exists(), "the workspace is writable");
+    assert!(!outside.join("escaped").exists(), "outside is not");
+    let log: String = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("session.jsonl")).ok())
+        .collect();
+    assert!(log.contains("Read-only file system"), "{log}");
+    assert!(!log.contains("sk-must-not-leak"), "{log}");
+    assert!(
+        log.contains("\"given\""),
+        "the entry's variable arrives: {log}"
+    );
+}
