@@ -583,7 +583,7 @@ impl Connection {
                     Ok(s) => mcp.push(s),
                     Err(e) => {
                         agent.dispose().await;
-                        return Err(RpcError(INTERNAL_ERROR, e));
+                        return Err(RpcError(INTERNAL_ERROR, e.to_string()));
                     }
                 }
             }
@@ -741,6 +741,12 @@ impl Connection {
                 )),
                 TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted => {
                     Ok(json!({"stopReason": "cancelled"}))
+                }
+                // A hook (or another policy) refused the prompt: no
+                // request was sent. The reason reaches the user as text.
+                TurnEndReason::Blocked => {
+                    self.send(update(&session.id, "agent_message_chunk", &t.text));
+                    Ok(json!({"stopReason": "refusal"}))
                 }
                 _ => Ok(json!({"stopReason": "end_turn"})),
             },
@@ -919,10 +925,10 @@ fn mcp_specs(
                 (s.name, transport)
             }
             acp::McpServer::Http(h) => {
-                dsh_services::mcp::check_url(&h.url).map_err(at)?;
+                dsh_services::mcp::check_url(&h.url).map_err(|e| at(e.to_string()))?;
                 let headers: Vec<(String, String)> =
                     h.headers.into_iter().map(|v| (v.name, v.value)).collect();
-                dsh_services::mcp::check_headers(&headers).map_err(at)?;
+                dsh_services::mcp::check_headers(&headers).map_err(|e| at(e.to_string()))?;
                 (
                     h.name,
                     Transport::Http {
@@ -939,7 +945,7 @@ fn mcp_specs(
             }
             _ => return Err(at("an unknown transport".into())),
         };
-        dsh_services::mcp::check_name(&name).map_err(at)?;
+        dsh_services::mcp::check_name(&name).map_err(|e| at(e.to_string()))?;
         if specs.iter().any(|s| s.name == name) {
             return Err(at(format!("the name {name:?} is used twice")));
         }

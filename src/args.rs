@@ -335,6 +335,12 @@ pub struct ConfigArgs {
     /// Patch layers of --config, applied by entry id, in order
     #[arg(long = "patch", value_name = "FILE", requires = "config")]
     pub patches: Vec<PathBuf>,
+    /// Run the hooks of your Claude Code and Codex settings
+    /// (.claude/settings.json, .claude/settings.local.json,
+    /// ~/.claude/settings.json, .codex/hooks.json, ~/.codex/hooks.json)
+    /// sandboxed like bash; a config can add a `hooks` entry instead
+    #[arg(long)]
+    pub hooks: bool,
 }
 
 /// The workspace tools are confined to.

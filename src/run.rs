@@ -345,6 +345,10 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
                 .map(|s| format!(", HTTP {s}"))
                 .unwrap_or_default()
         ))),
+        TurnEndReason::Blocked => Err(Exit::failed(format!(
+            "the turn was blocked before its step ran: {}",
+            summary.text
+        ))),
         other => Err(Exit::failed(format!("the turn ended {other:?}"))),
     }
 }

@@ -75,6 +75,11 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
             }
         }
     }
+    if args.config.hooks {
+        root.plugin(crate::catalogue::HooksPlugin, Default::default())
+            .await
+            .map_err(failed)?;
+    }
     if let (Some(policy), Some(seam)) = (approval, root.get::<Approval>(Approval::SERVICE)) {
         seam.set_policy(policy);
     }

@@ -15,6 +15,8 @@
 //! - [`ralph`]: Ralph loops (a fresh child per round, structured handoffs)
 //!   and the `ralph` tool.
 //! - [`multi_agent`]: installs the multi-agent services and tools.
+//! - [`hooks`]: Claude Code's and Codex's hook settings, run as sandboxed
+//!   child processes at prompt submit, around tool calls and at stop.
 //!
 //! ## Invariants
 //! - Only the driver appends turn, step, assistant and tool events of its agent.
@@ -24,6 +26,7 @@
 pub use dsh_services as services;
 
 pub mod agent;
+pub mod hooks;
 pub mod multi_agent;
 pub mod ralph;
 pub mod session;

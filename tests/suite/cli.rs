@@ -50,7 +50,7 @@ fn check_reports_every_problem_with_file_line_entry_and_field() {
     assert_eq!(
         text(&out.stderr),
         "bad.yml:5: entry `s`, field `config.service`: invalid type: integer `7`, expected a string\n\
-         bad.yml:7: entry `t`, field `name`: unknown plugin `nope` (known: `agent-services`, `deepseek`, `openai`, `prompt-section`, `scripted`, `session-store`, `value`, `web`)\n"
+         bad.yml:7: entry `t`, field `name`: unknown plugin `nope` (known: `agent-services`, `deepseek`, `hooks`, `mcp`, `openai`, `prompt-section`, `scripted`, `session-store`, `value`, `web`)\n"
     );
     assert!(out.stdout.is_empty());
 }

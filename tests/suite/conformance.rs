@@ -205,8 +205,8 @@ fn a_multi_agent_recording_without_its_child_log_diverges() {
 /// `dsh acp --replay` driven as upstream's harness drives its ACP server:
 /// each scenario's `input.json` steps, over stdio, one response awaited at
 /// a time; what it printed compared with `stdout.expected.jsonl` (after
-/// `{{sessionId}}`, and with `agentInfo`, the implementation's name,
-/// set aside), and the session it persisted compared, turn by turn, with
+/// `{{sessionId}}`, and with `agentInfo`, the implementation's name, and
+/// `mcpCapabilities` set aside), and the session it persisted compared, turn by turn, with
 /// the recording.
 mod acp_scenarios {
     use std::io::{BufRead, BufReader, Write};
@@ -365,7 +365,9 @@ mod acp_scenarios {
         }
     }
 
-    /// `frames` with `agentInfo` (the implementation's own name) set aside.
+    /// `frames` with `agentInfo` (the implementation's own name) and
+    /// `mcpCapabilities` set aside: we take a session's MCP servers over
+    /// HTTP too, which upstream's recording does not advertise.
     fn comparable(frames: &[Value]) -> Vec<Value> {
         frames
             .iter()
@@ -373,6 +375,12 @@ mod acp_scenarios {
             .map(|mut f| {
                 if let Some(info) = f.pointer_mut("/result/agentInfo") {
                     *info = json!("<agentInfo>");
+                }
+                if let Some(caps) = f
+                    .pointer_mut("/result/agentCapabilities")
+                    .and_then(Value::as_object_mut)
+                {
+                    caps.remove("mcpCapabilities");
                 }
                 f
             })

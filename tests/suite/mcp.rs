@@ -51,7 +51,9 @@ fn stdio(name: &str, marker: &str, cwd: &std::path::Path) -> Value {
 async fn start(rt: &Runtime, entry: Value) -> Result<McpServer, String> {
     let config: ServerConfig = serde_json::from_value(entry).unwrap();
     let spec = config.spec(Policy::default()).unwrap();
-    dsh::services::mcp::start(&rt.root(), spec).await
+    dsh::services::mcp::start(&rt.root(), spec)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Runs one call through the whole tool pipeline under `policy`.

@@ -5,6 +5,7 @@ mod conformance;
 mod dashboard;
 mod embedding;
 mod hardening;
+mod hooks;
 mod mcp;
 mod multi;
 mod peers;

@@ -9,7 +9,7 @@ use dsh_services::session::{EventData, SessionEvent, SurfaceIntent, TurnEndReaso
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
 
-use super::events::{AgentPreStep, AgentTurnStopping};
+use super::events::{AgentPreStep, AgentTurnStopping, PreStepDecision};
 use super::step::{StepEnd, run_step};
 use super::summary::{publish_progress, publish_step};
 use super::{Agent, Awake, TurnSummary};
@@ -181,7 +181,15 @@ pub(super) async fn run_turn(
         }
         steps += 1;
         let step = steps;
-        open_step(agent, me, turn, step, &mut entering);
+        let batch = match pre_step(agent, me, turn, step, &mut entering, &token).await {
+            Ok(batch) => batch,
+            Err(why) => {
+                steps -= 1;
+                text = why;
+                break TurnEndReason::Blocked;
+            }
+        };
+        open_step(agent, me, turn, step, batch);
         let end = run_step(agent, me, turn, step, &token).await;
         log_append(agent, EventData::StepEnd { turn, step }, None);
         match end {
@@ -222,30 +230,50 @@ pub(super) async fn run_turn(
 
 /// Opens a step: `step/start`, `agent/pre-step`, then the messages entering
 /// it (the turn's prompt or continuation, steered input, injected context).
-fn open_step(agent: &Agent, me: &Awake, turn: u32, step: u32, entering: &mut Vec<Arc<Message>>) {
+fn open_step(agent: &Agent, me: &Awake, turn: u32, step: u32, batch: Vec<Arc<Message>>) {
     me.step.store(step, Ordering::Relaxed);
     publish_step(me);
     log_append(agent, EventData::StepStart { turn, step }, None);
-    let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
-    me.ctx.events().emit(
-        &target,
-        &AgentPreStep {
-            agent: agent.inner.id.to_string(),
-            turn,
-            step,
-        },
-    );
-    {
-        let mut inbox = agent.inbox();
-        entering.append(&mut inbox.steer);
-        entering.append(&mut inbox.inject);
-    }
-    for m in entering.drain(..) {
+    for m in batch {
         log_append(
             agent,
             EventData::UserMessage(m),
             Some(SurfaceIntent::append()),
         );
+    }
+}
+
+/// The batch entering the next step: the turn's prompt or continuation,
+/// steered input and injected context, as `agent/pre-step` decides; the
+/// reason when it rejects the step (a failing listener rejects it too:
+/// nothing enters a step no one vetted).
+async fn pre_step(
+    agent: &Agent,
+    me: &Awake,
+    turn: u32,
+    step: u32,
+    entering: &mut Vec<Arc<Message>>,
+    token: &CancellationToken,
+) -> Result<Vec<Arc<Message>>, String> {
+    {
+        let mut inbox = agent.inbox();
+        entering.append(&mut inbox.steer);
+        entering.append(&mut inbox.inject);
+    }
+    let event = AgentPreStep {
+        agent: agent.inner.id.to_string(),
+        turn,
+        step,
+        entering: std::mem::take(entering),
+        ctx: me.ctx.clone(),
+        cancel: token.clone(),
+    };
+    let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
+    let terminal = |e: AgentPreStep| async move { PreStepDecision::Enter(e.entering) };
+    match me.ctx.events().waterfall(&target, event, terminal).await {
+        Ok(PreStepDecision::Enter(batch)) => Ok(batch),
+        Ok(PreStepDecision::Reject(why)) => Err(why),
+        Err(e) => Err(format!("agent/pre-step failed: {e}")),
     }
 }
 
@@ -269,6 +297,8 @@ async fn goes_on(
         agent: agent.inner.id.to_string(),
         turn,
         text: text.to_owned(),
+        ctx: me.ctx.clone(),
+        cancel: token.clone(),
     };
     let target = dsh_supervisors::Target::Scope(me.ctx.scope_key().cloned());
     let more = me.ctx.events().serial(&target, stopping).await?;

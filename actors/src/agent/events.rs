@@ -2,8 +2,11 @@
 //! listen to: creation and disposal, each step, the request of a step, and
 //! the moment a turn is about to end.
 
-use dsh_services::llm::LlmRequest;
-use dsh_supervisors::{Emit, Event};
+use std::sync::Arc;
+
+use dsh_services::llm::{LlmRequest, Message};
+use dsh_supervisors::{Context, Emit, Event};
+use tokio_util::sync::CancellationToken;
 
 /// Emitted when an agent is created (mode: emit).
 #[derive(Clone, Debug)]
@@ -31,8 +34,11 @@ impl Event for AgentDisposed {
 
 impl Emit for AgentDisposed {}
 
-/// Before each step (mode: emit).
-#[derive(Clone, Debug)]
+/// Before each step, with the messages about to enter it (the turn's
+/// prompt or continuation, steered input, injected context), before any
+/// of them is logged (mode: waterfall). The decision is authoritative:
+/// `Enter` the (possibly changed) batch, or `Reject` the step, which
+/// ends the turn `blocked` without it.
 pub struct AgentPreStep {
     /// Agent id.
     pub agent: String,
@@ -40,13 +46,29 @@ pub struct AgentPreStep {
     pub turn: u32,
     /// Step number.
     pub step: u32,
+    /// The messages entering the step.
+    pub entering: Vec<Arc<Message>>,
+    /// The agent's scoped context.
+    pub ctx: Context,
+    /// The turn's cancel signal.
+    pub cancel: CancellationToken,
+}
+
+/// What `agent/pre-step` decided.
+pub enum PreStepDecision {
+    /// The step runs with these messages entering it.
+    Enter(Vec<Arc<Message>>),
+    /// The step does not run; the turn ends `blocked` for this reason.
+    Reject(String),
 }
 
 impl Event for AgentPreStep {
     const NAME: &'static str = "agent/pre-step";
 }
 
-impl Emit for AgentPreStep {}
+impl dsh_supervisors::Waterfall for AgentPreStep {
+    type Output = PreStepDecision;
+}
 
 /// The request of a step, before `llm/stream` (mode: waterfall); listeners
 /// may rewrite it.
@@ -75,6 +97,10 @@ pub struct AgentTurnStopping {
     pub turn: u32,
     /// The answer that would end the turn.
     pub text: String,
+    /// The agent's scoped context.
+    pub ctx: Context,
+    /// The turn's cancel signal.
+    pub cancel: CancellationToken,
 }
 
 impl Event for AgentTurnStopping {

@@ -99,7 +99,9 @@ use tokio_util::sync::CancellationToken;
 use crate::session::{FlushError, SessionHandle};
 use driver::DriverMsg;
 
-pub use events::{AgentCreated, AgentDisposed, AgentPreStep, AgentRequest, AgentTurnStopping};
+pub use events::{
+    AgentCreated, AgentDisposed, AgentPreStep, AgentRequest, AgentTurnStopping, PreStepDecision,
+};
 pub use keeper::{Agents, Hibernation, KeeperUnanswered};
 pub use spec::{AgentSpec, TurnHook};
 

@@ -203,8 +203,27 @@ pub struct ServerSpec {
     pub reconnect: ReconnectConfig,
 }
 
+/// Why an MCP server was refused: its config, or its start.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum McpError {
+    /// A field is wrong: which, and why.
+    #[error("{0}")]
+    Config(String),
+    /// A live server of the same scope has this name.
+    #[error("an MCP server named {0:?} is already running here")]
+    Taken(String),
+    /// It could not be started, or did not connect when it had to.
+    #[error("MCP server {name}: {why}")]
+    Start {
+        /// The server.
+        name: String,
+        /// What went wrong.
+        why: String,
+    },
+}
+
 /// Checks a server name: `[A-Za-z0-9_-]{1,32}`.
-pub fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), McpError> {
     let ok = !name.is_empty()
         && name.len() <= 32
         && name
@@ -213,31 +232,35 @@ pub fn check_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(McpError::Config(format!(
             "server_name {name:?} must be 1 to 32 of A-Z a-z 0-9 _ -"
-        ))
+        )))
     }
 }
 
 /// Checks that `url` is an absolute http(s) URL.
-pub fn check_url(url: &str) -> Result<(), String> {
+pub fn check_url(url: &str) -> Result<(), McpError> {
     match reqwest::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
-        Ok(u) => Err(format!(
+        Ok(u) => Err(McpError::Config(format!(
             "url {url:?} must be http or https with a host (scheme {:?})",
             u.scheme()
-        )),
-        Err(e) => Err(format!("url {url:?} is not a URL: {e}")),
+        ))),
+        Err(e) => Err(McpError::Config(format!("url {url:?} is not a URL: {e}"))),
     }
 }
 
 /// Checks header names and values as HTTP defines them.
-pub fn check_headers(headers: &[(String, String)]) -> Result<(), String> {
+pub fn check_headers(headers: &[(String, String)]) -> Result<(), McpError> {
     for (k, v) in headers {
-        reqwest::header::HeaderName::from_bytes(k.as_bytes())
-            .map_err(|_| format!("header name {k:?} is not a valid HTTP header name"))?;
-        reqwest::header::HeaderValue::from_str(v)
-            .map_err(|_| format!("the value of header {k:?} is not a valid HTTP header value"))?;
+        reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+            McpError::Config(format!("header name {k:?} is not a valid HTTP header name"))
+        })?;
+        reqwest::header::HeaderValue::from_str(v).map_err(|_| {
+            McpError::Config(format!(
+                "the value of header {k:?} is not a valid HTTP header value"
+            ))
+        })?;
     }
     Ok(())
 }
@@ -245,8 +268,12 @@ pub fn check_headers(headers: &[(String, String)]) -> Result<(), String> {
 impl ServerConfig {
     /// The checked server, confined by `defaults` unless the entry names a
     /// mode; every field that does not belong to the transport is refused.
-    pub fn spec(&self, defaults: Policy) -> Result<ServerSpec, String> {
-        check_name(&self.server_name)?;
+    pub fn spec(&self, defaults: Policy) -> Result<ServerSpec, McpError> {
+        self.checked(defaults).map_err(McpError::Config)
+    }
+
+    fn checked(&self, defaults: Policy) -> Result<ServerSpec, String> {
+        check_name(&self.server_name).map_err(|e| e.to_string())?;
         let transport = match self.transport {
             TransportKind::Stdio => {
                 if self.url.is_some() || !self.headers.is_empty() {
@@ -281,9 +308,9 @@ impl ServerConfig {
                     .url
                     .clone()
                     .ok_or("transport streamable-http needs a url")?;
-                check_url(&url)?;
+                check_url(&url).map_err(|e| e.to_string())?;
                 let headers: Vec<(String, String)> = self.headers.clone().into_iter().collect();
-                check_headers(&headers)?;
+                check_headers(&headers).map_err(|e| e.to_string())?;
                 Transport::Http { url, headers }
             }
         };
@@ -432,16 +459,13 @@ impl McpServers {
     }
 
     /// Adds `shared` unless a live server of the same scope has its name.
-    fn admit(&self, shared: Arc<server::Shared>) -> Result<(), String> {
+    fn admit(&self, shared: Arc<server::Shared>) -> Result<(), McpError> {
         let mut all = self.lock();
         if all
             .iter()
             .any(|s| s.spec.name == shared.spec.name && s.scope == shared.scope)
         {
-            return Err(format!(
-                "an MCP server named {:?} is already running here",
-                shared.spec.name
-            ));
+            return Err(McpError::Taken(shared.spec.name.clone()));
         }
         all.push(shared);
         Ok(())
@@ -477,7 +501,7 @@ mod tests {
     fn a_config_is_checked_for_its_transport() {
         let parse = |yaml: serde_json::Value| -> Result<ServerSpec, String> {
             let c: ServerConfig = serde_json::from_value(yaml).map_err(|e| e.to_string())?;
-            c.spec(Policy::default())
+            c.spec(Policy::default()).map_err(|e| e.to_string())
         };
         let ok =
             parse(serde_json::json!({"server_name": "e", "transport": "stdio", "command": "node"}));

@@ -18,7 +18,7 @@ use dsh_supervisors::{Context, Disposer, Restart, WorkerSpec};
 
 use super::link::{self, Connection, Tail, Watcher};
 use super::tool::McpTool;
-use super::{McpServers, ServerSpec, ServerStatus, State, ToolInfo};
+use super::{McpError, McpServers, ServerSpec, ServerStatus, State, ToolInfo};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolRegistry;
 
@@ -155,10 +155,16 @@ impl McpServer {
 /// first connection to settle (up to the connect timeout). Refused when a
 /// live server of the same scope has its name, and when the first
 /// connection fails and the spec says to fail then.
-pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, String> {
+pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpError> {
+    let refused = |why: &str| McpError::Start {
+        name: spec.name.clone(),
+        why: why.to_owned(),
+    };
     let tools = ctx
         .get::<ToolRegistry>(ToolRegistry::SERVICE)
-        .ok_or("no tool registry (the agent-services plugin) to register MCP tools in")?;
+        .ok_or_else(|| {
+            refused("no tool registry (the agent-services plugin) to register its tools in")
+        })?;
     let sandbox = ctx
         .get::<Sandbox>(Sandbox::SERVICE)
         .unwrap_or_else(Sandbox::host);
@@ -195,9 +201,10 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, String>
         (ServerActor, args.clone())
     })
     .restart(Restart::Permanent);
-    ctx.spawn(spec)
-        .await
-        .map_err(|e| format!("cannot supervise MCP server {}: {e}", shared.spec.name))?;
+    ctx.spawn(spec).await.map_err(|e| McpError::Start {
+        name: shared.spec.name.clone(),
+        why: format!("it cannot be supervised: {e}"),
+    })?;
     let timeout = shared.spec.connect_timeout + Duration::from_secs(1);
     let settled = server
         .wait_until(timeout, |s| s.connections > 0 || s.attempts > 0)
@@ -206,7 +213,10 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, String>
         let why = settled
             .error
             .unwrap_or_else(|| "it did not connect in time".into());
-        return Err(format!("MCP server {}: {why}", shared.spec.name));
+        return Err(McpError::Start {
+            name: shared.spec.name.clone(),
+            why,
+        });
     }
     if settled.connections == 0 {
         tracing::warn!(

@@ -33,6 +33,12 @@ pub struct PreExecute {
     pub call: Arc<ToolCall>,
     /// Validated arguments (rewritable).
     pub args: Value,
+    /// Where the call runs (the calling agent's scope).
+    pub ctx: Context,
+    /// The call's cancel signal.
+    pub cancel: CancellationToken,
+    /// The call's directory and policy.
+    pub bounds: Bounds,
 }
 
 impl Event for PreExecute {
@@ -76,8 +82,16 @@ impl Waterfall for ToolExecute {
 pub struct PostExecute {
     /// The call.
     pub call: Arc<ToolCall>,
+    /// Its validated arguments (`Null` when it failed before validation).
+    pub args: Value,
     /// The outcome so far.
     pub outcome: Result<ToolOutput, ToolError>,
+    /// Where the call ran (the calling agent's scope).
+    pub ctx: Context,
+    /// The call's cancel signal.
+    pub cancel: CancellationToken,
+    /// The call's directory and policy.
+    pub bounds: Bounds,
 }
 
 impl Event for PostExecute {
@@ -131,10 +145,13 @@ pub async fn run_pipeline(
     let call = Arc::new(call);
     let target = Target::Scope(ctx.scope_key().cloned());
     let events = ctx.events();
+    let (post_cancel, post_bounds) = (cancel.clone(), bounds.clone());
+    let mut post_args = Value::Null;
     let (outcome, finalize) =
         match prepare(ctx, registry, approval, &call, &target, cancel, bounds).await {
             Err(e) => (Err(e), None),
             Ok((tool, cx)) => {
+                post_args = cx.args.clone();
                 let body_tool = tool.clone();
                 let terminal = move |ex: ToolExecute| run_body(body_tool.clone(), ex.cx);
                 let executed = events
@@ -156,7 +173,11 @@ pub async fn run_pipeline(
             &target,
             PostExecute {
                 call: call.clone(),
+                args: post_args,
                 outcome,
+                ctx: ctx.clone(),
+                cancel: post_cancel,
+                bounds: post_bounds,
             },
             |p: PostExecute| async move { p.outcome },
         )
@@ -260,6 +281,9 @@ async fn prepare(
             PreExecute {
                 call: call.clone(),
                 args,
+                ctx: ctx.clone(),
+                cancel: cancel.clone(),
+                bounds: bounds.clone(),
             },
             |p: PreExecute| async move { (Decision::Allow, p.args) },
         )
