@@ -470,3 +470,79 @@ fn broken_slow_and_escaping_hooks_never_break_the_turn() {
     assert_eq!(results[1]["data"]["decision"], "pass");
     assert_eq!(results[1]["data"]["stderrSummary"], "failing");
 }
+
+/// A hook runs as a supervised node of the agent's tree (`hook/PreToolUse`,
+/// kind `hook`); cancelling the turn it holds up kills its process and
+/// ends the turn `aborted`, and the node is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_hook_is_a_tree_node_and_dies_with_its_cancelled_turn() {
+    use dsh::actors::agent::{Agent, AgentSpec};
+    use dsh::catalogue::{
+        AgentServices, AgentServicesConfig, HooksConfig, HooksPlugin, Scripted,
+        ScriptedPluginConfig,
+    };
+    use dsh::kernel::{Runtime, RuntimeSettings};
+    use dsh::services::approval::ApprovalPolicy;
+    use dsh::services::session::TurnEndReason;
+
+    let case = Case::new();
+    let marker = format!("hook-{}", uuid::Uuid::new_v4());
+    let settings = case.dir.join("settings.json");
+    let hooks =
+        json!({"hooks": {"PreToolUse": [group(Some("bash"), &format!("sleep 600 # {marker}"))]}});
+    std::fs::write(&settings, hooks.to_string()).unwrap();
+    let script = case.dir.join("script.json");
+    let steps = json!({"steps": [bash("echo never"), answer("ok")]});
+    std::fs::write(&script, steps.to_string()).unwrap();
+
+    let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
+    let root = rt.root();
+    let services = AgentServicesConfig {
+        approval: Some(ApprovalPolicy::Never),
+        ..AgentServicesConfig::default()
+    };
+    root.plugin(AgentServices, services).await.unwrap();
+    let model = ScriptedPluginConfig {
+        provider: "scripted".into(),
+        script,
+    };
+    root.plugin(Scripted, model).await.unwrap();
+    let config = HooksConfig {
+        claude_code: Some(vec![settings]),
+        codex: Some(Vec::new()),
+        ..HooksConfig::default()
+    };
+    root.plugin(HooksPlugin, config).await.unwrap();
+    let agent = Agent::create(&root, AgentSpec::new("scripted", "m", case.ws.clone()))
+        .await
+        .unwrap();
+    agent
+        .followup(dsh::services::llm::Message::user_text("go"))
+        .unwrap();
+    let hook_nodes = || {
+        rt.tree()
+            .snapshot()
+            .into_iter()
+            .filter(|n| n.kind == "hook" && n.name == "hook/PreToolUse")
+            .count()
+    };
+    super::until("the hook never ran as a node of the tree", || {
+        hook_nodes() == 1 && super::running(&marker)
+    })
+    .await;
+    agent.cancel();
+    agent
+        .when_idle(std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    let reason = agent.last_turn().unwrap().reason;
+    assert!(
+        matches!(reason, TurnEndReason::Aborted { .. }),
+        "{reason:?}"
+    );
+    super::until("the hook outlived its cancelled turn", || {
+        !super::running(&marker) && hook_nodes() == 0
+    })
+    .await;
+    rt.shutdown().await;
+}

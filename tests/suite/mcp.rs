@@ -496,6 +496,39 @@ async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_resta
     .await;
     assert!(text(&sum).contains("is 3"), "{}", text(&sum));
 
+    // A call cancelled mid-flight over HTTP ends at once, the server goes on.
+    let server = Arc::new(server);
+    let cancel = CancellationToken::new();
+    let long = {
+        let (rt, cancel) = (rt.clone(), cancel.clone());
+        tokio::spawn(async move {
+            let args = json!({"duration": 600, "steps": 600});
+            let name = "mcp__web__trigger-long-running-operation";
+            call(&rt, name, args, Policy::default(), cancel).await
+        })
+    };
+    let watched = server.clone();
+    super::until("the HTTP call never reached the server", || {
+        assert!(!long.is_finished(), "the call ended by itself");
+        watched.status().in_flight == 1
+    })
+    .await;
+    cancel.cancel();
+    let aborted = tokio::time::timeout(Duration::from_secs(30), long)
+        .await
+        .expect("the cancelled call ended")
+        .unwrap();
+    assert_eq!(aborted.error.unwrap().code, "ABORTED");
+    let after = call(
+        &rt,
+        "mcp__web__echo",
+        json!({"message": "on"}),
+        Policy::default(),
+        go(),
+    )
+    .await;
+    assert_eq!(text(&after), "Echo: on");
+
     http.stop().await;
     let lost = call(
         &rt,

@@ -24,7 +24,7 @@ use dsh_supervisors::Context;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::run::{Invocation, run};
+use super::run::{Invocation, supervised};
 use super::{Dialect, HookSet, Outcome, Permission, Point, decode};
 use crate::agent::{Agent, AgentPreStep, AgentTurnStopping, PreStepDecision};
 
@@ -195,19 +195,17 @@ impl Hooks {
                             site.cwd.display().to_string(),
                         ));
                     }
-                    let ran = run(
-                        &sandbox,
-                        Invocation {
-                            command,
-                            payload: text,
-                            env,
-                            cwd: site.cwd.clone(),
-                            policy: site.policy,
-                            timeout: command.timeout.unwrap_or(self.settings.default_timeout),
-                            cancel: &site.cancel,
-                        },
-                    )
-                    .await;
+                    let invocation = Invocation {
+                        command: command.clone(),
+                        payload: text,
+                        env,
+                        cwd: site.cwd.clone(),
+                        policy: site.policy,
+                        timeout: command.timeout.unwrap_or(self.settings.default_timeout),
+                        cancel: site.cancel.clone(),
+                    };
+                    let ran =
+                        supervised(&site.ctx, point.as_str(), sandbox.clone(), invocation).await;
                     if let Some(why) = &ran.failure {
                         tracing::warn!("hook {}: {why}", command.id);
                     }
