@@ -61,6 +61,36 @@ pub enum McpCommand {
 /// exits 1 when one is not up.
 pub async fn mcp(args: McpArgs) -> Exit {
     let McpCommand::List(args) = args.command;
+    let json = args.json;
+    booted(args, move |rt, mut problems| {
+        let servers = rt
+            .root()
+            .get::<McpServers>(McpServers::SERVICE)
+            .map(|m| m.list())
+            .unwrap_or_default();
+        if json {
+            crate::outln!(
+                "{}",
+                serde_json::to_string_pretty(&servers).unwrap_or_default()
+            );
+        } else {
+            crate::out!("{}", render_servers(&servers));
+        }
+        problems.extend(
+            servers
+                .iter()
+                .filter(|s| s.state != State::Up)
+                .map(|s| format!("MCP server {} is {}", s.name, s.state.as_str())),
+        );
+        problems
+    })
+    .await
+}
+
+/// Boots the file in a fresh runtime, lets `report` print what it shows
+/// (given the entries that failed to start, as lines; it returns every
+/// problem), then shuts down in order: exit 1 with the problems, if any.
+async fn booted(args: TreeArgs, report: impl FnOnce(&Runtime, Vec<String>) -> Vec<String>) -> Exit {
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
         Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
@@ -72,33 +102,15 @@ pub async fn mcp(args: McpArgs) -> Exit {
     let exit = match Loader::boot(&rt, default_catalogue(), source).await {
         Err(e) => Exit::from(e),
         Ok((_loader, failures)) => {
-            let servers = rt
-                .root()
-                .get::<McpServers>(McpServers::SERVICE)
-                .map(|m| m.list())
-                .unwrap_or_default();
-            if args.json {
-                crate::outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&servers).unwrap_or_default()
-                );
-            } else {
-                crate::out!("{}", render_servers(&servers));
-            }
-            let mut list: Vec<String> = failures
+            let failed = failures
                 .iter()
                 .map(|(id, reason)| format!("entry `{id}` failed to start: {reason}"))
                 .collect();
-            list.extend(
-                servers
-                    .iter()
-                    .filter(|s| s.state != State::Up)
-                    .map(|s| format!("MCP server {} is {}", s.name, s.state.as_str())),
-            );
-            if list.is_empty() {
+            let problems = report(&rt, failed);
+            if problems.is_empty() {
                 Exit::ok()
             } else {
-                Exit::placed(exit::FAILED, list.join("\n"))
+                Exit::placed(exit::FAILED, problems.join("\n"))
             }
         }
     };
@@ -175,42 +187,18 @@ pub fn check(args: CheckArgs) -> Exit {
 
 /// Boots the file, prints the live tree, and shuts it down in order.
 pub async fn tree(args: TreeArgs) -> Exit {
-    let rt = match Runtime::start(RuntimeSettings::default()).await {
-        Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
-    };
-    let source = Source {
-        base: args.file,
-        patches: args.patches,
-    };
-    let exit = match Loader::boot(&rt, default_catalogue(), source).await {
-        Err(e) => Exit::from(e),
-        Ok((_loader, failures)) => {
-            let nodes = rt.tree().snapshot();
-            if args.json {
-                crate::outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&nodes).unwrap_or_default()
-                );
-            } else {
-                crate::out!("{}", render(&nodes));
-            }
-            let list: Vec<String> = failures
-                .iter()
-                .map(|(id, reason)| format!("entry `{id}` failed to start: {reason}"))
-                .collect();
-            if list.is_empty() {
-                Exit::ok()
-            } else {
-                Exit::placed(exit::FAILED, list.join("\n"))
-            }
+    let json = args.json;
+    booted(args, move |rt, failed| {
+        let nodes = rt.tree().snapshot();
+        if json {
+            crate::outln!(
+                "{}",
+                serde_json::to_string_pretty(&nodes).unwrap_or_default()
+            );
+        } else {
+            crate::out!("{}", render(&nodes));
         }
-    };
-    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
-        .await
-        .is_err()
-    {
-        return Exit::failed("shutdown did not finish within 60 s");
-    }
-    exit
+        failed
+    })
+    .await
 }

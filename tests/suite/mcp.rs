@@ -79,15 +79,7 @@ async fn call(
 }
 
 fn text(outcome: &PipelineOutcome) -> String {
-    outcome
-        .content
-        .iter()
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    dsh::services::llm::joined_text(&outcome.content, "\n")
 }
 
 fn names(status: &ServerStatus) -> Vec<String> {
@@ -290,35 +282,8 @@ async fn a_call_cancelled_mid_flight_is_aborted_and_the_server_goes_on() {
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let marker = uuid::Uuid::new_v4().to_string();
-    let server = Arc::new(start(&rt, stdio("slow", &marker, &dir)).await.unwrap());
-    let cancel = CancellationToken::new();
-    let long = {
-        let rt = rt.clone();
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            call(
-                &rt,
-                "mcp__slow__trigger-long-running-operation",
-                json!({"duration": 600, "steps": 600}),
-                Policy::default(),
-                cancel,
-            )
-            .await
-        })
-    };
-    let watched = server.clone();
-    super::until("the call never reached the server", || {
-        assert!(!long.is_finished(), "the call ended by itself");
-        watched.status().in_flight == 1
-    })
-    .await;
-    cancel.cancel();
-    let outcome = tokio::time::timeout(Duration::from_secs(30), long)
-        .await
-        .expect("the cancelled call ended")
-        .unwrap();
-    assert_eq!(outcome.error.unwrap().code, "ABORTED");
-    assert_eq!(server.status().in_flight, 0);
+    let server = start(&rt, stdio("slow", &marker, &dir)).await.unwrap();
+    cancel_mid_flight(&rt, &server, "slow").await;
     let echoed = call(
         &rt,
         "mcp__slow__echo",
@@ -330,6 +295,32 @@ async fn a_call_cancelled_mid_flight_is_aborted_and_the_server_goes_on() {
     assert_eq!(text(&echoed), "Echo: still here");
     assert_eq!(server.status().connections, 1, "no reconnect was needed");
     rt.shutdown().await;
+}
+
+/// Starts `server`'s long-running operation, waits until the server has
+/// it, cancels it: the call ends `ABORTED` and nothing is left in flight.
+async fn cancel_mid_flight(rt: &Runtime, server: &McpServer, name: &str) {
+    let cancel = CancellationToken::new();
+    let long = {
+        let (rt, cancel) = (rt.clone(), cancel.clone());
+        let tool = format!("mcp__{name}__trigger-long-running-operation");
+        tokio::spawn(async move {
+            let args = json!({"duration": 600, "steps": 600});
+            call(&rt, &tool, args, Policy::default(), cancel).await
+        })
+    };
+    super::until("the call never reached the server", || {
+        assert!(!long.is_finished(), "the call ended by itself");
+        server.status().in_flight == 1
+    })
+    .await;
+    cancel.cancel();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), long)
+        .await
+        .expect("the cancelled call ended")
+        .unwrap();
+    assert_eq!(outcome.error.unwrap().code, "ABORTED");
+    assert_eq!(server.status().in_flight, 0);
 }
 
 /// A server that cannot start spends its attempt budget, then is `failed`
@@ -455,21 +446,13 @@ impl HttpServer {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Over streamable HTTP: the tools are listed and called with the entry's
 /// headers; the server killed, calls fail `UNAVAILABLE`; the server back on
 /// its port, the client reconnects and the same tools answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_restart() {
     let rt = services().await;
-    let port = free_port();
+    let port = super::peers::free_port();
     let http = HttpServer::start(port).await;
     let server = start(
         &rt,
@@ -497,28 +480,7 @@ async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_resta
     assert!(text(&sum).contains("is 3"), "{}", text(&sum));
 
     // A call cancelled mid-flight over HTTP ends at once, the server goes on.
-    let server = Arc::new(server);
-    let cancel = CancellationToken::new();
-    let long = {
-        let (rt, cancel) = (rt.clone(), cancel.clone());
-        tokio::spawn(async move {
-            let args = json!({"duration": 600, "steps": 600});
-            let name = "mcp__web__trigger-long-running-operation";
-            call(&rt, name, args, Policy::default(), cancel).await
-        })
-    };
-    let watched = server.clone();
-    super::until("the HTTP call never reached the server", || {
-        assert!(!long.is_finished(), "the call ended by itself");
-        watched.status().in_flight == 1
-    })
-    .await;
-    cancel.cancel();
-    let aborted = tokio::time::timeout(Duration::from_secs(30), long)
-        .await
-        .expect("the cancelled call ended")
-        .unwrap();
-    assert_eq!(aborted.error.unwrap().code, "ABORTED");
+    cancel_mid_flight(&rt, &server, "web").await;
     let after = call(
         &rt,
         "mcp__web__echo",

@@ -272,15 +272,7 @@ fn response_text(
     outcome: &Result<dsh_services::tools::ToolOutput, dsh_services::tools::ToolError>,
 ) -> String {
     match outcome {
-        Ok(o) => o
-            .content
-            .iter()
-            .filter_map(|b| match b {
-                ContentBlock::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
+        Ok(o) => dsh_services::llm::joined_text(&o.content, "\n"),
         Err(e) => format!("Error: {}", e.message),
     }
 }

@@ -62,6 +62,19 @@ pub enum ContentBlock {
     },
 }
 
+/// The text blocks of `blocks` (reasoning and everything else left out),
+/// joined with `separator`.
+pub fn joined_text(blocks: &[ContentBlock], separator: &str) -> String {
+    blocks
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(separator)
+}
+
 impl ContentBlock {
     /// The block's type name (`text`, `tool-call`, …).
     pub fn kind(&self) -> BlockType {
@@ -217,13 +230,7 @@ impl Message {
 
     /// All text blocks joined (reasoning excluded).
     pub fn text(&self) -> String {
-        self.content
-            .iter()
-            .filter_map(|b| match b {
-                ContentBlock::Text { text } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect()
+        joined_text(&self.content, "")
     }
 
     /// The tool calls in this message, in order.

@@ -395,15 +395,7 @@ fn image_fields(blocks: &[ContentBlock]) -> Vec<&serde_json::Map<String, Value>>
 }
 
 fn wire_messages(m: &Message, deepseek: bool, images: &Images, out: &mut Vec<Value>) {
-    let text: String = m
-        .content
-        .iter()
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = super::joined_text(&m.content, "\n");
     match m.role {
         Role::System => out.push(json!({"role": "system", "content": text})),
         Role::User => {

@@ -174,17 +174,11 @@ impl McpTool {
             content.push(ContentBlock::text(structured.to_string()));
         }
         if result.is_error == Some(true) {
-            let text: Vec<String> = content
-                .iter()
-                .filter_map(|c| match c {
-                    ContentBlock::Text { text } => Some(text.clone()),
-                    _ => None,
-                })
-                .collect();
+            let text = crate::llm::joined_text(&content, "\n");
             let text = if text.is_empty() {
                 "the tool reported an error".to_owned()
             } else {
-                text.join("\n")
+                text
             };
             return Err(ToolError::new("TOOL_ERROR", text));
         }
