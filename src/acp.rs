@@ -578,8 +578,12 @@ impl Connection {
             let ctx = agent
                 .context()
                 .map_err(|e| RpcError(INTERNAL_ERROR, format!("the agent is not up: {e}")))?;
-            for server in servers {
-                match dsh_services::mcp::start(&ctx, server).await {
+            // Together: the answer waits for the slowest, not for the sum.
+            let starts = servers
+                .into_iter()
+                .map(|server| dsh_services::mcp::start(&ctx, server));
+            for started in futures::future::join_all(starts).await {
+                match started {
                     Ok(s) => mcp.push(s),
                     Err(e) => {
                         agent.dispose().await;

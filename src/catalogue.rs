@@ -169,6 +169,14 @@ impl Plugin for Mcp {
             .defaults();
         let spec = config.0.spec(defaults)?;
         let server = dsh_services::mcp::start(&ctx, spec).await?;
+        let status = server.status();
+        if status.connections == 0 {
+            crate::errln!(
+                "dsh: MCP server {} did not connect ({}); it keeps trying",
+                status.name,
+                status.error.as_deref().unwrap_or("no answer yet")
+            );
+        }
         // Its status leaves `dsh mcp list` with the entry.
         ctx.effect("mcp server status", move || drop(server))?;
         Ok(())

@@ -210,9 +210,10 @@ fn a_tool_hook_denies_a_call_in_both_formats() {
     for format in Format::BOTH {
         let case = Case::new();
         let deny = match format {
+            // Claude Code's hooks know our bash as `Bash`.
             Format::Claude => case.python(
                 "deny.py",
-                "import json, sys\nd = json.load(sys.stdin)\nreason = 'no touching: ' + d['tool_input']['command']\nprint(json.dumps({'hookSpecificOutput': {'hookEventName': 'PreToolUse', 'permissionDecision': 'deny', 'permissionDecisionReason': reason}}))\n",
+                "import json, sys\nd = json.load(sys.stdin)\nassert d['tool_name'] == 'Bash', d\nreason = 'no touching: ' + d['tool_input']['command']\nprint(json.dumps({'hookSpecificOutput': {'hookEventName': 'PreToolUse', 'permissionDecision': 'deny', 'permissionDecisionReason': reason}}))\n",
             ),
             Format::Codex => {
                 "python3 -c 'import json,sys; print(\"no touching: \" + json.load(sys.stdin)[\"tool_input\"][\"command\"], file=sys.stderr)'; exit 2".to_owned()
@@ -220,7 +221,10 @@ fn a_tool_hook_denies_a_call_in_both_formats() {
         };
         let ran = case.run(
             format,
-            json!({"PreToolUse": [group(Some("^read$"), "touch wrong-hook"), group(Some("bash"), &deny)]}),
+            json!({"PreToolUse": [
+                group(Some("^read$"), "touch wrong-hook"),
+                group(Some(if format == Format::Claude { "Bash" } else { "bash" }), &deny),
+            ]}),
             json!([bash("touch ran"), answer("ok")]),
             "never",
         );
@@ -414,8 +418,8 @@ fn a_stop_hook_keeps_the_turn_going_in_both_formats() {
 #[test]
 fn broken_slow_and_escaping_hooks_never_break_the_turn() {
     let case = Case::new();
-    let outside = case.dir.join("outside");
-    std::fs::create_dir_all(&outside).unwrap();
+    let outside = super::mcp::outside_dir();
+    let marker = format!("slow-{}", uuid::Uuid::new_v4());
     let invalid = case.dir.join("invalid.json");
     std::fs::write(
         &invalid,
@@ -423,7 +427,7 @@ fn broken_slow_and_escaping_hooks_never_break_the_turn() {
     )
     .unwrap();
     let good = case.dir.join("good.json");
-    let mut slow = group(Some("bash"), "sleep 30; touch slow-ran");
+    let mut slow = group(Some("bash"), &format!("sleep 30 # {marker}"));
     slow["hooks"][0]["timeout"] = json!(0.3);
     std::fs::write(
         &good,
@@ -452,15 +456,13 @@ fn broken_slow_and_escaping_hooks_never_break_the_turn() {
     );
     assert!(case.ws.join("ran").exists(), "the call ran");
     assert!(!case.ws.join("invalid-ran").exists());
-    assert!(
-        !case.ws.join("slow-ran").exists(),
-        "the slow hook was killed"
-    );
+    assert!(!super::running(&marker), "the slow hook was killed");
     assert!(
         case.ws.join("inside").exists(),
         "a hook writes in the workspace"
     );
     assert!(!outside.join("escaped").exists(), "but not outside it");
+    let _ = std::fs::remove_dir_all(&outside);
     let results = ran.of("hook/result");
     assert_eq!(results.len(), 3);
     let summary = results[0]["data"]["stderrSummary"].as_str().unwrap();

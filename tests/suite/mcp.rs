@@ -56,12 +56,28 @@ async fn start(rt: &Runtime, entry: Value) -> Result<McpServer, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Runs one call through the whole tool pipeline under `policy`.
+/// Runs one call through the whole tool pipeline under `policy`, for an
+/// agent whose workspace is `/tmp` (it holds every test's server).
 async fn call(
     rt: &Runtime,
     name: &str,
     args: Value,
     policy: Policy,
+    cancel: CancellationToken,
+) -> PipelineOutcome {
+    let bounds = Bounds {
+        cwd: Arc::new(std::env::temp_dir()),
+        policy,
+    };
+    call_in(rt, name, args, bounds, cancel).await
+}
+
+/// [`call`] for an agent with `bounds`.
+async fn call_in(
+    rt: &Runtime,
+    name: &str,
+    args: Value,
+    bounds: Bounds,
     cancel: CancellationToken,
 ) -> PipelineOutcome {
     let root = rt.root();
@@ -70,10 +86,6 @@ async fn call(
         id: format!("call-{name}"),
         name: name.to_owned(),
         arguments: args.to_string(),
-    };
-    let bounds = Bounds {
-        cwd: Arc::new(std::env::temp_dir()),
-        policy,
     };
     run_pipeline(&root, &tools, None, call, cancel, bounds).await
 }
@@ -223,7 +235,8 @@ async fn a_stdio_server_s_tools_are_registered_called_and_their_results_mapped()
         text(&env).contains(&marker),
         "the entry's env reaches the server"
     );
-    // The process runs under the sandbox: it cannot write outside its cwd.
+    // The server's process is live while it serves (its confinement is
+    // `a_stdio_server_is_confined_and_sees_no_secrets`).
     assert!(!marked(&marker).is_empty());
     drop(server);
     rt.shutdown().await;
@@ -240,11 +253,34 @@ async fn a_crashed_stdio_server_is_restarted_and_its_tools_answer_again() {
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let marker = uuid::Uuid::new_v4().to_string();
-    let server = start(&rt, stdio("crashy", &marker, &dir)).await.unwrap();
+    // A first retry after 3 s leaves the outage long enough to call into.
+    let mut entry = stdio("crashy", &marker, &dir);
+    entry["reconnect"] = json!({"initial_delay_ms": 3000, "max_delay_ms": 3000});
+    let server = start(&rt, entry).await.unwrap();
     let before = names(&server.status());
     let first = marked(&marker);
     assert!(!first.is_empty());
     kill(&first);
+    let down = server
+        .wait_until(Duration::from_secs(60), |s| s.state == State::Reconnecting)
+        .await;
+    assert_eq!(down.state, State::Reconnecting, "{down:?}");
+    assert_eq!(
+        names(&down),
+        before,
+        "the tools stay registered while it is away"
+    );
+    let meanwhile = call(
+        &rt,
+        "mcp__crashy__echo",
+        json!({"message": "anyone?"}),
+        Policy::default(),
+        CancellationToken::new(),
+    )
+    .await;
+    let e = meanwhile.error.unwrap();
+    assert_eq!(e.code, "UNAVAILABLE", "{}", e.message);
+    assert!(e.message.contains("reconnecting"), "{}", e.message);
     let after = server
         .wait_until(Duration::from_secs(60), |s| {
             s.connections == 2 && s.state == State::Up
@@ -405,6 +441,25 @@ async fn an_agent_narrower_than_the_server_may_call_only_its_read_only_tools() {
     )
     .await;
     assert_eq!(cut.error.unwrap().code, "DENIED");
+    // A workspace that does not hold the server's: its writing tools would
+    // write outside the agent's, so only its read-only ones are open.
+    let elsewhere = Bounds {
+        cwd: Arc::new(dir.join("sub")),
+        policy: Policy::default(),
+    };
+    let args = json!({});
+    let name = "mcp__guarded__toggle-simulated-logging";
+    let outside = call_in(&rt, name, args, elsewhere.clone(), go()).await;
+    let e = outside.error.unwrap();
+    assert_eq!(e.code, "DENIED");
+    assert!(
+        e.message.contains("outside this agent's workspace"),
+        "{}",
+        e.message
+    );
+    let args = json!({"message": "ro"});
+    let read = call_in(&rt, "mcp__guarded__echo", args, elsewhere, go()).await;
+    assert_eq!(text(&read), "Echo: ro");
     rt.shutdown().await;
 }
 
@@ -613,6 +668,13 @@ fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
     );
 }
 
+/// A fresh directory outside the workspace and outside `/tmp`.
+pub(crate) fn outside_dir() -> PathBuf {
+    let dir = PathBuf::from("/var/tmp").join(format!("dsh-outside-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A stdio server runs confined like bash: its tool writes inside its
 /// workspace but not outside it, and it sees the entry's variables but not
 /// the secrets of the process that started it.
@@ -620,11 +682,18 @@ fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
 fn a_stdio_server_is_confined_and_sees_no_secrets() {
     let dir = fresh_dir("dsh-mcp-jail").unwrap();
     let ws = dir.join("ws");
-    let outside = dir.join("outside");
     std::fs::create_dir_all(&ws).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
-    let probe =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/probe_server.py");
+    // Outside the workspace and outside `/tmp` (which the sandbox replaces
+    // with a private one): a place the server could reach if it were free.
+    let outside = outside_dir();
+    // The server's code where a project keeps it: the sandbox shows it the
+    // workspace (and the system), not the rest of a private `/tmp`.
+    let probe = ws.join("probe_server.py");
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/probe_server.py"),
+        &probe,
+    )
+    .unwrap();
     let calls = [
         json!({"name": "mcp__probe__touch", "arguments": {"path": ws.join("inside")}}),
         json!({"name": "mcp__probe__touch", "arguments": {"path": outside.join("escaped")}}),
@@ -670,10 +739,68 @@ fn a_stdio_server_is_confined_and_sees_no_secrets() {
         .flatten()
         .filter_map(|d| std::fs::read_to_string(d.path().join("session.jsonl")).ok())
         .collect();
-    assert!(log.contains("Read-only file system"), "{log}");
+    let escaped = log
+        .lines()
+        .find(|l| l.contains("\"tool/result\"") && l.contains("escaped"))
+        .unwrap_or_default();
+    assert!(escaped.contains("\"isError\":true"), "{log}");
+    let _ = std::fs::remove_dir_all(&outside);
     assert!(!log.contains("sk-must-not-leak"), "{log}");
     assert!(
         log.contains("\"given\""),
         "the entry's variable arrives: {log}"
     );
+}
+
+/// A hostile HTTP server answers with a redirect to another host: the
+/// client does not follow it, so the entry's headers (its token) never
+/// reach the other host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_does_not_carry_the_headers_to_another_host() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = services().await;
+    let thief = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let thief_port = thief.local_addr().unwrap().port();
+    let hostile = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hostile_port = hostile.local_addr().unwrap().port();
+    let stolen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = stolen.clone();
+    let stealing = tokio::spawn(async move {
+        while let Ok((_conn, _)) = thief.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let redirecting = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = hostile.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let _ = conn.read(&mut buf).await;
+            let answer = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:{thief_port}/mcp\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            let _ = conn.write_all(answer.as_bytes()).await;
+        }
+    });
+    let server = start(
+        &rt,
+        json!({
+            "server_name": "hostile", "transport": "streamable-http",
+            "url": format!("http://127.0.0.1:{hostile_port}/mcp"),
+            "headers": {"Authorization": "Bearer secret-token"},
+            "reconnect": {"initial_delay_ms": 5, "max_delay_ms": 10, "max_attempts": 2}
+        }),
+    )
+    .await
+    .unwrap();
+    let end = server
+        .wait_until(Duration::from_secs(60), |s| s.state == State::Failed)
+        .await;
+    assert_eq!(end.state, State::Failed, "{end:?}");
+    assert_eq!(
+        stolen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the redirect was not followed"
+    );
+    stealing.abort();
+    redirecting.abort();
+    rt.shutdown().await;
 }

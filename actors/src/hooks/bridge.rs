@@ -3,12 +3,13 @@
 //! | hook | point | what a hook can do |
 //! |---|---|---|
 //! | `UserPromptSubmit` | `agent/pre-step` (a step a user's message enters) | block the prompt (the turn ends `blocked`, no request sent); add context (a message after the prompt, sourced to the dialect) |
-//! | `PreToolUse` | `tools/pre-execute` | deny the call; ask (Claude Code) — the approval seam decides |
+//! | `PreToolUse` | `tools/pre-execute` | deny the call; ask (Claude Code) — the approval seam decides (a later listener's denial stands) |
 //! | `PostToolUse` | `tools/post-execute` | feedback for the model (block); add context — both appended to the result |
 //! | `Stop` | `agent/turn-stopping` | keep the turn going with its reason (`stop_hook_active` tells a hook it already did; at most [`MAX_STOP_BLOCKS`] times a turn) |
 //!
 //! Hooks of every file run serially in file order, Claude Code's files
-//! first; their answers fold most-restrictively. Each run is recorded in
+//! first; their answers fold most-restrictively. Claude Code hooks see
+//! (and match) Claude Code's names for our tools (`Bash`, `Edit`, …). Each run is recorded in
 //! the agent's session as `hook/invoked` then `hook/result`.
 
 use std::collections::HashMap;
@@ -170,7 +171,7 @@ impl Hooks {
                 continue;
             };
             for group in groups {
-                if subject.is_some_and(|s| !group.matcher.admits(s)) {
+                if subject.is_some_and(|s| !group.matcher.admits_tool(set.dialect, s)) {
                     continue;
                 }
                 for command in &group.commands {
@@ -190,9 +191,10 @@ impl Hooks {
                     if set.dialect == Dialect::Claude {
                         // Claude Code ends the payload with a newline; Codex does not.
                         text.push('\n');
+                        let project = set.project.as_ref().unwrap_or(&site.cwd);
                         env.push((
                             "CLAUDE_PROJECT_DIR".to_owned(),
-                            site.cwd.display().to_string(),
+                            project.display().to_string(),
                         ));
                     }
                     let invocation = Invocation {
@@ -337,7 +339,10 @@ impl Hooks {
         let (name, id, args) = (p.call.name.clone(), p.call.id.clone(), p.args.clone());
         let out = self
             .fire(Point::PreToolUse, Some(&name), &site, |d, m| {
-                m.insert("tool_name".into(), json!(name));
+                m.insert(
+                    "tool_name".into(),
+                    json!(d.tool_name(&name).unwrap_or(&name)),
+                );
                 m.insert("tool_input".into(), tool_input(d, &args));
                 m.insert("tool_use_id".into(), json!(id));
             })
@@ -345,15 +350,20 @@ impl Hooks {
         if let Some(why) = out.refusal(Point::PreToolUse) {
             return (Decision::Deny(why), p.args);
         }
-        if let Some(Permission::Ask(why)) = &out.permission {
-            let why = if why.trim().is_empty() {
-                "a PreToolUse hook asks before this call".to_owned()
-            } else {
-                why.clone()
-            };
-            return (Decision::Ask(why), p.args);
+        let (decision, args) = next.run(p).await;
+        // An ask does not skip what later listeners decide: a denial
+        // stands, anything else becomes the question.
+        match (&out.permission, decision) {
+            (Some(Permission::Ask(why)), Decision::Allow | Decision::Ask(_)) => {
+                let why = if why.trim().is_empty() {
+                    "a PreToolUse hook asks before this call".to_owned()
+                } else {
+                    why.clone()
+                };
+                (Decision::Ask(why), args)
+            }
+            (_, decision) => (decision, args),
         }
-        next.run(p).await
     }
 
     async fn post_tool(
@@ -369,7 +379,10 @@ impl Hooks {
         let response = response_text(&outcome);
         let out = self
             .fire(Point::PostToolUse, Some(&name), &site, |d, m| {
-                m.insert("tool_name".into(), json!(name));
+                m.insert(
+                    "tool_name".into(),
+                    json!(d.tool_name(&name).unwrap_or(&name)),
+                );
                 m.insert("tool_input".into(), tool_input(d, &args));
                 m.insert("tool_response".into(), json!(response));
                 m.insert("tool_use_id".into(), json!(id));

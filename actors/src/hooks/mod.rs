@@ -46,6 +46,27 @@ impl Dialect {
         }
     }
 
+    /// What the dialect calls one of our tools, where the names differ:
+    /// Claude Code's `Bash`, `Read`, `Write`, `Edit`, … (their arguments
+    /// have the same names). Codex's hooks see our names.
+    pub fn tool_name(self, ours: &str) -> Option<&'static str> {
+        if self != Dialect::Claude {
+            return None;
+        }
+        Some(match ours {
+            "bash" => "Bash",
+            "read" => "Read",
+            "write" => "Write",
+            "edit" => "Edit",
+            "glob" => "Glob",
+            "grep" => "Grep",
+            "web_fetch" => "WebFetch",
+            "todo_write" => "TodoWrite",
+            "subagent" => "Task",
+            _ => return None,
+        })
+    }
+
     /// The source name of the context its hooks add.
     pub fn plugin(self) -> &'static str {
         match self {
@@ -128,6 +149,15 @@ impl Matcher {
         regex::Regex::new(p).map(Matcher::Regex)
     }
 
+    /// Whether `subject` (or, for Claude Code, its name for the tool) is
+    /// selected.
+    pub fn admits_tool(&self, dialect: Dialect, tool: &str) -> bool {
+        self.admits(tool)
+            || dialect
+                .tool_name(tool)
+                .is_some_and(|alias| self.admits(alias))
+    }
+
     /// Whether `subject` is selected.
     pub fn admits(&self, subject: &str) -> bool {
         match self {
@@ -137,6 +167,9 @@ impl Matcher {
         }
     }
 }
+
+/// The longest timeout a hook may name.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// One command hook.
 #[derive(Clone, Debug)]
@@ -181,6 +214,10 @@ pub struct HookSet {
     pub points: BTreeMap<Point, Vec<Group>>,
     /// What was read but not run (other events, other hook types).
     pub skipped: Vec<String>,
+    /// The project a project file (`PROJECT/.claude/…`, `PROJECT/.codex/…`)
+    /// belongs to: `$CLAUDE_PROJECT_DIR` for its hooks (else the agent's
+    /// working directory).
+    pub project: Option<PathBuf>,
 }
 
 impl HookSet {
@@ -198,11 +235,22 @@ impl HookSet {
     fn read(dialect: Dialect, source: &Path, text: &str) -> Result<HookSet, String> {
         let at = source.display();
         let root: Value = serde_json::from_str(text).map_err(|e| format!("{at}: not JSON: {e}"))?;
+        let project = source
+            .parent()
+            .filter(|dir| {
+                matches!(
+                    dir.file_name().and_then(|n| n.to_str()),
+                    Some(".claude" | ".codex")
+                )
+            })
+            .and_then(Path::parent)
+            .and_then(|p| p.canonicalize().ok());
         let mut set = HookSet {
             dialect,
             source: source.to_owned(),
             points: BTreeMap::new(),
             skipped: Vec::new(),
+            project,
         };
         let Some(hooks) = root.get("hooks") else {
             return Ok(set);
@@ -276,11 +324,11 @@ impl HookSet {
                 .ok_or_else(|| format!("{here}.command must be a non-empty string"))?;
             let timeout = match hook.get("timeout").or_else(|| hook.get("timeoutSec")) {
                 None | Some(Value::Null) => None,
-                Some(v) => match v.as_f64() {
-                    Some(s) if s > 0.0 && s.is_finite() => Some(Duration::from_secs_f64(s)),
+                Some(v) => match v.as_f64().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+                    Some(d) if !d.is_zero() && d <= MAX_TIMEOUT => Some(d),
                     _ => {
                         return Err(format!(
-                            "{here}.timeout must be a positive number of seconds"
+                            "{here}.timeout must be a positive number of seconds, at most a day"
                         ));
                     }
                 },
@@ -524,6 +572,10 @@ mod tests {
         assert!(m.admits("Edit") && m.admits("Write") && !m.admits("EditX"));
         let m = Matcher::parse(Some("mcp__.*"), Dialect::Claude).unwrap();
         assert!(m.admits("mcp__fs__read"));
+        // Claude Code's own tool names select ours.
+        let m = Matcher::parse(Some("Bash|Edit"), Dialect::Claude).unwrap();
+        assert!(m.admits_tool(Dialect::Claude, "bash") && m.admits_tool(Dialect::Claude, "edit"));
+        assert!(!m.admits_tool(Dialect::Codex, "bash") && !m.admits_tool(Dialect::Claude, "read"));
         // Codex reads every matcher as a regex: `bash` is found in `xbash`.
         let m = Matcher::parse(Some("bash"), Dialect::Codex).unwrap();
         assert!(m.admits("xbash"));
@@ -559,6 +611,9 @@ mod tests {
                 .points
                 .is_empty()
         );
+        let huge = r#"{"hooks": {"Stop": [{"hooks": [{"command": "x", "timeout": 1e300}]}]}}"#;
+        let e = HookSet::parse(Dialect::Codex, Path::new("h"), huge).unwrap_err();
+        assert!(e.message.contains("at most a day"), "{e}");
         let bad = r#"{"hooks": {"Stop": [{"hooks": [{"command": "x", "timeout": -1}]}]}}"#;
         let e = HookSet::parse(Dialect::Codex, Path::new("h"), bad).unwrap_err();
         assert!(e.message.contains("timeout"), "{e}");

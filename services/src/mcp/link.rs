@@ -223,9 +223,13 @@ pub(super) async fn connect(
                 StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
             };
             let _ = rustls::crypto::ring::default_provider().install_default();
+            // No redirects: a server (or anything on the way) could send
+            // the entry's headers, tokens included, to another host.
             let client = reqwest::Client::builder()
                 .user_agent(concat!("dsh/", env!("CARGO_PKG_VERSION")))
                 .connect_timeout(spec.connect_timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .pool_max_idle_per_host(0)
                 .build()
                 .map_err(|e| format!("no HTTP client: {e}"))?;
             let mut map = HashMap::new();

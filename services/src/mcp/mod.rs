@@ -129,10 +129,15 @@ pub struct ServerConfig {
     /// streamable-http: the endpoint.
     #[serde(default)]
     pub url: Option<String>,
-    /// streamable-http: headers sent with every request (`${VAR}` reads
-    /// a token from the environment).
+    /// streamable-http: headers sent with every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// streamable-http: headers whose value is read from an environment
+    /// variable (`Authorization: MCP_TOKEN` sends `$MCP_TOKEN`); the
+    /// variable is then kept from every tool process, as API keys are.
+    /// A value needing a prefix names it: `Authorization: "Bearer $MCP_TOKEN"`.
+    #[serde(default, alias = "headersFromEnv")]
+    pub headers_from_env: BTreeMap<String, String>,
     /// Longest one tool call may take, in milliseconds (default 60000).
     #[serde(default = "default_call_timeout", alias = "toolCallTimeoutMs")]
     pub tool_call_timeout_ms: u64,
@@ -222,18 +227,21 @@ pub enum McpError {
     },
 }
 
-/// Checks a server name: `[A-Za-z0-9_-]{1,32}`.
+/// Checks a server name: `[A-Za-z0-9_-]{1,32}` without `__`.
 pub fn check_name(name: &str) -> Result<(), McpError> {
     let ok = !name.is_empty()
         && name.len() <= 32
+        && !name.contains("__")
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if ok {
         Ok(())
     } else {
+        // `__` separates the name from the tool's: `a__b` + `c` would name
+        // the same tool as `a` + `b__c`.
         Err(McpError::Config(format!(
-            "server_name {name:?} must be 1 to 32 of A-Z a-z 0-9 _ -"
+            "server_name {name:?} must be 1 to 32 of A-Z a-z 0-9 _ -, without `__`"
         )))
     }
 }
@@ -265,6 +273,31 @@ pub fn check_headers(headers: &[(String, String)]) -> Result<(), McpError> {
     Ok(())
 }
 
+/// The value of header `name` from `spec`: `VAR`, or text with one
+/// `$VAR` in it (`Bearer $VAR`). The variable must be set; it becomes a
+/// secret no child process sees.
+fn header_from_env(name: &str, spec: &str) -> Result<String, String> {
+    let (before, var, after) = match spec.split_once('$') {
+        Some((before, rest)) => {
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            (before, &rest[..end], &rest[end..])
+        }
+        None => ("", spec, ""),
+    };
+    let valid = !var.is_empty() && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
+        return Err(format!(
+            "headers_from_env.{name}: {spec:?} names no variable (VAR, or text with $VAR)"
+        ));
+    }
+    let value = std::env::var(var)
+        .map_err(|_| format!("headers_from_env.{name}: the variable {var} is not set"))?;
+    crate::sandbox::env::register_secret(var);
+    Ok(format!("{before}{value}{after}"))
+}
+
 impl ServerConfig {
     /// The checked server, confined by `defaults` unless the entry names a
     /// mode; every field that does not belong to the transport is refused.
@@ -276,19 +309,31 @@ impl ServerConfig {
         check_name(&self.server_name).map_err(|e| e.to_string())?;
         let transport = match self.transport {
             TransportKind::Stdio => {
-                if self.url.is_some() || !self.headers.is_empty() {
-                    return Err("url and headers belong to transport streamable-http".into());
+                if self.url.is_some()
+                    || !self.headers.is_empty()
+                    || !self.headers_from_env.is_empty()
+                {
+                    return Err(
+                        "url, headers and headers_from_env belong to transport streamable-http"
+                            .into(),
+                    );
                 }
                 let command = self
                     .command
                     .clone()
                     .filter(|c| !c.is_empty())
                     .ok_or("transport stdio needs a command")?;
+                // Absolute: the sandbox binds it by path, and a relative
+                // one would mean different places to the kernel and to it.
+                let here = std::env::current_dir()
+                    .map_err(|e| format!("no working directory for the server: {e}"))?;
                 let cwd = match &self.cwd {
-                    Some(c) => c.clone(),
-                    None => std::env::current_dir()
-                        .map_err(|e| format!("no working directory for the server: {e}"))?,
+                    Some(c) => here.join(c),
+                    None => here,
                 };
+                let cwd = cwd
+                    .canonicalize()
+                    .map_err(|e| format!("cwd {} is not a directory here: {e}", cwd.display()))?;
                 Transport::Stdio {
                     command,
                     args: self.args.clone(),
@@ -309,7 +354,10 @@ impl ServerConfig {
                     .clone()
                     .ok_or("transport streamable-http needs a url")?;
                 check_url(&url).map_err(|e| e.to_string())?;
-                let headers: Vec<(String, String)> = self.headers.clone().into_iter().collect();
+                let mut headers: Vec<(String, String)> = self.headers.clone().into_iter().collect();
+                for (name, from) in &self.headers_from_env {
+                    headers.push((name.clone(), header_from_env(name, from)?));
+                }
                 check_headers(&headers).map_err(|e| e.to_string())?;
                 Transport::Http { url, headers }
             }
@@ -481,6 +529,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_header_from_the_environment_is_read_and_kept_from_children() {
+        // HOME is set wherever tests run; registering it as a secret here
+        // touches only this test's process.
+        let c: ServerConfig = serde_json::from_value(serde_json::json!({
+            "server_name": "e", "transport": "streamable-http", "url": "http://h/",
+            "headers_from_env": {"Authorization": "Bearer $HOME"}
+        }))
+        .unwrap();
+        let spec = c.spec(Policy::default()).unwrap();
+        let Transport::Http { headers, .. } = spec.transport else {
+            panic!("an HTTP server");
+        };
+        let home = std::env::var("HOME").unwrap();
+        assert_eq!(
+            headers,
+            vec![("Authorization".to_owned(), format!("Bearer {home}"))]
+        );
+        assert!(crate::sandbox::env::is_secret("HOME"));
+    }
+
+    #[test]
     fn names_are_qualified_and_normalized_deterministically() {
         assert_eq!(public_name("fs", "read_file"), "mcp__fs__read_file");
         let odd = public_name("fs", "read file.v2");
@@ -546,6 +615,22 @@ mod tests {
             (
                 serde_json::json!({"server_name": "e", "transport": "pipe", "command": "x"}),
                 "unknown variant",
+            ),
+            (
+                serde_json::json!({"server_name": "a__b", "transport": "stdio", "command": "x"}),
+                "without `__`",
+            ),
+            (
+                serde_json::json!({"server_name": "e", "transport": "stdio", "command": "x", "cwd": "/no/such/dir"}),
+                "not a directory",
+            ),
+            (
+                serde_json::json!({"server_name": "e", "transport": "streamable-http", "url": "http://h/", "headers_from_env": {"X": "DSH_TEST_SURELY_UNSET_VARIABLE"}}),
+                "is not set",
+            ),
+            (
+                serde_json::json!({"server_name": "e", "transport": "streamable-http", "url": "http://h/", "headers_from_env": {"X": "Bearer $"}}),
+                "names no variable",
             ),
         ] {
             let e = parse(bad.clone()).expect_err(&bad.to_string());

@@ -5,7 +5,10 @@
 //! connection, tagged with its number so a stale one is ignored). The
 //! actor is a child of the fiber that started it, and its tools are
 //! effects of that same fiber: teardown stops the actor (its connection and
-//! process go with it) before the tools are unregistered.
+//! process go with it) before the tools are unregistered. The registrations
+//! live in [`Shared`], so an actor restarted after a panic takes over the
+//! tools its predecessor registered. A teardown prelude stops connecting
+//! first: no attempt starts, or goes on, once the owner is going away.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,6 +36,13 @@ pub(crate) struct Shared {
     changes: watch::Sender<u64>,
     /// Calls sent and not yet answered (or dropped).
     pub(crate) in_flight: std::sync::atomic::AtomicU32,
+    /// The registered tools, each with what unregisters it.
+    registered: Mutex<Vec<(Arc<McpTool>, Disposer)>>,
+    /// Set when the owner goes away (or the start was refused): no more
+    /// connecting.
+    stopping: tokio_util::sync::CancellationToken,
+    /// A relist is queued; more `list_changed` notices add nothing.
+    resync_queued: std::sync::atomic::AtomicBool,
 }
 
 /// The live connection: its peer, and how to report its loss.
@@ -72,10 +82,10 @@ impl Shared {
         }
     }
 
-    /// The live connection's peer, or why there is none.
-    pub(crate) fn peer(&self) -> Result<Peer<RoleClient>, String> {
+    /// The live connection's peer and number, or why there is none.
+    pub(crate) fn peer(&self) -> Result<(Peer<RoleClient>, u32), String> {
         if let Some(live) = lock(&self.live).clone() {
-            return Ok(live.peer);
+            return Ok((live.peer, live.number));
         }
         let s = lock(&self.status).clone();
         let why = s.error.map(|e| format!(": {e}")).unwrap_or_default();
@@ -95,15 +105,23 @@ impl Shared {
         *lock(&self.live) = live;
     }
 
-    /// A call found the connection gone (an HTTP server that went away
-    /// says so only when asked): the actor treats it as lost.
-    pub(crate) fn call_lost(&self, why: String) {
-        if let Some(live) = lock(&self.live).take() {
-            let _ = live.me.cast(Msg::Lost {
-                connection: live.number,
+    /// A call on connection `number` found it gone (an HTTP server that
+    /// went away says so only when asked): the actor treats it as lost —
+    /// unless another connection has replaced it since.
+    pub(crate) fn call_lost(&self, number: u32, why: String) {
+        let mut live = lock(&self.live);
+        if live.as_ref().is_some_and(|l| l.number == number)
+            && let Some(l) = live.take()
+        {
+            let _ = l.me.cast(Msg::Lost {
+                connection: l.number,
                 why,
             });
         }
+    }
+
+    fn take_registered(&self) -> Vec<(Arc<McpTool>, Disposer)> {
+        std::mem::take(&mut *lock(&self.registered))
     }
 }
 
@@ -183,6 +201,9 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpErro
         tail: Arc::default(),
         changes: watch::channel(0).0,
         in_flight: Default::default(),
+        registered: Mutex::default(),
+        stopping: Default::default(),
+        resync_queued: Default::default(),
     });
     if let Some(hub) = &hub {
         hub.admit(shared.clone())?;
@@ -191,6 +212,14 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpErro
         shared: shared.clone(),
         hub,
     };
+    let stopping = shared.stopping.clone();
+    ctx.on_teardown("stop connecting the MCP server", move || async move {
+        stopping.cancel();
+    })
+    .map_err(|e| McpError::Start {
+        name: shared.spec.name.clone(),
+        why: format!("its owner is going away: {e}"),
+    })?;
     let args = Args {
         shared: shared.clone(),
         ctx: ctx.clone(),
@@ -210,6 +239,8 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpErro
         .wait_until(timeout, |s| s.connections > 0 || s.attempts > 0)
         .await;
     if settled.connections == 0 && shared.spec.fail_on_startup_error {
+        // Refused: the worker stops trying (its owner stops it).
+        shared.stopping.cancel();
         let why = settled
             .error
             .unwrap_or_else(|| "it did not connect in time".into());
@@ -256,7 +287,6 @@ struct Run {
     /// The number of the live connection (0: none).
     number: u32,
     up_since: Option<Instant>,
-    registered: Vec<(Arc<McpTool>, Disposer)>,
     timer: Option<tokio::task::JoinHandle<Result<(), ractor::MessagingErr<Msg>>>>,
 }
 
@@ -264,6 +294,7 @@ struct Run {
 struct Forward {
     me: ActorRef<Msg>,
     connection: u32,
+    queued: Arc<Shared>,
 }
 
 impl Watcher for Forward {
@@ -275,9 +306,16 @@ impl Watcher for Forward {
     }
 
     fn tools_changed(&self) {
-        let _ = self.me.cast(Msg::ToolsChanged {
-            connection: self.connection,
-        });
+        // A flood of notices queues one relist.
+        if !self
+            .queued
+            .resync_queued
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            let _ = self.me.cast(Msg::ToolsChanged {
+                connection: self.connection,
+            });
+        }
     }
 }
 
@@ -295,7 +333,6 @@ impl Actor for ServerActor {
             tag: 0,
             number: 0,
             up_since: None,
-            registered: Vec::new(),
             timer: None,
         })
     }
@@ -308,9 +345,17 @@ impl Actor for ServerActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             Msg::Connect => run.connect().await,
-            Msg::Lost { connection, why } if connection == run.number => run.lost(why),
-            Msg::ToolsChanged { connection } if connection == run.number => run.resync().await,
-            Msg::Lost { .. } | Msg::ToolsChanged { .. } => {}
+            Msg::Lost { connection, why } if connection == run.number => run.lost(why).await,
+            Msg::ToolsChanged { connection } => {
+                run.args
+                    .shared
+                    .resync_queued
+                    .store(false, std::sync::atomic::Ordering::Release);
+                if connection == run.number {
+                    run.resync().await;
+                }
+            }
+            Msg::Lost { .. } => {}
         }
         Ok(())
     }
@@ -338,11 +383,16 @@ impl Run {
     /// register the tools; a failure counts against the outage's budget.
     async fn connect(&mut self) {
         self.timer = None;
+        let stopping = self.args.shared.stopping.clone();
+        if stopping.is_cancelled() {
+            return;
+        }
         self.tag += 1;
         let number = self.tag;
         let watcher = Arc::new(Forward {
             me: self.me.clone(),
             connection: number,
+            queued: self.args.shared.clone(),
         });
         let spec = self.spec().clone();
         let sandbox = self.args.sandbox.clone();
@@ -356,16 +406,25 @@ impl Run {
                 .map_err(|e| format!("tools/list failed: {e}"))?;
             Ok::<_, String>((c, listed))
         };
-        let outcome = match tokio::time::timeout(spec.connect_timeout, attempt).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
-                "no connection and tool list within {} ms",
-                spec.connect_timeout.as_millis()
-            )),
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(spec.connect_timeout, attempt) => match r {
+                Ok(r) => r,
+                Err(_) => Err(format!(
+                    "no connection and tool list within {} ms",
+                    spec.connect_timeout.as_millis()
+                )),
+            },
+            // The owner goes away: the half-made connection is dropped.
+            () = stopping.cancelled() => return,
         };
         match outcome {
             Ok((c, listed)) => {
                 self.number = number;
+                // A notice queued for an old connection is moot now.
+                self.args
+                    .shared
+                    .resync_queued
+                    .store(false, std::sync::atomic::Ordering::Release);
                 let peer = c.peer().clone();
                 self.connection = Some(c);
                 self.up_since = Some(Instant::now());
@@ -377,6 +436,13 @@ impl Run {
                 let installed = self.install(listed).await;
                 self.args.shared.update(|s| {
                     s.state = State::Up;
+                    // A reconnect counts against the budget until the
+                    // connection outlives the longest delay (see `lost`):
+                    // a server that crashes right after each handshake
+                    // still spends it.
+                    if s.connections > 0 {
+                        s.attempts += 1;
+                    }
                     s.connections += 1;
                     s.error = installed.err();
                 });
@@ -393,19 +459,9 @@ impl Run {
         let attempts = lock(&shared.status).attempts + 1;
         let reconnect = self.spec().reconnect.clone();
         if !reconnect.enabled || attempts >= reconnect.max_attempts {
-            tracing::error!(
-                "MCP server {}: {why}; giving up after {attempts} attempt(s)",
-                self.spec().name
-            );
-            for (_, d) in std::mem::take(&mut self.registered) {
-                d.dispose().await;
-            }
-            shared.update(|s| {
-                s.state = State::Failed;
-                s.attempts = attempts;
-                s.error = Some(why);
-                s.tools.clear();
-            });
+            return self.give_up(attempts, why).await;
+        }
+        if shared.stopping.is_cancelled() {
             return;
         }
         let delay = backoff(&reconnect, attempts);
@@ -426,9 +482,27 @@ impl Run {
         self.timer = Some(self.me.send_after(delay, || Msg::Connect));
     }
 
+    /// Unregisters the tools and stops trying, after `attempts`.
+    async fn give_up(&mut self, attempts: u32, why: String) {
+        tracing::error!(
+            "MCP server {}: {why}; giving up after {attempts} attempt(s)",
+            self.spec().name
+        );
+        for (_, d) in self.args.shared.take_registered() {
+            d.dispose().await;
+        }
+        self.args.shared.update(|s| {
+            s.state = State::Failed;
+            s.attempts = attempts;
+            s.error = Some(why);
+            s.tools.clear();
+        });
+    }
+
     /// The connection ended: keep the tools (failing) and reconnect, or stay
-    /// down when reconnecting is off.
-    fn lost(&mut self, why: String) {
+    /// down when reconnecting is off, or give up when reconnects have spent
+    /// the budget.
+    async fn lost(&mut self, why: String) {
         self.connection = None;
         self.number = 0;
         self.args.shared.set_live(None);
@@ -450,6 +524,12 @@ impl Run {
             return;
         }
         let attempts = lock(&self.args.shared.status).attempts;
+        if attempts >= reconnect.max_attempts {
+            return self.give_up(attempts, why).await;
+        }
+        if self.args.shared.stopping.is_cancelled() {
+            return;
+        }
         let delay = backoff(&reconnect, attempts);
         tracing::warn!(
             "MCP server {}: {why}; reconnecting in {} ms",
@@ -492,6 +572,10 @@ impl Run {
     /// registered.
     async fn install(&mut self, listed: Vec<rmcp::model::Tool>) -> Result<(), String> {
         let shared = self.args.shared.clone();
+        if listed.len() > MAX_TOOLS {
+            let why = format!("it lists {} tools, more than {MAX_TOOLS}", listed.len());
+            return self.clear(why).await;
+        }
         let mut seen = std::collections::HashSet::new();
         let mut wanted = Vec::new();
         for t in &listed {
@@ -500,10 +584,13 @@ impl Run {
                     .clear(format!("it lists the tool {:?} twice", t.name))
                     .await;
             }
-            wanted.push(McpTool::new(shared.clone(), t));
+            match McpTool::new(shared.clone(), t) {
+                Ok(tool) => wanted.push(tool),
+                Err(why) => return self.clear(why).await,
+            }
         }
         let mut kept = Vec::new();
-        for (tool, disposer) in std::mem::take(&mut self.registered) {
+        for (tool, disposer) in shared.take_registered() {
             match wanted.iter().position(|w| w.same_as(&tool)) {
                 Some(i) => {
                     wanted.remove(i);
@@ -512,11 +599,11 @@ impl Run {
                 None => disposer.dispose().await,
             }
         }
-        self.registered = kept;
+        *lock(&shared.registered) = kept;
         for tool in wanted {
             let tool = Arc::new(tool);
             match self.args.tools.register(&self.args.ctx, tool.clone()) {
-                Ok(d) => self.registered.push((tool, d)),
+                Ok(d) => lock(&shared.registered).push((tool, d)),
                 Err(e) => {
                     let why = format!("its tool {:?} cannot be registered: {e}", tool.raw());
                     return self.clear(why).await;
@@ -524,16 +611,17 @@ impl Run {
             }
         }
         let order: Vec<&str> = listed.iter().map(|t| t.name.as_ref()).collect();
-        self.registered
-            .sort_by_key(|(t, _)| order.iter().position(|n| *n == t.raw()));
-        let infos = self
-            .registered
-            .iter()
-            .map(|(t, _)| ToolInfo {
-                name: t.public_name().to_owned(),
-                raw: t.raw().to_owned(),
-            })
-            .collect();
+        let infos = {
+            let mut registered = lock(&shared.registered);
+            registered.sort_by_key(|(t, _)| order.iter().position(|n| *n == t.raw()));
+            registered
+                .iter()
+                .map(|(t, _)| ToolInfo {
+                    name: t.public_name().to_owned(),
+                    raw: t.raw().to_owned(),
+                })
+                .collect()
+        };
         shared.update(|s| s.tools = infos);
         Ok(())
     }
@@ -544,13 +632,17 @@ impl Run {
             "MCP server {}: {why}; none of its tools are registered",
             self.spec().name
         );
-        for (_, d) in std::mem::take(&mut self.registered) {
+        for (_, d) in self.args.shared.take_registered() {
             d.dispose().await;
         }
         self.args.shared.update(|s| s.tools.clear());
         Err(why)
     }
 }
+
+/// The most tools one server may list (each costs schema tokens in every
+/// request).
+const MAX_TOOLS: usize = 256;
 
 /// The delay before the attempt after `failed` failed ones: the initial
 /// delay doubled per failure, capped.

@@ -2,9 +2,10 @@
 //!
 //! A call acts with the server's powers, not the calling agent's, so it is
 //! admitted against the agent's policy first: an agent without network may
-//! not call a server that has it (every HTTP server has), and an agent with
-//! a narrower mode than the server's may call only the tools the server
-//! marks read-only (`readOnlyHint`). The call is sent under the raw name;
+//! not call a server that has it (every HTTP server has); an agent with
+//! a narrower mode than the server's, or a workspace that does not hold
+//! the (writing, stdio) server's, may call only the tools the server marks
+//! read-only (`readOnlyHint`). The call is sent under the raw name;
 //! dropping it (the turn cancelled, the timeout) sends
 //! `notifications/cancelled`. Result blocks keep their order: text runs
 //! join with newlines, images go to the attachment store, resource links
@@ -25,8 +26,14 @@ use super::Transport;
 use super::server::Shared;
 use crate::attachments::Attachments;
 use crate::llm::{ContentBlock, ToolSchema};
-use crate::sandbox::Policy;
+use crate::sandbox::{PermissionMode, Policy};
 use crate::tools::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// The longest tool description kept, in characters.
+const MAX_DESCRIPTION: usize = 4096;
+
+/// The largest input schema a tool may have, in bytes of JSON.
+const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// One tool of one server.
 pub(crate) struct McpTool {
@@ -39,15 +46,28 @@ pub(crate) struct McpTool {
 }
 
 impl McpTool {
-    pub(crate) fn new(server: Arc<Shared>, t: &rmcp::model::Tool) -> McpTool {
+    /// The tool `t` of `server`; refused when its schema is larger than
+    /// [`MAX_SCHEMA_BYTES`] (it would ride every request). A description
+    /// past [`MAX_DESCRIPTION`] characters is cut.
+    pub(crate) fn new(server: Arc<Shared>, t: &rmcp::model::Tool) -> Result<McpTool, String> {
         let raw = t.name.to_string();
         let public = super::public_name(&server.spec.name, &raw);
-        let description = t
+        let mut description = t
             .description
             .as_deref()
             .map(str::to_owned)
             .or_else(|| t.title.clone())
             .unwrap_or_else(|| format!("Tool {raw} of MCP server {}.", server.spec.name));
+        if let Some((cut, _)) = description.char_indices().nth(MAX_DESCRIPTION) {
+            description.truncate(cut);
+            description.push('…');
+        }
+        let size = serde_json::to_string(&*t.input_schema).map_or(0, |s| s.len());
+        if size > MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "the input schema of its tool {raw:?} is {size} bytes, more than {MAX_SCHEMA_BYTES}"
+            ));
+        }
         let mut parameters = Value::Object((*t.input_schema).clone());
         if let Some(map) = parameters.as_object_mut() {
             map.entry("type").or_insert_with(|| json!("object"));
@@ -65,14 +85,14 @@ impl McpTool {
             .as_ref()
             .and_then(|a| a.read_only_hint)
             .unwrap_or(false);
-        McpTool {
+        Ok(McpTool {
             server,
             raw,
             public,
             description,
             parameters,
             read_only,
-        }
+        })
     }
 
     pub(crate) fn public_name(&self) -> &str {
@@ -91,8 +111,8 @@ impl McpTool {
             && self.read_only == other.read_only
     }
 
-    /// Refuses a call the agent's `policy` does not cover.
-    fn admit(&self, policy: Policy) -> Result<(), ToolError> {
+    /// Refuses a call the agent's `policy` (in `workspace`) does not cover.
+    fn admit(&self, policy: Policy, workspace: &std::path::Path) -> Result<(), ToolError> {
         let spec = &self.server.spec;
         let networked = matches!(spec.transport, Transport::Http { .. }) || spec.policy.network;
         if networked && !policy.network {
@@ -101,6 +121,25 @@ impl McpTool {
                 format!(
                     "MCP server {} reaches the network and this agent may not",
                     spec.name
+                ),
+            ));
+        }
+        // A writing server must write inside the caller's workspace: one
+        // rooted above it (or elsewhere) would let the agent write where
+        // it may not.
+        if let Transport::Stdio { cwd, .. } = &spec.transport
+            && spec.policy.mode == PermissionMode::WorkspaceWrite
+            && policy.mode == PermissionMode::WorkspaceWrite
+            && !self.read_only
+            && !cwd.starts_with(workspace)
+        {
+            return Err(ToolError::new(
+                "DENIED",
+                format!(
+                    "MCP server {} writes under {}, outside this agent's workspace {}; only the tools it marks read-only are open here",
+                    spec.name,
+                    cwd.display(),
+                    workspace.display()
                 ),
             ));
         }
@@ -118,7 +157,7 @@ impl McpTool {
         Ok(())
     }
 
-    fn failure(&self, e: ServiceError) -> ToolError {
+    fn failure(&self, e: ServiceError, number: u32) -> ToolError {
         let name = &self.server.spec.name;
         match e {
             ServiceError::McpError(e) => ToolError::new(
@@ -127,7 +166,7 @@ impl McpTool {
             ),
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
                 let why = format!("the connection to MCP server {name} was lost during the call");
-                self.server.call_lost(e.to_string());
+                self.server.call_lost(number, e.to_string());
                 ToolError::new("UNAVAILABLE", why)
             }
             ServiceError::Timeout { timeout } => ToolError::new(
@@ -274,8 +313,8 @@ impl Tool for McpTool {
         cx: ToolContext,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         async move {
-            self.admit(cx.policy)?;
-            let peer = self
+            self.admit(cx.policy, &cx.cwd)?;
+            let (peer, number) = self
                 .server
                 .peer()
                 .map_err(|e| ToolError::new("UNAVAILABLE", e))?;
@@ -291,7 +330,10 @@ impl Tool for McpTool {
                 }
             }
             let _counted = InFlight::enter(&self.server);
-            let result = peer.call_tool(params).await.map_err(|e| self.failure(e))?;
+            let result = peer
+                .call_tool(params)
+                .await
+                .map_err(|e| self.failure(e, number))?;
             self.output(result, &cx).await
         }
         .boxed()
