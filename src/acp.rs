@@ -154,6 +154,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
         store,
         progress: args.progress,
         sessions: Mutex::default(),
+        opening: Mutex::default(),
         order: Mutex::default(),
         pending: Mutex::default(),
         next_id: AtomicU64::new(0),
@@ -288,6 +289,8 @@ struct Connection {
     /// Send the turn's progress too (`--progress`).
     progress: bool,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Ids of sessions being loaded (not yet in `sessions`).
+    opening: Mutex<std::collections::HashSet<String>>,
     /// Session ids in creation order.
     order: Mutex<Vec<String>>,
     /// Our requests awaiting the client's response.
@@ -363,6 +366,21 @@ impl Connection {
         let result = match method {
             "initialize" => initialize(params, self.loads(), self.images()),
             "authenticate" => Ok(json!({})),
+            // Starting a session's MCP servers can take their connect
+            // timeout: off the frame loop, so cancels, answers and other
+            // sessions go on meanwhile.
+            "session/new" | "session/load" if has_mcp_servers(&params) => {
+                let (conn, method) = (self.clone(), method.to_owned());
+                tasks.spawn(async move {
+                    let result = if method == "session/new" {
+                        conn.new_session(params).await
+                    } else {
+                        conn.load_session(params).await
+                    };
+                    conn.respond(&id, result);
+                });
+                return;
+            }
             "session/new" => self.new_session(params).await,
             "session/load" => self.load_session(params).await,
             "session/prompt" => match self.admit(params).await {
@@ -491,11 +509,19 @@ impl Connection {
         }
         let servers = mcp_specs("session/load", request.mcp_servers, &cwd, self.defaults())?;
         let id = request.session_id.to_string();
-        if lock(&self.sessions).contains_key(&id) {
-            return Err(RpcError::params(format!(
-                "session/load: session `{id}` is already open on this connection"
-            )));
+        {
+            let sessions = lock(&self.sessions);
+            let mut opening = lock(&self.opening);
+            if sessions.contains_key(&id) || !opening.insert(id.clone()) {
+                return Err(RpcError::params(format!(
+                    "session/load: session `{id}` is already open on this connection"
+                )));
+            }
         }
+        let _opening = Opening {
+            set: &self.opening,
+            id: id.clone(),
+        };
         let loaded = store
             .load(&id)
             .map_err(|e| RpcError::params(format!("session/load: {e}")))?;
@@ -897,6 +923,25 @@ fn update(session: &str, kind: &str, text: &str) -> Value {
             "content": {"type": "text", "text": text},
         }},
     })
+}
+
+/// Whether a `session/new` or `session/load` lists MCP servers.
+fn has_mcp_servers(params: &Value) -> bool {
+    params["mcpServers"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty())
+}
+
+/// A session id being loaded, released however the load ends.
+struct Opening<'a> {
+    set: &'a Mutex<std::collections::HashSet<String>>,
+    id: String,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        lock(self.set).remove(&self.id);
+    }
 }
 
 /// A session's `mcpServers`, checked: stdio (an absolute command) and

@@ -1118,3 +1118,45 @@ fn a_session_s_mcp_servers_serve_its_agent_alone() {
     );
     assert!(!second.contains("is 42"), "{second}");
 }
+
+/// Starting a session's MCP servers does not hold the connection: while a
+/// `session/new` waits on a server that accepts and says nothing, another
+/// request is answered; when that server hangs up, the session opens and
+/// its answer says the server is not up (it keeps trying).
+#[test]
+fn a_slow_mcp_server_does_not_hold_the_connection() {
+    let p = place();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Holds the first connection open without a word.
+        if let Ok((conn, _)) = silent.accept() {
+            let _ = held_tx.send(conn);
+        }
+    });
+    let mut raw = Raw::start(&p);
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let server = json!({"type": "http", "name": "silent", "url": format!("http://127.0.0.1:{port}/mcp"), "headers": []});
+    let stdin = raw.stdin.as_mut().unwrap();
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "session/new", "params": {"cwd": p.ws, "mcpServers": [server]}})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    let held = held_rx.recv_timeout(WAIT).expect("the client connects");
+    // Answered while session 2 waits on its server.
+    let other = raw.call(3, "session/new", json!({"cwd": p.ws, "mcpServers": []}));
+    assert_eq!(other.len(), 1, "only the second answer so far: {other:?}");
+    assert!(other[0]["result"]["sessionId"].is_string(), "{other:?}");
+    drop(held);
+    let first = raw.lines.recv_timeout(WAIT).expect("the first answer");
+    assert_eq!(first["id"], 2, "{first}");
+    let state = &first["result"]["_meta"]["dsh"]["mcpServers"][0];
+    assert_eq!(state["name"], "silent", "{first}");
+    assert_ne!(state["state"], "up", "{first}");
+    drop(raw.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
