@@ -336,14 +336,18 @@ async fn a_call_cancelled_mid_flight_is_aborted_and_the_server_goes_on() {
 /// Starts `server`'s long-running operation, waits until the server has
 /// it, cancels it: the call ends `ABORTED` and nothing is left in flight.
 async fn cancel_mid_flight(rt: &Runtime, server: &McpServer, name: &str) {
+    let tool = format!("mcp__{name}__trigger-long-running-operation");
+    let args = json!({"duration": 600, "steps": 600});
+    cancel_call(rt, server, &tool, args).await;
+}
+
+/// Calls `tool`, waits until `server` has the call, cancels it: the call
+/// ends `ABORTED` and nothing is left in flight.
+async fn cancel_call(rt: &Runtime, server: &McpServer, tool: &str, args: Value) {
     let cancel = CancellationToken::new();
     let long = {
-        let (rt, cancel) = (rt.clone(), cancel.clone());
-        let tool = format!("mcp__{name}__trigger-long-running-operation");
-        tokio::spawn(async move {
-            let args = json!({"duration": 600, "steps": 600});
-            call(&rt, &tool, args, Policy::default(), cancel).await
-        })
+        let (rt, cancel, tool) = (rt.clone(), cancel.clone(), tool.to_owned());
+        tokio::spawn(async move { call(&rt, &tool, args, Policy::default(), cancel).await })
     };
     super::until("the call never reached the server", || {
         assert!(!long.is_finished(), "the call ended by itself");
@@ -357,6 +361,42 @@ async fn cancel_mid_flight(rt: &Runtime, server: &McpServer, name: &str) {
         .unwrap();
     assert_eq!(outcome.error.unwrap().code, "ABORTED");
     assert_eq!(server.status().in_flight, 0);
+}
+
+/// Cancelling a call tells the server: it receives
+/// `notifications/cancelled` for the request (the probe server logs each
+/// one), and it goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_is_cancelled_at_the_server_too() {
+    let rt = services().await;
+    let ws = fresh_dir("dsh-mcp-cancel").unwrap().canonicalize().unwrap();
+    let probe = ws.join("probe_server.py");
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/probe_server.py"),
+        &probe,
+    )
+    .unwrap();
+    let entry = json!({
+        "server_name": "probe", "transport": "stdio",
+        "command": "python3", "args": [probe], "cwd": ws
+    });
+    let server = start(&rt, entry).await.unwrap();
+    cancel_call(&rt, &server, "mcp__probe__sleep", json!({"seconds": 600})).await;
+    let log = ws.join("cancelled.log");
+    super::until("the server never heard of the cancel", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| !l.trim().is_empty())
+    })
+    .await;
+    let again = call(
+        &rt,
+        "mcp__probe__sleep",
+        json!({"seconds": 0}),
+        Policy::default(),
+        CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(text(&again), "slept");
+    rt.shutdown().await;
 }
 
 /// A server that cannot start spends its attempt budget, then is `failed`
