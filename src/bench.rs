@@ -115,6 +115,9 @@ enum Bench {
         #[arg(long, default_value_t = 1000)]
         messages: u32,
     },
+    /// Our W1/W2/W3 beside the AutoAgents harness (the Rust peer), in
+    /// interleaved fresh processes: medians and ratios.
+    Compare(crate::compare::CompareArgs),
     /// W2: an orchestrator fans out to K concurrent sub-agents (5-step
     /// worker turns) through the subagent seam; then its tree is torn down.
     W2 {
@@ -194,6 +197,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
             }
             report(workloads::compact(messages).await)
         }
+        Bench::Compare(args) => crate::compare::compare(args).await,
         Bench::W2 { k, processes } => {
             if k == 0 {
                 return Exit::usage("--k must be at least 1");

@@ -20,6 +20,8 @@
 //!   per session (on a model, or on a recording).
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
 //! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
+//! - [`compare`]: `dsh bench compare` — our W1/W2/W3 beside the AutoAgents
+//!   harness in interleaved processes, with ratios.
 //! - [`bench`](mod@bench): `dsh bench …` workloads, printing per-operation
 //!   costs and ratios.
 //!
@@ -37,6 +39,7 @@ pub mod acp;
 pub mod args;
 pub mod bench;
 pub mod catalogue;
+pub mod compare;
 pub mod config;
 pub mod demo;
 pub mod exit;
