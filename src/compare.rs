@@ -1,5 +1,6 @@
 //! `dsh bench compare`: our W1/W2/W3 beside the AutoAgents harness (the
-//! Rust peer, `bench/autoagents` in the shared workspace), in one run.
+//! Rust peer, `bench/autoagents` of the shared workspace beside the
+//! repository), in one run.
 //!
 //! Each cell runs one warm-up process of each side, then `runs` fresh
 //! processes of each, interleaved (ours, theirs, ours, …) so both see the
@@ -18,8 +19,7 @@ use crate::exit::Exit;
 /// `dsh bench compare`: the options.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CompareArgs {
-    /// The AutoAgents harness (default: `$DSH_AUTOAGENTS_DIR`, else
-    /// `../shared/bench/autoagents`)
+    /// The AutoAgents harness directory (default: `$DSH_AUTOAGENTS_DIR`)
     #[arg(long, value_name = "DIR")]
     pub peer: Option<PathBuf>,
     /// Measured processes per side and cell
@@ -87,14 +87,19 @@ fn cells(quick: bool) -> Vec<Cell> {
 
 /// Where the harness is, and its binary (built when missing).
 async fn harness(args: &CompareArgs) -> Result<Option<PathBuf>, BoxError> {
-    let dir = args
+    let Some(dir) = args
         .peer
         .clone()
         .or_else(|| std::env::var_os("DSH_AUTOAGENTS_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("../shared/bench/autoagents"));
+    else {
+        crate::errln!(
+            "dsh bench compare: no AutoAgents harness named (pass --peer DIR, the shared workspace's bench/autoagents, or set DSH_AUTOAGENTS_DIR); our figures alone follow"
+        );
+        return Ok(None);
+    };
     if !dir.join("Cargo.toml").is_file() {
         crate::errln!(
-            "dsh bench compare: no AutoAgents harness at {} (pass --peer DIR or set DSH_AUTOAGENTS_DIR); our figures alone follow",
+            "dsh bench compare: no AutoAgents harness at {} (no Cargo.toml there); our figures alone follow",
             dir.display()
         );
         return Ok(None);
