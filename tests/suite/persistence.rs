@@ -412,7 +412,11 @@ fn the_persist_bench_round_trips_what_it_appends() {
 
 /// Runs a bench that must succeed; its `RESULT` line.
 fn bench_result(args: &[&str]) -> serde_json::Value {
-    let out = dsh().args(args).output().unwrap();
+    let out = dsh()
+        .args(args)
+        .env_remove("DSH_AUTOAGENTS_DIR")
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -424,6 +428,34 @@ fn bench_result(args: &[&str]) -> serde_json::Value {
         .find_map(|l| l.strip_prefix("RESULT "))
         .expect("a RESULT line");
     serde_json::from_str(line).unwrap()
+}
+
+#[test]
+fn the_compare_bench_says_when_it_has_no_peer_and_reports_ours() {
+    // No harness named here: our figures alone, marked so.
+    let result = bench_result(&[
+        "bench", "compare", "--quick", "--runs", "1", "--cells", "w1,w3",
+    ]);
+    assert_eq!(result["peer"], false);
+    let cells = result["cells"].as_array().unwrap();
+    let metrics: Vec<&str> = cells
+        .iter()
+        .map(|c| c["metric"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        metrics,
+        [
+            "us_per_step",
+            "peak_rss_kb",
+            "bytes_per_agent",
+            "us_per_agent"
+        ]
+    );
+    assert!(
+        cells
+            .iter()
+            .all(|c| c["dsh"].as_f64().unwrap() > 0.0 && c["ratio"].is_null())
+    );
 }
 
 #[test]
