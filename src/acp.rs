@@ -998,15 +998,7 @@ fn mcp_specs(
         if specs.iter().any(|s| s.name == name) {
             return Err(at(format!("the name {name:?} is used twice")));
         }
-        specs.push(ServerSpec {
-            name,
-            transport,
-            policy,
-            call_timeout: Duration::from_secs(60),
-            connect_timeout: Duration::from_secs(30),
-            fail_on_startup_error: false,
-            reconnect: Default::default(),
-        });
+        specs.push(ServerSpec::new(name, transport, policy));
     }
     Ok(specs)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Loader, Runtime, RuntimeSettings, Source};
 
-use dsh_services::mcp::{McpServers, ServerStatus, State, TransportKind};
+use dsh_services::mcp::{McpServers, ServerStatus, State};
 
 use crate::catalogue::default_catalogue;
 use crate::exit::{self, Exit};
@@ -130,10 +130,7 @@ fn render_servers(servers: &[ServerStatus]) -> String {
     }
     let mut out = String::new();
     for s in servers {
-        let transport = match s.transport {
-            TransportKind::Stdio => "stdio",
-            TransportKind::StreamableHttp => "streamable-http",
-        };
+        let transport = s.transport.as_str();
         out.push_str(&format!(
             "{}  {transport}  {}  {} tool(s)\n",
             s.name,

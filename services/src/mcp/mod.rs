@@ -177,6 +177,16 @@ pub enum Transport {
     },
 }
 
+impl TransportKind {
+    /// `stdio` or `streamable-http`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportKind::Stdio => "stdio",
+            TransportKind::StreamableHttp => "streamable-http",
+        }
+    }
+}
+
 impl Transport {
     /// `stdio` or `streamable-http`.
     pub fn kind(&self) -> TransportKind {
@@ -225,6 +235,23 @@ pub enum McpError {
         /// What went wrong.
         why: String,
     },
+}
+
+impl ServerSpec {
+    /// A server reached by `transport` under `policy`, with the defaults an
+    /// entry gets when it names none (60 s a call, 30 s to connect, the
+    /// default reconnect budget, no failing at start).
+    pub fn new(name: String, transport: Transport, policy: Policy) -> ServerSpec {
+        ServerSpec {
+            name,
+            transport,
+            policy,
+            call_timeout: Duration::from_millis(default_call_timeout()),
+            connect_timeout: Duration::from_millis(default_connect_timeout()),
+            fail_on_startup_error: false,
+            reconnect: ReconnectConfig::default(),
+        }
+    }
 }
 
 /// Checks a server name: `[A-Za-z0-9_-]{1,32}` without `__`.

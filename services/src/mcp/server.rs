@@ -294,7 +294,7 @@ struct Run {
 struct Forward {
     me: ActorRef<Msg>,
     connection: u32,
-    queued: Arc<Shared>,
+    shared: Arc<Shared>,
 }
 
 impl Watcher for Forward {
@@ -308,7 +308,7 @@ impl Watcher for Forward {
     fn tools_changed(&self) {
         // A flood of notices queues one relist.
         if !self
-            .queued
+            .shared
             .resync_queued
             .swap(true, std::sync::atomic::Ordering::AcqRel)
         {
@@ -392,7 +392,7 @@ impl Run {
         let watcher = Arc::new(Forward {
             me: self.me.clone(),
             connection: number,
-            queued: self.args.shared.clone(),
+            shared: self.args.shared.clone(),
         });
         let spec = self.spec().clone();
         let sandbox = self.args.sandbox.clone();
