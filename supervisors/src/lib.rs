@@ -17,9 +17,9 @@
 //! - [`runtime`]: [`Runtime`] (root fiber, tree, bus, services; ordered
 //!   shutdown) and the core it holds: `runtime::context` ([`Context`], the
 //!   registration handle, and [`Fiber`], [`Scope`], [`Disposer`],
-//!   [`WorkerSpec`]/[`WorkerRef`]), `runtime::plugin` ([`Plugin`],
-//!   [`Catalogue`]), `runtime::fiber` (the fiber actor: load, teardown,
-//!   supervision).
+//!   [`WorkerSpec`]/[`WorkerRef`], [`TaskSpec`]), `runtime::plugin`
+//!   ([`Plugin`], [`Catalogue`]), `runtime::fiber` (the fiber actor: load,
+//!   teardown, supervision; task children, [`TaskRef`]).
 //! - [`registry`]: scoped registrations (tools, prompt sections, routes)
 //!   removed with their owner; [`registry::RegisterError`].
 //! - [`config`]: `cordis.yml` — the YAML layer with line numbers, `${ENV}`
@@ -57,8 +57,9 @@ pub use events::{Bail, Emit, Event, ListenOptions, Next, Parallel, Serial, Targe
 pub use loader::{BootError, Loader, ReloadReport};
 pub use policy::{ChildPolicy, Restart, Shutdown, Strategy, SupervisorSpec};
 pub use runtime::context::{
-    Context, Disposer, Fiber, PluginOptions, Scope, SendError, WorkerRef, WorkerSpec,
+    Context, Disposer, Fiber, PluginOptions, Scope, SendError, TaskSpec, WorkerRef, WorkerSpec,
 };
+pub use runtime::fiber::{TaskEnd, TaskRef};
 pub use runtime::plugin::{Catalogue, Group, Plugin, plugin_fn};
 pub use runtime::{Runtime, RuntimeSettings};
 pub use scope::ScopeKey;

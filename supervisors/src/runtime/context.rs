@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, Message, RpcReplyPort, SupervisionEvent};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::events::{
@@ -21,7 +22,7 @@ use crate::events::{
 use crate::policy::{ChildPolicy, Restart, Shutdown, SupervisorSpec};
 use crate::runtime::Runtime;
 use crate::runtime::fiber::{
-    self, ChildEntry, ChildKind, DisposeFn, FiberShared, LoadSpec, WorkerStart,
+    self, ChildEntry, ChildKind, DisposeFn, FiberShared, LoadSpec, TaskRef, WorkerStart,
 };
 use crate::runtime::plugin::{ErasedPlugin, Plugin, ValidConfig};
 use crate::scope::ScopeKey;
@@ -445,7 +446,7 @@ impl Context {
         let (actor_ref, node) = spawn_counted(self, &kind, &name, actor, args).await?;
         let entry = ChildEntry {
             node: node.clone(),
-            pid: actor_ref.get_id().pid(),
+            pid: Some(actor_ref.get_id().pid()),
             policy,
             kind: ChildKind::Worker {
                 cell: actor_ref.get_cell(),
@@ -460,9 +461,69 @@ impl Context {
         })
     }
 
+    /// Starts one-shot work as a supervised task child of the owning fiber:
+    /// a node in the tree and a cancel signal, without a mailbox (see
+    /// [`TaskSpec`]). `body` gets the signal; its result comes back through
+    /// [`TaskRef::join`]. Refused once the fiber is unloading.
+    pub fn spawn_task<T, F, Fut>(&self, spec: TaskSpec<'_>, body: F) -> Result<TaskRef<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        fiber::spawn_task(
+            &self.rt,
+            &self.fiber,
+            spec.kind,
+            spec.name,
+            spec.shutdown,
+            spec.cancel,
+            body,
+        )
+    }
+
     /// Disposes the owning fiber (see [`Fiber::dispose`]).
     pub async fn dispose(&self) {
         self.fiber().dispose().await
+    }
+}
+
+/// How to start a task child: one-shot work (a tool call, a hook run) that
+/// needs supervision (a tree node, a cancel signal, ordered teardown, panic
+/// isolation) but receives no messages, so it has no mailbox.
+///
+/// Its owner's teardown cancels it, awaits it up to its shutdown budget (5 s
+/// unless changed) and aborts it past that. A panic is caught and reported
+/// as a supervision event; a task is never restarted.
+pub struct TaskSpec<'a> {
+    kind: &'a str,
+    name: String,
+    shutdown: Shutdown,
+    cancel: Option<&'a CancellationToken>,
+}
+
+impl<'a> TaskSpec<'a> {
+    /// A task of `kind` (what it is: `tool`, `hook`) named `name`.
+    pub fn new(kind: &'a str, name: impl Into<String>) -> Self {
+        TaskSpec {
+            kind,
+            name: name.into(),
+            shutdown: ChildPolicy::WORKER.shutdown,
+            cancel: None,
+        }
+    }
+
+    /// Sets the shutdown budget.
+    pub fn shutdown(mut self, shutdown: Shutdown) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// Makes the task's signal a child of `parent`: cancelling `parent`
+    /// cancels the task too.
+    pub fn cancelled_by(mut self, parent: &'a CancellationToken) -> Self {
+        self.cancel = Some(parent);
+        self
     }
 }
 

@@ -3,5 +3,6 @@ mod config;
 mod events;
 mod services;
 mod supervision;
+mod tasks;
 mod teardown;
 mod tree;

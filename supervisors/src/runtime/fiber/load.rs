@@ -166,7 +166,7 @@ pub(crate) async fn spawn_fiber(
     if let Some(p) = parent {
         let entry = ChildEntry {
             node: fiber.node.clone(),
-            pid,
+            pid: Some(pid),
             policy,
             kind: ChildKind::Fiber(fiber.clone()),
         };

@@ -12,7 +12,8 @@
 //! - [`load`]: spawning a fiber, applying its plugin, reloading on service changes;
 //! - [`actor`]: the actor that runs each fiber's messages;
 //! - [`teardown`]: ordered teardown and stopping one node;
-//! - [`supervise`]: restart policies, strategies and intensity.
+//! - [`supervise`]: restart policies, strategies and intensity;
+//! - [`task`]: task children, one-shot work supervised without a mailbox.
 //!
 //! This is the only code that stops or kills another actor (drain, kill,
 //! stop); an actor elsewhere may only end itself.
@@ -20,6 +21,7 @@
 mod actor;
 mod load;
 mod supervise;
+mod task;
 mod teardown;
 
 use std::any::Any;
@@ -41,6 +43,8 @@ use crate::scope::ScopeKey;
 use crate::tree::{Node, Status};
 
 pub(crate) use load::spawn_fiber;
+pub(crate) use task::spawn as spawn_task;
+pub use task::{TaskEnd, TaskRef};
 pub(crate) use teardown::{dispose_effect, shutdown_fiber, stop_node};
 
 pub(crate) enum DisposeFn {
@@ -63,12 +67,13 @@ pub(crate) enum ChildKind {
         cell: ActorCell,
         start: Option<WorkerStart>,
     },
+    Task(Arc<task::TaskShared>),
 }
 
 pub(crate) struct ChildEntry {
     pub node: Arc<Node>,
-    /// The ractor pid, to match supervision events.
-    pub pid: u64,
+    /// The ractor pid, to match supervision events (`None` for a task).
+    pub pid: Option<u64>,
     pub policy: ChildPolicy,
     pub kind: ChildKind,
 }
@@ -309,7 +314,7 @@ impl FiberShared {
         self.lock()
             .children
             .iter()
-            .find(|(_, c)| c.pid == pid)
+            .find(|(_, c)| c.pid == Some(pid))
             .map(|(seq, _)| *seq)
     }
 
@@ -324,6 +329,12 @@ impl FiberShared {
             seq.and_then(|seq| inner.children.remove(&seq))
         };
         // Dropped outside the lock.
+        drop(gone);
+    }
+
+    /// Drops the child recorded at `seq`, if there.
+    fn forget_child_seq(&self, seq: u64) {
+        let gone = self.lock().children.remove(&seq);
         drop(gone);
     }
 

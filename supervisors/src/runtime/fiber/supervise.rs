@@ -29,7 +29,7 @@ pub(super) async fn on_child_exit(
         let c = &failed_entry;
         let child_fiber = match &c.kind {
             ChildKind::Fiber(f) => Some(f.clone()),
-            ChildKind::Worker { .. } => None,
+            ChildKind::Worker { .. } | ChildKind::Task(_) => None,
         };
         (c.node.clone(), c.policy, child_fiber)
     };
@@ -152,7 +152,7 @@ async fn restart_child(
             let (cell, node) = start(ctx).await?;
             let child = ChildEntry {
                 node,
-                pid: cell.get_id().pid(),
+                pid: Some(cell.get_id().pid()),
                 policy: entry.policy,
                 kind: ChildKind::Worker {
                     cell: cell.clone(),
@@ -164,7 +164,8 @@ async fn restart_child(
                 Err(_) => cell.kill(),
             }
         }
-        ChildKind::Worker { start: None, .. } => {}
+        // One-shot work is never started again.
+        ChildKind::Worker { start: None, .. } | ChildKind::Task(_) => {}
     }
     Ok(())
 }

@@ -88,6 +88,7 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
                 rt.tree()
                     .stopped(child.node.info.id, Status::Failed, "killed with its parent");
             }
+            ChildKind::Task(t) => t.abort(rt, "killed with its parent"),
         }
     }
     fiber.lock().effects.clear();
@@ -133,6 +134,10 @@ async fn stop_child(rt: &Runtime, child: &ChildEntry) -> Vec<u64> {
             }
             vec![id]
         }
+        ChildKind::Task(task) => {
+            task.stop(rt, child.policy.shutdown).await;
+            vec![child.node.info.id]
+        }
     }
 }
 
@@ -165,6 +170,7 @@ pub(super) async fn stop_children(
                             cell: cell.clone(),
                             start: start.clone(),
                         },
+                        ChildKind::Task(t) => ChildKind::Task(t.clone()),
                     },
                 )
             })
@@ -201,7 +207,7 @@ fn owner_of(from: &Arc<FiberShared>, id: u64) -> Option<(Arc<FiberShared>, u64)>
             .values()
             .filter_map(|c| match &c.kind {
                 ChildKind::Fiber(f) => Some(f.clone()),
-                ChildKind::Worker { .. } => None,
+                ChildKind::Worker { .. } | ChildKind::Task(_) => None,
             })
             .collect()
     };

@@ -1,0 +1,238 @@
+//! Task children: one-shot work in the tree without a mailbox. Result,
+//! panic as a supervision event, cancel and await in reverse start order on
+//! teardown, abort past the budget, refusal once the owner unloads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh_supervisors::{
+    Context, Fiber, Shutdown, Status, TaskEnd, TaskSpec, TreeChange, WorkerSpec, plugin_fn,
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::common::{Log, Recorder, bounded, runtime, wait_change};
+
+/// A plugin fiber with nothing in it, to own the tasks a test starts.
+async fn owner(rt: &dsh_supervisors::Runtime, name: &str) -> Fiber {
+    rt.root()
+        .plugin(
+            plugin_fn(name.to_owned(), &[], |_ctx: Context| async { Ok(()) }),
+            (),
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_a_tree_node_that_returns_its_result_and_leaves() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let ctx = fiber.context();
+    let release = Arc::new(Notify::new());
+    let gate = release.clone();
+    let task = ctx
+        .spawn_task(
+            TaskSpec::new("tool", "tool/echo#1"),
+            move |_cancel| async move {
+                gate.notified().await;
+                42
+            },
+        )
+        .unwrap();
+    let node = rt.tree().get(task.id()).expect("a live node while it runs");
+    assert_eq!(node.kind, "tool");
+    assert_eq!(node.name, "tool/echo#1");
+    assert_eq!(node.parent, Some(fiber.id()));
+    assert_eq!(fiber.children(), vec![task.id()]);
+
+    let id = task.id();
+    release.notify_one();
+    assert_eq!(bounded("join", task.join()).await, Ok(42));
+    assert!(rt.tree().get(id).is_none(), "the node stopped");
+    let stopped = rt.tree().get_stopped(id).unwrap();
+    assert_eq!(stopped.status, Status::Disposed);
+    assert!(fiber.children().is_empty(), "the owner forgot it");
+    assert_eq!(fiber.status(), Status::Active);
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_task_is_a_supervision_event_and_its_owner_goes_on() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let mut feed = rt.tree().subscribe();
+    let task = fiber
+        .context()
+        .spawn_task(TaskSpec::new("tool", "bomb"), |_cancel| async {
+            tokio::task::yield_now().await;
+            if true {
+                panic!("the tool exploded");
+            }
+        })
+        .unwrap();
+    let id = task.id();
+    let end = bounded("join", task.join()).await;
+    assert_eq!(end, Err(TaskEnd::Panicked("the tool exploded".into())));
+    let change = wait_change(&mut feed, |c| matches!(c, TreeChange::Supervision { .. })).await;
+    let TreeChange::Supervision {
+        supervisor,
+        child,
+        message,
+        action,
+    } = change
+    else {
+        unreachable!()
+    };
+    assert_eq!((supervisor, child), (fiber.id(), id));
+    assert!(message.contains("the tool exploded"), "{message}");
+    assert_eq!(action, "removed");
+    assert_eq!(rt.tree().get_stopped(id).unwrap().status, Status::Failed);
+    assert_eq!(fiber.status(), Status::Active, "the owner is unharmed");
+
+    // It still takes work.
+    let again = fiber
+        .context()
+        .spawn_task(TaskSpec::new("tool", "ok"), |_c| async { "fine" })
+        .unwrap();
+    assert_eq!(bounded("join", again.join()).await, Ok("fine"));
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_cancels_and_awaits_tasks_in_reverse_start_order_among_workers() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let l = log.clone();
+    let started = Arc::new(tokio::sync::Semaphore::new(0));
+    let s = started.clone();
+    let fiber = rt
+        .root()
+        .plugin(
+            plugin_fn("owner", &[], move |ctx: Context| {
+                let log = l.clone();
+                let started = s.clone();
+                async move {
+                    ctx.spawn(WorkerSpec::new("worker", "a", Recorder::new("a", &log), ()))
+                        .await?;
+                    for name in ["t1", "t2"] {
+                        let log = log.clone();
+                        let started = started.clone();
+                        // The handles are dropped: the owner still awaits them.
+                        ctx.spawn_task(TaskSpec::new("tool", name), move |cancel| async move {
+                            started.add_permits(1);
+                            cancel.cancelled().await;
+                            // Work after the cancel, finished before the next sibling stops.
+                            tokio::task::yield_now().await;
+                            log.push(format!("stop {name}"));
+                        })?;
+                    }
+                    ctx.spawn(WorkerSpec::new("worker", "c", Recorder::new("c", &log), ()))
+                        .await?;
+                    Ok(())
+                }
+            }),
+            (),
+        )
+        .await
+        .unwrap();
+    bounded("tasks started", started.acquire_many(2))
+        .await
+        .unwrap()
+        .forget();
+    assert_eq!(fiber.children().len(), 4);
+    let mut feed = rt.tree().subscribe();
+    bounded("dispose", fiber.dispose()).await;
+    let stops: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("stop"))
+        .collect();
+    assert_eq!(stops, ["stop c", "stop t2", "stop t1", "stop a"]);
+    let TreeChange::Teardown { order, .. } =
+        wait_change(&mut feed, |c| matches!(c, TreeChange::Teardown { .. })).await
+    else {
+        unreachable!()
+    };
+    let names: Vec<String> = order
+        .iter()
+        .filter_map(|id| rt.tree().get_stopped(*id))
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, ["c", "t2", "t1", "a", "plugin/owner"]);
+    for id in &order[1..3] {
+        let node = rt.tree().get_stopped(*id).unwrap();
+        assert_eq!(node.status, Status::Disposed, "{} ended in time", node.name);
+    }
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ignores_its_cancel_is_aborted_past_its_budget() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let dropped = CancellationToken::new();
+    let on_drop = dropped.clone().drop_guard();
+    let started = Arc::new(Notify::new());
+    let s = started.clone();
+    let task = fiber
+        .context()
+        .spawn_task(
+            TaskSpec::new("tool", "stuck").shutdown(Shutdown::Timeout(Duration::from_millis(50))),
+            move |_cancel| async move {
+                let _guard = on_drop;
+                s.notify_one();
+                futures::future::pending::<()>().await;
+            },
+        )
+        .unwrap();
+    let id = task.id();
+    bounded("started", started.notified()).await;
+    bounded("dispose", fiber.dispose()).await;
+    assert!(dropped.is_cancelled(), "the aborted body was dropped");
+    assert_eq!(bounded("join", task.join()).await, Err(TaskEnd::Stopped));
+    let node = rt.tree().get_stopped(id).unwrap();
+    assert_eq!(node.status, Status::Failed);
+    assert_eq!(
+        node.stop_reason.as_deref(),
+        Some("aborted after its shutdown budget")
+    );
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_cancelled_with_its_parent_signal_or_by_id_and_refused_once_its_owner_unloads() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let ctx = fiber.context();
+    let turn = CancellationToken::new();
+    let task = ctx
+        .spawn_task(
+            TaskSpec::new("tool", "waits").cancelled_by(&turn),
+            |cancel| async move {
+                cancel.cancelled().await;
+                "saw the cancel"
+            },
+        )
+        .unwrap();
+    turn.cancel();
+    assert_eq!(bounded("join", task.join()).await, Ok("saw the cancel"));
+
+    // Stopped by id from outside (the dashboard's stop): cancelled, awaited.
+    let task = ctx
+        .spawn_task(TaskSpec::new("tool", "stoppable"), |cancel| async move {
+            cancel.cancelled().await;
+            "stopped by id"
+        })
+        .unwrap();
+    let id = task.id();
+    let order = bounded("stop", rt.stop_node(id)).await;
+    assert_eq!(order, Some(vec![id]));
+    assert_eq!(bounded("join", task.join()).await, Ok("stopped by id"));
+    assert!(fiber.children().is_empty());
+
+    bounded("dispose", fiber.dispose()).await;
+    let refused = ctx.spawn_task(TaskSpec::new("tool", "late"), |_c| async {});
+    assert!(refused.is_err(), "a disposed owner takes no tasks");
+    bounded("shutdown", rt.shutdown()).await;
+}
