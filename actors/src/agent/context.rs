@@ -143,7 +143,7 @@ pub(super) fn title(agent: &Agent, me: &Awake) -> Option<(u64, String)> {
 }
 
 /// Asks the route for a title of the session's first prompt, in a
-/// supervised child of the agent's scope (cancelled with it); the answer is
+/// supervised task child of the agent's scope (cancelled with it); the answer is
 /// a `session/title` from the provider, after the fallback.
 pub(super) async fn ask_for_title(agent: &Agent, me: &Awake, seq: u64, prompt: String) {
     let spec = &agent.inner.spec;
@@ -152,22 +152,30 @@ pub(super) async fn ask_for_title(agent: &Agent, me: &Awake, seq: u64, prompt: S
         return;
     }
     let job = TitleJob {
-        agent: agent.downgrade(),
         ctx: me.ctx.clone(),
         llm: me.llm.clone(),
         provider: spec.provider.clone(),
         model: spec.model.clone(),
-        seq,
         prompt,
-        cancel: tokio_util::sync::CancellationToken::new(),
     };
-    let spawned = me
-        .ctx
-        .spawn(dsh_supervisors::WorkerSpec::new(
-            "title", "title", TitleActor, job,
-        ))
-        .await;
-    if let Err(e) = spawned {
+    let weak = agent.downgrade();
+    let spec = dsh_supervisors::TaskSpec::new("title", "title");
+    let started = me.ctx.spawn_task(spec, move |cancel| async move {
+        let asked = tokio::time::timeout(TITLE_WAIT, generate(&job, cancel)).await;
+        if let (Ok(Some(title)), Some(agent)) = (asked, weak.upgrade()) {
+            agent.record(
+                "session/title",
+                json!({
+                    "title": title,
+                    "messageSeqs": [seq],
+                    "source": {"kind": "provider", "provider": "dsh/title",
+                               "model": {"provider": job.provider, "model": job.model}},
+                }),
+            );
+        }
+    });
+    // Nobody waits for the title: the agent's teardown cancels and awaits it.
+    if let Err(e) = started {
         tracing::debug!(agent = %agent.inner.id, "no title request: {e}");
     }
 }
@@ -178,65 +186,17 @@ const TITLE_SYSTEM: &str = "Name the conversation that starts with the user's me
 /// How long a title may take.
 const TITLE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-struct TitleActor;
-
+/// What a title request needs.
 struct TitleJob {
-    agent: super::WeakAgent,
     ctx: dsh_supervisors::Context,
     llm: Arc<dsh_services::llm::LlmRuntime>,
     provider: String,
     model: String,
-    seq: u64,
     prompt: String,
-    cancel: tokio_util::sync::CancellationToken,
-}
-
-impl ractor::Actor for TitleActor {
-    type Msg = ();
-    type State = TitleJob;
-    type Arguments = TitleJob;
-
-    async fn pre_start(
-        &self,
-        _me: ractor::ActorRef<()>,
-        job: TitleJob,
-    ) -> Result<TitleJob, ractor::ActorProcessingErr> {
-        Ok(job)
-    }
-
-    async fn post_start(
-        &self,
-        me: ractor::ActorRef<()>,
-        job: &mut TitleJob,
-    ) -> Result<(), ractor::ActorProcessingErr> {
-        let asked = tokio::time::timeout(TITLE_WAIT, generate(job)).await;
-        if let (Ok(Some(title)), Some(agent)) = (asked, job.agent.upgrade()) {
-            agent.record(
-                "session/title",
-                json!({
-                    "title": title,
-                    "messageSeqs": [job.seq],
-                    "source": {"kind": "provider", "provider": "dsh/title",
-                               "model": {"provider": job.provider, "model": job.model}},
-                }),
-            );
-        }
-        me.stop(None);
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _me: ractor::ActorRef<()>,
-        job: &mut TitleJob,
-    ) -> Result<(), ractor::ActorProcessingErr> {
-        job.cancel.cancel();
-        Ok(())
-    }
 }
 
 /// The model's title, normalized (one line, no quotes, at most 80 chars).
-async fn generate(job: &TitleJob) -> Option<String> {
+async fn generate(job: &TitleJob, cancel: tokio_util::sync::CancellationToken) -> Option<String> {
     use futures::StreamExt;
     let request = dsh_services::llm::LlmRequest {
         provider: job.provider.clone(),
@@ -252,11 +212,7 @@ async fn generate(job: &TitleJob) -> Option<String> {
         session: None,
         purpose: Some("session-title"),
     };
-    let mut stream = job
-        .llm
-        .stream(&job.ctx, request, job.cancel.clone())
-        .await
-        .ok()?;
+    let mut stream = job.llm.stream(&job.ctx, request, cancel).await.ok()?;
     let mut text = String::new();
     while let Some(chunk) = stream.next().await {
         if let dsh_services::llm::StreamChunk::TextDelta { text: t, .. } = chunk.ok()? {

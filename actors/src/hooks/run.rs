@@ -3,8 +3,8 @@
 //! stdin and the secret-free environment plus the dialect's variables.
 //! Its output is read up to a bound while it runs; it is killed (its whole
 //! process group) at its timeout or when the turn or call it serves is
-//! cancelled. Each run is a short-lived supervised worker (kind `hook`)
-//! under the agent's scope, as a tool call is: it shows in the tree, and
+//! cancelled. Each run is a supervised task child (kind `hook`) under the
+//! agent's scope, as a tool call is: it shows in the tree, and
 //! the agent's teardown stops it (and its process) in order.
 
 use std::ffi::OsString;
@@ -14,10 +14,8 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use dsh_services::sandbox::{Launch, Policy, Sandbox};
-use dsh_supervisors::{Context, WorkerSpec};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use dsh_supervisors::{Context, TaskEnd, TaskSpec};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{Command, Ran};
@@ -36,7 +34,7 @@ pub(super) struct Invocation {
     pub cancel: CancellationToken,
 }
 
-/// Runs the hook as a supervised worker under `ctx`'s fiber (`hook/POINT`
+/// Runs the hook as a supervised task child of `ctx`'s fiber (`hook/POINT`
 /// in the tree) and waits for what it did; never fails (a hook that could
 /// not run says why in [`Ran::failure`]).
 pub(super) async fn supervised(
@@ -45,78 +43,29 @@ pub(super) async fn supervised(
     sandbox: Arc<Sandbox>,
     inv: Invocation,
 ) -> Ran {
-    let (tx, rx) = oneshot::channel();
-    let cancel = inv.cancel.child_token();
-    let inv = Invocation { cancel, ..inv };
-    let run = HookRun {
-        sandbox,
-        cancel: inv.cancel.clone(),
-        inv: Some(inv),
-        reply: Some(tx),
+    let spec = TaskSpec::new("hook", format!("hook/{point}")).cancelled_by(&inv.cancel);
+    let started = ctx.spawn_task(spec, move |cancel| async move {
+        // The task's signal: cancelled with the turn or call, and by the
+        // agent's teardown, which then awaits the kill.
+        let inv = Invocation { cancel, ..inv };
+        self::run(&sandbox, inv).await
+    });
+    let ended = match started {
+        Ok(task) => task.join().await,
+        Err(e) => {
+            return Ran {
+                failure: Some(format!("the hook could not be supervised: {e}")),
+                ..Ran::default()
+            };
+        }
     };
-    let name = format!("hook/{point}");
-    if let Err(e) = ctx
-        .spawn(WorkerSpec::new("hook", name, HookExec, run))
-        .await
-    {
-        return Ran {
-            failure: Some(format!("the hook could not be supervised: {e}")),
-            ..Ran::default()
-        };
-    }
-    rx.await.unwrap_or_else(|_| Ran {
-        failure: Some("the hook was stopped before it finished".into()),
+    ended.unwrap_or_else(|end| Ran {
+        failure: Some(match end {
+            TaskEnd::Panicked(m) => format!("running the hook panicked: {m}"),
+            TaskEnd::Stopped => "the hook was stopped before it finished".into(),
+        }),
         ..Ran::default()
     })
-}
-
-/// One hook's actor: runs it once, replies, stops.
-struct HookExec;
-
-struct HookRun {
-    sandbox: Arc<Sandbox>,
-    cancel: CancellationToken,
-    inv: Option<Invocation>,
-    reply: Option<oneshot::Sender<Ran>>,
-}
-
-impl Actor for HookExec {
-    type Msg = ();
-    type State = HookRun;
-    type Arguments = HookRun;
-
-    async fn pre_start(
-        &self,
-        _me: ActorRef<()>,
-        run: HookRun,
-    ) -> Result<HookRun, ActorProcessingErr> {
-        Ok(run)
-    }
-
-    async fn post_start(
-        &self,
-        me: ActorRef<()>,
-        run: &mut HookRun,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some(inv) = run.inv.take() {
-            let ran = self::run(&run.sandbox, inv).await;
-            if let Some(reply) = run.reply.take() {
-                let _ = reply.send(ran);
-            }
-        }
-        me.stop(None);
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _me: ActorRef<()>,
-        run: &mut HookRun,
-    ) -> Result<(), ActorProcessingErr> {
-        // Stopped before finishing (drained by a teardown): kill the hook.
-        run.cancel.cancel();
-        Ok(())
-    }
 }
 
 /// Runs the hook to its end, its timeout or the cancel.
