@@ -271,8 +271,9 @@ impl SessionHandle {
     }
 
     /// Starts the session's actor under `ctx` (a child of the owner's
-    /// fiber); with `store`, committed events are made durable there, the
-    /// session being created by the first write.
+    /// fiber): with `store`, committed events are made durable there, the
+    /// session being created by the first write. Without one, the session
+    /// is only a passive part of the owner in the tree (no actor).
     pub async fn attach(
         &self,
         ctx: &Context,
@@ -298,23 +299,28 @@ impl SessionHandle {
             };
             (log.header().clone(), backlog)
         });
-        let durable = store.is_some();
+        let name = format!("session/{}", short(&self.id));
+        let Some(store) = store else {
+            // Without a store there is nothing to write: the session is a
+            // passive part of its owner in the tree, with no actor behind it
+            // (committed events are not forwarded anywhere).
+            ctx.part("session", name)?;
+            return Ok(());
+        };
         let spec = WorkerSpec::new(
             "session",
-            format!("session/{}", short(&self.id)),
+            name,
             SessionActor,
             SessionArgs {
                 header,
                 backlog,
-                store,
+                store: Some(store),
                 stored,
                 written: self.core.written.clone(),
             },
         );
         let actor = ctx.spawn(spec).await?;
-        // Without a sink the actor has nothing to do per event: committed
-        // events are not forwarded (no mailbox hop on the hot path).
-        if durable && let Ok(mut slot) = self.core.actor.lock() {
+        if let Ok(mut slot) = self.core.actor.lock() {
             *slot = Some(actor);
         }
         Ok(())

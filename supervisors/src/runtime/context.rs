@@ -482,6 +482,52 @@ impl Context {
         )
     }
 
+    /// Registers a passive part of the owning fiber: a node of `kind` in
+    /// the tree, among the fiber's children in start order, with nothing
+    /// running (say, a session that has no store to write). The teardown
+    /// records it stopped in its place; [`Context::drop_part`] removes it
+    /// earlier. Returns the node id. Refused once the fiber is unloading.
+    pub fn part(&self, kind: &str, name: impl Into<String>) -> Result<u64> {
+        let id = self.rt.next_id();
+        let node = self.rt.tree().insert(
+            NodeInfo {
+                id,
+                kind: Arc::from(kind),
+                name: Arc::from(name.into()),
+                parent: Some(self.fiber.id),
+                started_ms: now_ms(),
+            },
+            Status::Active,
+        );
+        let entry = ChildEntry {
+            node,
+            pid: None,
+            policy: ChildPolicy::WORKER,
+            kind: ChildKind::Part,
+        };
+        if self.fiber.add_child(entry).is_err() {
+            self.rt
+                .tree()
+                .stopped(id, Status::Failed, "owner is shutting down");
+            return Err(Error::InactiveFiber {
+                fiber: format!("{}#{}", self.fiber.name(), self.fiber.id),
+                state: self.fiber.status().as_str(),
+            });
+        }
+        Ok(id)
+    }
+
+    /// Removes a part registered with [`Context::part`] (its node stops
+    /// `disposed`); does nothing when it is gone already or `id` is not a
+    /// part of this fiber.
+    pub fn drop_part(&self, id: u64) {
+        if self.fiber.forget_part(id) {
+            self.rt
+                .tree()
+                .stopped(id, Status::Disposed, "removed by its owner");
+        }
+    }
+
     /// Disposes the owning fiber (see [`Fiber::dispose`]).
     pub async fn dispose(&self) {
         self.fiber().dispose().await

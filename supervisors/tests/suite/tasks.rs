@@ -236,3 +236,47 @@ async fn a_task_is_cancelled_with_its_parent_signal_or_by_id_and_refused_once_it
     assert!(refused.is_err(), "a disposed owner takes no tasks");
     bounded("shutdown", rt.shutdown()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passive_part_stops_in_its_place_and_only_parts_can_be_dropped() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let fiber = owner(&rt, "owner").await;
+    let ctx = fiber.context();
+    let a = ctx
+        .spawn(WorkerSpec::new("worker", "a", Recorder::new("a", &log), ()))
+        .await
+        .unwrap();
+    let part = ctx.part("session", "session/x").unwrap();
+    let c = ctx
+        .spawn(WorkerSpec::new("worker", "c", Recorder::new("c", &log), ()))
+        .await
+        .unwrap();
+    assert_eq!(fiber.children(), vec![a.id(), part, c.id()]);
+    assert_eq!(rt.tree().get(part).unwrap().kind, "session");
+
+    // Not a part: left alone.
+    ctx.drop_part(c.id());
+    assert_eq!(fiber.children().len(), 3);
+
+    let mut feed = rt.tree().subscribe();
+    bounded("dispose", fiber.dispose()).await;
+    let TreeChange::Teardown { order, .. } =
+        wait_change(&mut feed, |c| matches!(c, TreeChange::Teardown { .. })).await
+    else {
+        unreachable!()
+    };
+    assert_eq!(order, vec![c.id(), part, a.id(), fiber.id()]);
+    assert_eq!(
+        rt.tree().get_stopped(part).unwrap().status,
+        Status::Disposed
+    );
+
+    // Dropped early: gone from the children and the tree at once.
+    let fiber = owner(&rt, "second").await;
+    let part = fiber.context().part("session", "session/y").unwrap();
+    fiber.context().drop_part(part);
+    assert!(fiber.children().is_empty());
+    assert!(rt.tree().get(part).is_none());
+    bounded("shutdown", rt.shutdown()).await;
+}

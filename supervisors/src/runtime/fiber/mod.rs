@@ -68,6 +68,9 @@ pub(crate) enum ChildKind {
         start: Option<WorkerStart>,
     },
     Task(Arc<task::TaskShared>),
+    /// A passive part of its owner: a node in the tree with nothing running
+    /// (a session with no store to write). Stopping it only records it.
+    Part,
 }
 
 pub(crate) struct ChildEntry {
@@ -330,6 +333,16 @@ impl FiberShared {
         };
         // Dropped outside the lock.
         drop(gone);
+    }
+
+    /// Drops the passive part with node id `id`; false when no part has it
+    /// (another kind of child is never dropped this way).
+    pub fn forget_part(&self, id: u64) -> bool {
+        let mut inner = self.lock();
+        let seq = inner.children.iter().find_map(|(seq, c)| {
+            (c.node.info.id == id && matches!(c.kind, ChildKind::Part)).then_some(*seq)
+        });
+        seq.and_then(|seq| inner.children.remove(&seq)).is_some()
     }
 
     /// Drops the child recorded at `seq`, if there.

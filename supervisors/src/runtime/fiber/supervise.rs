@@ -29,7 +29,7 @@ pub(super) async fn on_child_exit(
         let c = &failed_entry;
         let child_fiber = match &c.kind {
             ChildKind::Fiber(f) => Some(f.clone()),
-            ChildKind::Worker { .. } | ChildKind::Task(_) => None,
+            ChildKind::Worker { .. } | ChildKind::Task(_) | ChildKind::Part => None,
         };
         (c.node.clone(), c.policy, child_fiber)
     };
@@ -165,7 +165,7 @@ async fn restart_child(
             }
         }
         // One-shot work is never started again.
-        ChildKind::Worker { start: None, .. } | ChildKind::Task(_) => {}
+        ChildKind::Worker { start: None, .. } | ChildKind::Task(_) | ChildKind::Part => {}
     }
     Ok(())
 }

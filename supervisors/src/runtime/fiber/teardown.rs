@@ -89,6 +89,10 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
                     .stopped(child.node.info.id, Status::Failed, "killed with its parent");
             }
             ChildKind::Task(t) => t.abort(rt, "killed with its parent"),
+            ChildKind::Part => {
+                rt.tree()
+                    .stopped(child.node.info.id, Status::Failed, "killed with its parent");
+            }
         }
     }
     fiber.lock().effects.clear();
@@ -138,6 +142,14 @@ async fn stop_child(rt: &Runtime, child: &ChildEntry) -> Vec<u64> {
             task.stop(rt, child.policy.shutdown).await;
             vec![child.node.info.id]
         }
+        ChildKind::Part => {
+            rt.tree().stopped(
+                child.node.info.id,
+                Status::Disposed,
+                "stopped with its owner",
+            );
+            vec![child.node.info.id]
+        }
     }
 }
 
@@ -171,6 +183,7 @@ pub(super) async fn stop_children(
                             start: start.clone(),
                         },
                         ChildKind::Task(t) => ChildKind::Task(t.clone()),
+                        ChildKind::Part => ChildKind::Part,
                     },
                 )
             })
@@ -207,7 +220,7 @@ fn owner_of(from: &Arc<FiberShared>, id: u64) -> Option<(Arc<FiberShared>, u64)>
             .values()
             .filter_map(|c| match &c.kind {
                 ChildKind::Fiber(f) => Some(f.clone()),
-                ChildKind::Worker { .. } | ChildKind::Task(_) => None,
+                ChildKind::Worker { .. } | ChildKind::Task(_) | ChildKind::Part => None,
             })
             .collect()
     };
