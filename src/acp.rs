@@ -853,7 +853,7 @@ fn frames_of(session: &str, data: &EventData, progress: bool) -> Vec<Value> {
             ..
         } if progress => {
             let input: Value = serde_json::from_str(arguments)
-                .unwrap_or_else(|_| Value::String(arguments.clone()));
+                .unwrap_or_else(|_| Value::String(arguments.to_string()));
             vec![notify(json!({
                 "sessionUpdate": "tool_call",
                 "toolCallId": call_id,

@@ -1444,7 +1444,7 @@ pub async fn persist(events: u64, backend: &str) -> Result<serde_json::Value, Bo
                 EventData::AssistantChunk {
                     turn: 1,
                     step: 1,
-                    chunk,
+                    chunk: Box::new(chunk),
                 },
                 None,
             )?;

@@ -181,44 +181,36 @@ fn observe(agent: &Agent, json: bool, quiet: bool, spinner: Option<Arc<AtomicU8>
             }
             _ => {}
         }
-        let was_reasoning = match &e.data {
-            EventData::AssistantChunk {
-                chunk: StreamChunk::ReasoningDelta { .. },
-                ..
-            } => reasoning.load(Ordering::Relaxed),
-            _ => reasoning.swap(false, Ordering::Relaxed),
+        let chunk = match &e.data {
+            EventData::AssistantChunk { chunk, .. } => Some(&**chunk),
+            _ => None,
         };
-        if was_reasoning
-            && !matches!(
-                &e.data,
-                EventData::AssistantChunk {
-                    chunk: StreamChunk::ReasoningDelta { .. },
-                    ..
-                }
-            )
-        {
+        let in_reasoning = matches!(chunk, Some(StreamChunk::ReasoningDelta { .. }));
+        let was_reasoning = if in_reasoning {
+            reasoning.load(Ordering::Relaxed)
+        } else {
+            reasoning.swap(false, Ordering::Relaxed)
+        };
+        if was_reasoning && !in_reasoning {
             // The reasoning is over: its own line ends.
             crate::errln!("{}", if dim { "\x1b[0m" } else { "" });
         }
-        match &e.data {
-            EventData::AssistantChunk {
-                chunk: StreamChunk::ReasoningDelta { text, .. },
-                ..
-            } if !quiet => {
+        match chunk {
+            Some(StreamChunk::ReasoningDelta { text, .. }) if !quiet => {
                 phase(&spinner, IDLE);
                 if !reasoning.swap(true, Ordering::Relaxed) && dim {
                     crate::err!("\x1b[2m");
                 }
                 crate::err!("{text}");
             }
-            EventData::AssistantChunk {
-                chunk: StreamChunk::TextDelta { text, .. },
-                ..
-            } => {
+            Some(StreamChunk::TextDelta { text, .. }) => {
                 phase(&spinner, IDLE);
                 crate::out!("{text}");
                 let _ = std::io::stdout().flush();
             }
+            _ => {}
+        }
+        match &e.data {
             EventData::AssistantMessage { .. } => {
                 let _ = std::io::stdout().flush();
             }

@@ -173,7 +173,7 @@ impl Approval {
             }
             let _ = s.append_log_only(EventData::Other {
                 kind: std::sync::Arc::from("approval/asked"),
-                data: asked,
+                data: Box::new(asked),
             });
         }
         let outcome = tokio::select! {
@@ -183,7 +183,7 @@ impl Approval {
         if let Some(s) = &session {
             let _ = s.append_log_only(EventData::Other {
                 kind: std::sync::Arc::from("approval/decided"),
-                data: serde_json::json!({"id": id, "outcome": outcome.as_str()}),
+                data: Box::new(serde_json::json!({"id": id, "outcome": outcome.as_str()})),
             });
         }
         outcome

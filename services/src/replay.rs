@@ -77,10 +77,9 @@ impl ReplayModel {
         let mut calls = 0usize;
         for e in events {
             match &e.as_ref().data {
-                EventData::TurnEnd {
-                    reason: TurnEndReason::Aborted { .. },
-                    ..
-                } if answered => {
+                EventData::TurnEnd { reason, .. }
+                    if answered && matches!(**reason, TurnEndReason::Aborted { .. }) =>
+                {
                     // Aborted after a whole answer: the cancel came while
                     // its tool calls ran.
                     if let Some(RecordedStep::Answer {
@@ -96,10 +95,11 @@ impl ReplayModel {
                     }
                 }
                 EventData::StepStart { .. } => (answered, cut) = (false, false),
-                EventData::AssistantChunk {
-                    chunk: StreamChunk::Finish { reason, .. },
-                    ..
-                } => cut = *reason == FinishReason::MaxTokens,
+                EventData::AssistantChunk { chunk, .. } => {
+                    if let StreamChunk::Finish { reason, .. } = &**chunk {
+                        cut = *reason == FinishReason::MaxTokens;
+                    }
+                }
                 EventData::AssistantMessage {
                     message,
                     interrupted: true,
@@ -120,15 +120,16 @@ impl ReplayModel {
                     calls += message.tool_calls().count();
                     steps.push(RecordedStep::Answer {
                         blocks: message.content.clone(),
-                        usage: *usage,
+                        usage: usage.as_deref().copied(),
                         cut,
                         cancelled_in_tools: None,
                     });
                 }
-                EventData::TurnEnd {
-                    reason: TurnEndReason::Error { error },
-                    ..
-                } if !answered => steps.push(RecordedStep::Failed(error.as_ref().clone())),
+                EventData::TurnEnd { reason, .. } if !answered => {
+                    if let TurnEndReason::Error { error } = &**reason {
+                        steps.push(RecordedStep::Failed(error.as_ref().clone()));
+                    }
+                }
                 _ => {}
             }
         }

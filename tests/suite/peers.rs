@@ -258,9 +258,9 @@ fn worked(examples: &[Example]) -> Vec<dsh::services::session::SessionEvent> {
                 EventData::ToolCall {
                     turn,
                     step: 1,
-                    call_id: id.clone(),
+                    call_id: id.as_str().into(),
                     name: ex.tool.into(),
-                    arguments: arguments.clone(),
+                    arguments: arguments.as_str().into(),
                 },
                 None,
             ),
@@ -299,7 +299,7 @@ fn worked(examples: &[Example]) -> Vec<dsh::services::session::SessionEvent> {
             (
                 EventData::TurnEnd {
                     turn,
-                    reason: TurnEndReason::Completed,
+                    reason: Box::new(TurnEndReason::Completed),
                 },
                 None,
             ),
@@ -372,7 +372,7 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
         .find_map(|e| match &e.data {
             EventData::ToolCall {
                 name, arguments, ..
-            } => Some((name.clone(), arguments.clone())),
+            } => Some((name.to_string(), arguments.to_string())),
             _ => None,
         })
         .expect("the model called a tool");

@@ -233,7 +233,7 @@ fn killed_mid_turn_and_resumed(backend: Backend) {
     let ends: Vec<(u32, TurnEndReason)> = events
         .iter()
         .filter_map(|e| match &e.data {
-            EventData::TurnEnd { turn, reason } => Some((*turn, reason.clone())),
+            EventData::TurnEnd { turn, reason } => Some((*turn, (**reason).clone())),
             _ => None,
         })
         .collect();
@@ -248,7 +248,7 @@ fn killed_mid_turn_and_resumed(backend: Backend) {
     let calls: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.data {
-            EventData::ToolCall { call_id, .. } => Some(call_id.clone()),
+            EventData::ToolCall { call_id, .. } => Some(call_id.to_string()),
             _ => None,
         })
         .collect();

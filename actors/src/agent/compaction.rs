@@ -163,7 +163,7 @@ pub(super) async fn compact(
         agent,
         EventData::Other {
             kind: "compaction/start".into(),
-            data: json!({"turn": turn}),
+            data: Box::new(json!({"turn": turn})),
         },
         None,
     );
@@ -180,7 +180,7 @@ pub(super) async fn compact(
         agent,
         EventData::Other {
             kind: "compaction/end".into(),
-            data: end,
+            data: Box::new(end),
         },
         None,
     );
@@ -249,7 +249,7 @@ fn replace(
         agent,
         EventData::Other {
             kind: "compaction/summary".into(),
-            data: json!({
+            data: Box::new(json!({
                 "summary": text,
                 "shadowedRange": {"start": first, "end": last},
                 "shadowedSeqs": shadowed,
@@ -258,7 +258,7 @@ fn replace(
                 "model": spec.model,
                 "maxTokens": SUMMARY_MAX_TOKENS,
                 "usage": usage,
-            }),
+            })),
         },
         None,
     );

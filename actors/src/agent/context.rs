@@ -135,7 +135,9 @@ pub(super) fn title(agent: &Agent, me: &Awake) -> Option<(u64, String)> {
         agent,
         EventData::Other {
             kind: Arc::from("session/title"),
-            data: json!({"title": title, "messageSeqs": [seq], "source": {"kind": "fallback"}}),
+            data: Box::new(
+                json!({"title": title, "messageSeqs": [seq], "source": {"kind": "fallback"}}),
+            ),
         },
         None,
     );

@@ -215,7 +215,7 @@ pub(super) async fn run_turn(
         agent,
         EventData::TurnEnd {
             turn,
-            reason: reason.clone(),
+            reason: Box::new(reason.clone()),
         },
         None,
     );

@@ -109,7 +109,7 @@ impl Agent {
             inserted: inserted.to_vec(),
             outcome: None,
         };
-        log_append(self, EventData::InboxSpliced(splice), None);
+        log_append(self, EventData::InboxSpliced(Box::new(splice)), None);
     }
 
     /// Adds a message to the running turn at its next step (a new turn when

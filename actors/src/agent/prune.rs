@@ -70,11 +70,11 @@ pub(super) fn prune_surface(agent: &Agent) -> usize {
             agent,
             EventData::Other {
                 kind: "compaction/prune".into(),
-                data: json!({
+                data: Box::new(json!({
                     "shadowedRange": {"start": seq, "end": seq},
                     "shadowedSeqs": [seq],
                     "shadowedTokenCount": price(&original),
-                }),
+                })),
             },
             None,
         );

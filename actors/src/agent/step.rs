@@ -203,7 +203,7 @@ fn log_envelope(at: At<'_>, header: &Arc<serde_json::Value>, context_window: Opt
         .session
         .with_log(|log| log.request_context() != Some(&route));
     if differs {
-        at.log(EventData::RequestContext(route), None);
+        at.log(EventData::RequestContext(Box::new(route)), None);
     }
 }
 
@@ -247,7 +247,14 @@ async fn stream(
                 assembler.push(&chunk);
                 let done = matches!(chunk, StreamChunk::Finish { .. });
                 let (turn, step) = (at.turn, at.step);
-                if let Some(seq) = at.log(EventData::AssistantChunk { turn, step, chunk }, None) {
+                if let Some(seq) = at.log(
+                    EventData::AssistantChunk {
+                        turn,
+                        step,
+                        chunk: Box::new(chunk),
+                    },
+                    None,
+                ) {
                     chunk_seqs.push(seq);
                 }
                 if done {
@@ -278,7 +285,7 @@ async fn stream(
             turn: at.turn,
             step: at.step,
             message: message.clone(),
-            usage: assembler.usage(),
+            usage: assembler.usage().map(Box::new),
             interrupted: false,
         },
         Some(SurfaceIntent::append_citing(chunk_seqs)),
@@ -298,9 +305,9 @@ async fn run_calls(at: At<'_>, calls: &[ToolCall], token: &CancellationToken) {
                 EventData::ToolCall {
                     turn: at.turn,
                     step: at.step,
-                    call_id: c.id.clone(),
-                    name: c.name.clone(),
-                    arguments: c.arguments.clone(),
+                    call_id: c.id.as_str().into(),
+                    name: c.name.as_str().into(),
+                    arguments: c.arguments.as_str().into(),
                 },
                 None,
             )
@@ -357,11 +364,13 @@ fn log_result(at: At<'_>, call: &ToolCall, outcome: PipelineOutcome, cited: Opti
             turn: at.turn,
             step: at.step,
             message: Arc::new(message),
-            error: outcome.error.map(|e| dsh_services::session::ToolErrorId {
-                name: "ToolError".into(),
-                code: e.code,
+            error: outcome.error.map(|e| {
+                Box::new(dsh_services::session::ToolErrorId {
+                    name: "ToolError".into(),
+                    code: e.code,
+                })
             }),
-            meta: outcome.meta,
+            meta: outcome.meta.map(Box::new),
         },
         Some(SurfaceIntent {
             surface_op: dsh_services::session::SurfaceOp::Append,
@@ -396,7 +405,7 @@ fn keep_interrupted(
             turn,
             step,
             message: Arc::new(message),
-            usage: assembler.usage(),
+            usage: assembler.usage().map(Box::new),
             interrupted: true,
         },
         Some(SurfaceIntent::append_citing(chunk_seqs)),

@@ -942,7 +942,7 @@ impl Subagents {
 
 fn descriptor(events: &[SessionEvent]) -> Option<&Value> {
     events.iter().rev().find_map(|e| match &e.data {
-        EventData::Other { kind, data } if &**kind == "subagent/descriptor" => Some(data),
+        EventData::Other { kind, data } if &**kind == "subagent/descriptor" => Some(&**data),
         _ => None,
     })
 }
@@ -1114,15 +1114,17 @@ async fn compose(
     spec.opening = vec![
         EventData::Other {
             kind: Arc::from("approval/policy"),
-            data: json!({"policy": policy, "source": "delegation"}),
+            data: Box::new(json!({"policy": policy, "source": "delegation"})),
         },
         EventData::Other {
             kind: Arc::from("sandbox/mode"),
-            data: json!({"mode": mode.mode, "network": mode.network, "source": "delegation"}),
+            data: Box::new(
+                json!({"mode": mode.mode, "network": mode.network, "source": "delegation"}),
+            ),
         },
         EventData::Other {
             kind: Arc::from("subagent/descriptor"),
-            data: descriptor,
+            data: Box::new(descriptor),
         },
     ];
     if let Some(seed) = provider.seed(&request.parent)? {

@@ -266,10 +266,8 @@ async fn cancel_mid_stream_keeps_the_delivered_prefix_as_interrupted() {
     let seen = Arc::new(tokio::sync::Notify::new());
     let s = seen.clone();
     agent.session().observe(Arc::new(move |e| {
-        if let EventData::AssistantChunk {
-            chunk: StreamChunk::TextDelta { .. },
-            ..
-        } = &e.data
+        if let EventData::AssistantChunk { chunk, .. } = &e.data
+            && matches!(**chunk, StreamChunk::TextDelta { .. })
         {
             s.notify_one();
         }
@@ -492,7 +490,7 @@ async fn the_pipeline_runs_in_order_and_approval_fails_closed() {
         .iter()
         .filter_map(|e| match &e.data {
             EventData::Other { kind, data } if kind.starts_with("approval/") => {
-                Some((kind.to_string(), data.clone()))
+                Some((kind.to_string(), (**data).clone()))
             }
             _ => None,
         })
@@ -543,11 +541,8 @@ async fn disposing_mid_turn_drains_the_subtree_and_writes_the_turn_end() {
     tokio::time::timeout(WAIT, agent.dispose()).await.unwrap();
     assert_eq!(agent.status(), Status::Disposed);
     assert!(matches!(
-        agent.session().events().last().unwrap().data,
-        EventData::TurnEnd {
-            reason: TurnEndReason::Aborted { .. },
-            ..
-        }
+        &agent.session().events().last().unwrap().data,
+        EventData::TurnEnd { reason, .. } if matches!(**reason, TurnEndReason::Aborted { .. })
     ));
     assert!(
         agent

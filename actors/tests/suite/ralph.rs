@@ -116,7 +116,7 @@ async fn completion_blocked_cap_and_completion_on_the_last_round() {
         .events()
         .iter()
         .filter_map(|e| match &e.data {
-            EventData::Other { kind, data } if &**kind == "ralph/round" => Some(data.clone()),
+            EventData::Other { kind, data } if &**kind == "ralph/round" => Some((**data).clone()),
             _ => None,
         })
         .collect();

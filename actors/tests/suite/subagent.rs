@@ -89,7 +89,7 @@ fn last_turn_end(agent: &Agent) -> Option<TurnEndReason> {
         .iter()
         .rev()
         .find_map(|e| match &e.data {
-            EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+            EventData::TurnEnd { reason, .. } => Some((**reason).clone()),
             _ => None,
         })
 }
@@ -467,7 +467,7 @@ async fn fork_seeds_the_completed_turns_and_filters_personas_and_policy_shape_th
     assert_eq!(header.parent_session.as_deref(), Some(parent.id()));
     // The child cannot ask the human (the harness's policy is `ask`).
     let policy = child.session().events().iter().find_map(|e| match &e.data {
-        EventData::Other { kind, data } if &**kind == "approval/policy" => Some(data.clone()),
+        EventData::Other { kind, data } if &**kind == "approval/policy" => Some((**data).clone()),
         _ => None,
     });
     assert_eq!(

@@ -347,7 +347,7 @@ async fn cancelling_mid_run_aborts_the_children_and_frees_the_subtree() {
             .iter()
             .rev()
             .find_map(|e| match &e.data {
-                EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+                EventData::TurnEnd { reason, .. } => Some((**reason).clone()),
                 _ => None,
             });
         assert!(

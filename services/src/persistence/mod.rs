@@ -711,7 +711,7 @@ fn synthetic(
         data,
         ignorable: false,
         surface_op: surface.then_some(SurfaceOp::Append),
-        source_event_seqs: cites,
+        source_event_seqs: cites.map(Vec::into_boxed_slice),
     }
 }
 
@@ -737,7 +737,7 @@ pub fn repair(events: &mut Vec<SessionEvent>) -> Vec<String> {
                 turn,
                 step,
                 ..
-            } => calls.push((e.seq, call_id.clone(), *turn, *step)),
+            } => calls.push((e.seq, call_id.to_string(), *turn, *step)),
             EventData::ToolResult { message, .. } => {
                 for b in &message.content {
                     if let ContentBlock::ToolResult { tool_call_id, .. } = b {
@@ -777,10 +777,10 @@ pub fn repair(events: &mut Vec<SessionEvent>) -> Vec<String> {
                 turn: t,
                 step: s,
                 message: Arc::new(message),
-                error: Some(ToolErrorId {
+                error: Some(Box::new(ToolErrorId {
                     name: "Interrupted".into(),
                     code: "TOOL_OUTCOME_UNKNOWN".into(),
-                }),
+                })),
                 meta: None,
             },
             true,
@@ -807,7 +807,7 @@ pub fn repair(events: &mut Vec<SessionEvent>) -> Vec<String> {
         time,
         EventData::TurnEnd {
             turn,
-            reason: TurnEndReason::Interrupted,
+            reason: Box::new(TurnEndReason::Interrupted),
         },
         false,
         None,

@@ -43,8 +43,8 @@ pub fn shape(events: &[impl AsRef<SessionEvent>]) -> Vec<TurnShape> {
             } => {
                 if let Some(t) = out.last_mut() {
                     let args = serde_json::from_str(arguments)
-                        .unwrap_or_else(|_| Value::String(arguments.clone()));
-                    t.calls.push((name.clone(), args));
+                        .unwrap_or_else(|_| Value::String(arguments.to_string()));
+                    t.calls.push((name.to_string(), args));
                 }
             }
             EventData::AssistantMessage { message, .. } => {

@@ -174,7 +174,7 @@ pub enum EventData {
         /// Turn number.
         turn: u32,
         /// Why it ended.
-        reason: TurnEndReason,
+        reason: Box<TurnEndReason>,
     },
     /// `step/start`.
     StepStart {
@@ -199,7 +199,7 @@ pub enum EventData {
         /// Step number.
         step: u32,
         /// The chunk.
-        chunk: StreamChunk,
+        chunk: Box<StreamChunk>,
     },
     /// `assistant/message` (surface): the assembled answer of one step.
     AssistantMessage {
@@ -210,7 +210,7 @@ pub enum EventData {
         /// The message.
         message: Arc<Message>,
         /// Token accounting of the step.
-        usage: Option<TokenUsage>,
+        usage: Option<Box<TokenUsage>>,
         /// The delivered prefix of a cancelled stream.
         interrupted: bool,
     },
@@ -221,11 +221,11 @@ pub enum EventData {
         /// Step number.
         step: u32,
         /// Call id.
-        call_id: String,
+        call_id: Box<str>,
         /// Tool name.
-        name: String,
+        name: Box<str>,
         /// Raw JSON arguments.
-        arguments: String,
+        arguments: Box<str>,
     },
     /// `tool/result` (surface).
     ToolResult {
@@ -236,9 +236,9 @@ pub enum EventData {
         /// The user-role message with one `tool-result` block.
         message: Arc<Message>,
         /// Failure identity, for failed calls.
-        error: Option<ToolErrorId>,
+        error: Option<Box<ToolErrorId>>,
         /// Tool-private presentation data.
-        meta: Option<Value>,
+        meta: Option<Box<Value>>,
     },
     /// `todo/write`: whole-list snapshot.
     TodoWrite {
@@ -253,17 +253,17 @@ pub enum EventData {
         reason: String,
     },
     /// `request/context`: route metadata.
-    RequestContext(RequestContext),
+    RequestContext(Box<RequestContext>),
     /// `session/end-seed`: the end of a constructor seed.
     EndSeed,
     /// `agent/inbox/spliced`: one mutation of the agent's pending prompts.
-    InboxSpliced(InboxSplice),
+    InboxSpliced(Box<InboxSplice>),
     /// Any other type, payload verbatim.
     Other {
         /// The event type.
         kind: Arc<str>,
         /// The payload.
-        data: Value,
+        data: Box<Value>,
     },
 }
 
@@ -512,7 +512,7 @@ impl EventData {
                 let t: TurnEnd = parse(data)?;
                 EventData::TurnEnd {
                     turn: t.turn,
-                    reason: t.reason.into_owned(),
+                    reason: Box::new(t.reason.into_owned()),
                 }
             }
             "step/start" | "step/end" => {
@@ -539,7 +539,7 @@ impl EventData {
                 EventData::AssistantChunk {
                     turn: c.turn,
                     step: c.step,
-                    chunk: c.chunk.into_owned(),
+                    chunk: Box::new(c.chunk.into_owned()),
                 }
             }
             "assistant/message" => {
@@ -557,7 +557,7 @@ impl EventData {
                     turn: a.turn,
                     step: a.step,
                     message: Arc::new(a.message.into_owned()),
-                    usage: a.usage,
+                    usage: a.usage.map(Box::new),
                     interrupted: a.interrupted.unwrap_or(false),
                 }
             }
@@ -566,9 +566,9 @@ impl EventData {
                 EventData::ToolCall {
                     turn: c.turn,
                     step: c.step,
-                    call_id: c.call_id.into_owned(),
-                    name: c.name.into_owned(),
-                    arguments: c.arguments.into_owned(),
+                    call_id: c.call_id.into(),
+                    name: c.name.into(),
+                    arguments: c.arguments.into(),
                 }
             }
             "tool/result" => {
@@ -578,8 +578,8 @@ impl EventData {
                     turn: r.turn,
                     step: r.step,
                     message: Arc::new(r.message.into_owned()),
-                    error: r.error.map(Cow::into_owned),
-                    meta: r.meta.map(Cow::into_owned),
+                    error: r.error.map(|e| Box::new(e.into_owned())),
+                    meta: r.meta.map(|m| Box::new(m.into_owned())),
                 }
             }
             "todo/write" => EventData::TodoWrite {
@@ -602,7 +602,7 @@ impl EventData {
             "agent/inbox/spliced" => EventData::InboxSpliced(parse(data)?),
             other => EventData::Other {
                 kind: Arc::from(other),
-                data: data.into_value()?,
+                data: Box::new(data.into_value()?),
             },
         })
     }
@@ -646,7 +646,7 @@ impl Serialize for EventData {
                 turn: *turn,
                 step: *step,
                 message: Cow::Borrowed(message),
-                usage: *usage,
+                usage: usage.as_deref().copied(),
                 interrupted: interrupted.then_some(true),
             }
             .serialize(s),
@@ -674,8 +674,8 @@ impl Serialize for EventData {
                 turn: *turn,
                 step: *step,
                 message: Cow::Borrowed(message),
-                error: error.as_ref().map(Cow::Borrowed),
-                meta: meta.as_ref().map(Cow::Borrowed),
+                error: error.as_deref().map(Cow::Borrowed),
+                meta: meta.as_deref().map(Cow::Borrowed),
             }
             .serialize(s),
             EventData::TodoWrite { todos } => Todos {
@@ -709,7 +709,7 @@ pub struct SessionEvent {
     /// How a surface event joined the surface.
     pub surface_op: Option<SurfaceOp>,
     /// Earlier events this one cites.
-    pub source_event_seqs: Option<Vec<u64>>,
+    pub source_event_seqs: Option<Box<[u64]>>,
 }
 
 impl SessionEvent {
@@ -769,5 +769,26 @@ impl Serialize for SessionEvent {
 impl AsRef<SessionEvent> for SessionEvent {
     fn as_ref(&self) -> &SessionEvent {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EventData, SessionEvent};
+
+    /// An agent keeps every event of its log in memory (~10 per step), so
+    /// the common event stays small: rare or large payloads are boxed.
+    #[test]
+    fn an_event_fits_in_128_bytes() {
+        assert!(
+            size_of::<EventData>() <= 64,
+            "EventData is {} bytes",
+            size_of::<EventData>()
+        );
+        assert!(
+            size_of::<SessionEvent>() <= 128,
+            "SessionEvent is {} bytes",
+            size_of::<SessionEvent>()
+        );
     }
 }

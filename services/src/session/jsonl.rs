@@ -234,7 +234,7 @@ fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEve
         data,
         ignorable,
         surface_op: envelope.surface_op,
-        source_event_seqs: envelope.source_event_seqs,
+        source_event_seqs: envelope.source_event_seqs.map(Vec::into_boxed_slice),
     })
 }
 
@@ -340,7 +340,7 @@ fn expand(
             data: EventData::AssistantChunk {
                 turn: p.turn,
                 step: p.step,
-                chunk,
+                chunk: Box::new(chunk),
             },
             ignorable: false,
             surface_op: None,

@@ -227,7 +227,7 @@ impl SessionLog {
             data,
             ignorable: false,
             surface_op,
-            source_event_seqs,
+            source_event_seqs: source_event_seqs.map(Vec::into_boxed_slice),
         };
         self.admit(event)
     }
@@ -311,7 +311,7 @@ impl SessionLog {
         }
         match &event.data {
             EventData::RequestHeader { header, .. } => self.request_header = Some(header.clone()),
-            EventData::RequestContext(c) => self.request_context = Some(c.clone()),
+            EventData::RequestContext(c) => self.request_context = Some((**c).clone()),
             _ => {}
         }
         let event = Arc::new(event);

@@ -47,7 +47,7 @@ fn session(
             EventData::ToolCall {
                 turn,
                 step: 1,
-                call_id: format!("call-{turn}"),
+                call_id: format!("call-{turn}").into(),
                 name: "echo".into(),
                 arguments: "{\"text\":\"hi\"}".into(),
             },
@@ -61,7 +61,7 @@ fn session(
             &mut log,
             EventData::TurnEnd {
                 turn,
-                reason: TurnEndReason::Completed,
+                reason: Box::new(TurnEndReason::Completed),
             },
             None,
         );
@@ -121,7 +121,7 @@ fn contract(store: &dyn SessionPersistence) {
         "{backend}: repairs"
     );
     match &loaded.events.last().unwrap().data {
-        EventData::TurnEnd { turn: 2, reason } => assert_eq!(*reason, TurnEndReason::Interrupted),
+        EventData::TurnEnd { turn: 2, reason } => assert_eq!(**reason, TurnEndReason::Interrupted),
         other => panic!("{backend}: last event {other:?}"),
     }
     assert_eq!(store.read_from(&h2.id, 0).unwrap().len(), cut.len());

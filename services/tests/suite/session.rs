@@ -58,7 +58,7 @@ fn text_turn(log: &mut SessionLog, turn: u32, prompt: &str, answer: &str) -> u64
     log.append(
         EventData::TurnEnd {
             turn,
-            reason: TurnEndReason::Completed,
+            reason: Box::new(TurnEndReason::Completed),
         },
         None,
         1,
@@ -241,10 +241,10 @@ fn jsonl_round_trips_and_refuses_what_it_cannot_interpret() {
         EventData::AssistantChunk {
             turn: 2,
             step: 1,
-            chunk: StreamChunk::TextDelta {
+            chunk: Box::new(StreamChunk::TextDelta {
                 index: 0,
                 text: "x".into(),
-            },
+            }),
         },
         None,
         3,
@@ -332,7 +332,7 @@ fn every_upstream_recording_loads_and_derives() {
             assert!(turns == 0 || !messages.is_empty(), "{}", path.display());
             assert_eq!(log.first_live_seq() as usize, count);
             // Every tool call has its result, unless its turn was cancelled.
-            let calls: Vec<String> = log
+            let calls: Vec<Box<str>> = log
                 .events()
                 .iter()
                 .filter_map(|e| match &e.data {
@@ -343,15 +343,13 @@ fn every_upstream_recording_loads_and_derives() {
             let aborted = log.events().iter().any(|e| {
                 matches!(
                     &e.data,
-                    EventData::TurnEnd {
-                        reason: TurnEndReason::Aborted { .. },
-                        ..
-                    }
+                    EventData::TurnEnd { reason, .. }
+                        if matches!(**reason, TurnEndReason::Aborted { .. })
                 )
             });
             for id in calls {
                 let answered = messages.iter().any(|m| {
-                    m.content.iter().any(|b| matches!(b, ContentBlock::ToolResult { tool_call_id, .. } if *tool_call_id == id))
+                    m.content.iter().any(|b| matches!(b, ContentBlock::ToolResult { tool_call_id, .. } if **tool_call_id == *id))
                 });
                 assert!(
                     answered || aborted,
@@ -393,7 +391,7 @@ fn the_text_turn_recording_derives_the_expected_history() {
             .all(|s| events[*s as usize].kind() == "assistant/chunk")
     );
     assert_eq!(message.text(), "PONG");
-    assert_eq!(usage.unwrap().input_tokens, 3091);
+    assert_eq!(usage.as_ref().unwrap().input_tokens, 3091);
     let mut log = SessionLog::from_seed(header, events, 0).unwrap();
     let history = log.derive_messages();
     assert_eq!(history.len(), 3);
