@@ -3,7 +3,7 @@
 //! listed with `job_list`, stopped with `job_kill`.
 //!
 //! The [`Jobs`] service (`jobs`) holds every job's identity, owner, status
-//! and output. Each job runs as a supervised worker under its owner agent's
+//! and output. Each job runs as a supervised task child under its owner agent's
 //! scope ([`run_job`]), so the owner cannot hibernate while it runs, and
 //! the owner's teardown cancels it ([`Jobs::cancel_owner`]) before its
 //! children drain. Access is fenced by the owner's session id: ids such as
@@ -20,8 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dsh_supervisors::{Context, Emit, Event, WorkerSpec};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use dsh_supervisors::{Context, Emit, Event, TaskSpec};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -457,11 +456,11 @@ impl Job {
     }
 }
 
-/// Runs `spawned` as job `job`: a supervised worker under `ctx` (the owner
-/// agent's scope) that collects the command's stdout and stderr into the
-/// job (and its spill file past [`READ_CAP`] bytes), kills the command's
-/// process group when the job is cancelled, settles the job from the exit
-/// status, emits [`JobDone`] and stops.
+/// Runs `spawned` as job `job`: a supervised task child under `ctx` (the
+/// owner agent's scope, kind `job`) that collects the command's stdout and
+/// stderr into the job (and its spill file past [`READ_CAP`] bytes), kills
+/// the command's process group when the job or the task is cancelled,
+/// settles the job from the exit status, emits [`JobDone`] and ends.
 pub async fn run_job(
     ctx: &Context,
     jobs: &Arc<Jobs>,
@@ -473,17 +472,26 @@ pub async fn run_job(
     if let Some(pid) = spawned.child.id() {
         job.group.store(pid as i32, Ordering::Release);
     }
-    let run = JobRun {
+    let settler = Settler {
         ctx: ctx.clone(),
-        jobs: jobs.clone(),
         job: job.clone(),
-        spawned: Some(spawned),
-        marker,
     };
-    match ctx
-        .spawn(WorkerSpec::new("job", name, JobWorker, run))
-        .await
-    {
+    let jobs = jobs.clone();
+    let started = ctx.spawn_task(TaskSpec::new("job", name), move |cancel| async move {
+        let pumped = pump(&jobs, &settler.job, spawned, marker);
+        tokio::pin!(pumped);
+        let (status, detail) = tokio::select! {
+            ended = &mut pumped => ended,
+            // The task is stopped (its owner's teardown, a stop by id): the
+            // job is cancelled, and the pump kills what it started.
+            () = cancel.cancelled() => {
+                settler.job.cancel.cancel();
+                pumped.await
+            }
+        };
+        settler.settle(status, detail);
+    });
+    match started {
         Ok(_) => Ok(()),
         Err(e) => {
             job.settle(JobStatus::Failed, Some(format!("could not start: {e}")));
@@ -492,64 +500,36 @@ pub async fn run_job(
     }
 }
 
-struct JobWorker;
-
-struct JobRun {
+/// Settles a job once and tells the owner; a task aborted before the
+/// command ended (past its shutdown budget) settles it `killed` on drop.
+struct Settler {
     ctx: Context,
-    jobs: Arc<Jobs>,
     job: Arc<Job>,
-    spawned: Option<Spawned>,
-    /// The `KEY=value` every process of the command carries.
-    marker: Option<String>,
 }
 
-impl Actor for JobWorker {
-    type Msg = ();
-    type State = JobRun;
-    type Arguments = JobRun;
-
-    async fn pre_start(
-        &self,
-        _me: ActorRef<()>,
-        run: JobRun,
-    ) -> Result<JobRun, ActorProcessingErr> {
-        Ok(run)
-    }
-
-    async fn post_start(
-        &self,
-        me: ActorRef<()>,
-        run: &mut JobRun,
-    ) -> Result<(), ActorProcessingErr> {
-        if let Some(spawned) = run.spawned.take() {
-            let (status, detail) = pump(&run.jobs, &run.job, spawned, run.marker.clone()).await;
-            if run.job.settle(status, detail) {
-                run.ctx.emit(&JobDone {
-                    job: run.job.clone(),
-                });
-            }
-        }
-        me.stop(None);
-        Ok(())
-    }
-
-    async fn post_stop(
-        &self,
-        _me: ActorRef<()>,
-        run: &mut JobRun,
-    ) -> Result<(), ActorProcessingErr> {
-        // Stopped from outside before the command ended (a teardown past
-        // its budget): the command dies with the dropped child.
-        run.job.cancel.cancel();
-        if run
-            .job
-            .settle(JobStatus::Killed, Some("its worker was stopped".into()))
-        {
-            run.ctx.emit(&JobDone {
-                job: run.job.clone(),
+impl Settler {
+    fn settle(&self, status: JobStatus, detail: Option<String>) {
+        if self.job.settle(status, detail) {
+            self.ctx.emit(&JobDone {
+                job: self.job.clone(),
             });
         }
-        Ok(())
+    }
+}
+
+impl Drop for Settler {
+    fn drop(&mut self) {
+        // Dropped unsettled: the task was aborted mid-pump, and the command
+        // died with the dropped child (kill on drop).
+        if self
+            .job
+            .settle(JobStatus::Killed, Some("its task was stopped".into()))
+        {
+            self.job.cancel.cancel();
+            self.ctx.emit(&JobDone {
+                job: self.job.clone(),
+            });
+        }
     }
 }
 

@@ -182,7 +182,7 @@ async fn cascade(dispose: bool) {
         );
     }
     // Disposed: the whole tree is gone. Cancelled: the root's scope, session
-    // and driver stay; every descendant is gone (a tool-call actor of the
+    // and driver stay; every descendant is gone (a tool-call task of the
     // root may still be finishing its own stop).
     if dispose {
         assert_eq!(tree.live_len(), baseline, "every actor of the tree stopped");
