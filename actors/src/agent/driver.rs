@@ -1,12 +1,14 @@
-//! The driver actor: claims queued prompts one at a time and runs each as a
-//! turn (`turn/start` … steps … `turn/end`), then reports idle.
+//! The driver: a task child of the agent's scope that claims queued prompts
+//! one at a time and runs each as a turn (`turn/start` … steps …
+//! `turn/end`), then reports idle and waits to be woken. Input reaches it
+//! through the inbox and a wake-up ([`Awake::wake`]), never a mailbox: it
+//! receives nothing else.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use dsh_services::llm::{LlmFailure, Message, MessageSource, code};
 use dsh_services::session::{EventData, SessionEvent, SurfaceIntent, TurnEndReason};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{AgentPreStep, AgentTurnStopping, PreStepDecision};
@@ -14,39 +16,24 @@ use super::step::{StepEnd, run_step};
 use super::summary::{publish_progress, publish_step};
 use super::{Agent, Awake, TurnSummary};
 
-pub(super) enum DriverMsg {
-    Wake,
-}
-
-/// The driver's state: the agent and its awake part.
+/// What the driver runs for: the agent and its awake part.
 pub(super) struct Driving {
     pub(super) agent: Agent,
     pub(super) me: Arc<Awake>,
 }
 
-/// The driver actor: runs queued turns one at a time.
-pub(super) struct Driver;
-
-impl Actor for Driver {
-    type Msg = DriverMsg;
-    type State = Driving;
-    type Arguments = Driving;
-
-    async fn pre_start(
-        &self,
-        _me: ActorRef<DriverMsg>,
-        driving: Driving,
-    ) -> Result<Driving, ActorProcessingErr> {
-        Ok(driving)
-    }
-
-    async fn handle(
-        &self,
-        _me: ActorRef<DriverMsg>,
-        DriverMsg::Wake: DriverMsg,
-        state: &mut Driving,
-    ) -> Result<(), ActorProcessingErr> {
-        let Driving { agent, me } = &*state;
+/// The driver's body: on each wake-up, runs the queued turns, until `stop`
+/// (its owner's teardown) is cancelled. A wake-up that came before a stop
+/// is served first, as a drained mailbox would be.
+pub(super) async fn drive(driving: Driving, stop: CancellationToken) {
+    let driving = Stopped(driving);
+    let Driving { agent, me } = &driving.0;
+    loop {
+        tokio::select! {
+            biased;
+            () = me.wake.notified() => {}
+            () = stop.cancelled() => break,
+        }
         while let Some((prompt, turn, token)) = claim(agent) {
             // Boxed: an idle driver's task does not carry a turn's state.
             let summary = Box::pin(run_turn(agent, me, prompt, turn, token)).await;
@@ -64,26 +51,26 @@ impl Actor for Driver {
             agent.inner.idle.set(true);
         }
         drop(inbox);
-        Ok(())
     }
+}
 
-    async fn post_stop(
-        &self,
-        _me: ActorRef<DriverMsg>,
-        state: &mut Driving,
-    ) -> Result<(), ActorProcessingErr> {
-        // However the driver ended (drained, killed, failed), no turn runs
-        // any more: waiters on idle must not wait forever. Going to sleep,
-        // the agent still takes input (which wakes it).
-        let mut inbox = state.agent.inbox();
+/// Runs when the driver ends however it ends (stopped, aborted past its
+/// budget, panicked): no turn runs any more, so waiters on idle must not
+/// wait forever. Going to sleep, the agent still takes input (which wakes
+/// it).
+struct Stopped(Driving);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let Driving { agent, me } = &self.0;
+        let mut inbox = agent.inbox();
         inbox.running = false;
-        if !state.me.sleeping.load(Ordering::Acquire) {
+        if !me.sleeping.load(Ordering::Acquire) {
             inbox.accepting = false;
         }
         if inbox.followups.is_empty() || !inbox.accepting {
-            state.agent.inner.idle.set(true);
+            agent.inner.idle.set(true);
         }
-        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ use dsh_services::llm::Message;
 use dsh_services::session::EventData;
 use dsh_supervisors::tree::now_ms;
 
-use super::driver::{DriverMsg, log_append};
+use super::driver::log_append;
 use super::{Agent, AgentError, Cancelled, Inbox, Life, lock};
 
 impl Agent {
@@ -25,9 +25,7 @@ impl Agent {
         self.touch();
         match &*self.life() {
             Life::Awake(me) if !me.sleeping.load(Ordering::Acquire) => {
-                if let Some(d) = me.driver.get() {
-                    let _ = d.send(DriverMsg::Wake);
-                }
+                me.wake.notify_one();
                 return;
             }
             Life::Gone { .. } => return,

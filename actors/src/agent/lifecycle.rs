@@ -17,9 +17,9 @@ use dsh_services::session::{EventData, SessionHeader, SessionLog};
 use dsh_services::tools::Bounds;
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::tree::now_ms;
-use dsh_supervisors::{Context, ScopeKey, Status, WorkerSpec};
+use dsh_supervisors::{Context, ScopeKey, Status, TaskSpec};
 
-use super::driver::{Driver, DriverMsg, Driving};
+use super::driver::{Driving, drive};
 use super::events::{AgentCreated, AgentDisposed};
 use super::keeper::Agents;
 use super::{
@@ -176,7 +176,7 @@ impl Agent {
                 cwd: Arc::new(spec.cwd.clone()),
                 policy: spec.permission.unwrap_or_default(),
             },
-            driver: std::sync::OnceLock::new(),
+            wake: tokio::sync::Notify::new(),
             envelope: Mutex::new(None),
             context: Mutex::new(None),
             snapshots,
@@ -265,10 +265,9 @@ impl Agent {
             me: awake.clone(),
         };
         let name = format!("driver/{}", short(&self.inner.id));
-        let driver = sctx
-            .spawn(WorkerSpec::new("agent", name, Driver, driving))
-            .await?;
-        let _ = awake.driver.set(driver);
+        sctx.spawn_task(TaskSpec::new("agent", name), move |stop| {
+            drive(driving, stop)
+        })?;
         let (weak, part) = (self.downgrade(), Arc::downgrade(awake));
         sctx.on_teardown("stop input and cancel the turn", move || async move {
             let sleeping = part
@@ -566,9 +565,7 @@ impl Agent {
         let _transition = self.transition().await;
         let node = match &*self.life() {
             Life::Awake(me) => {
-                if let Some(d) = me.driver.get() {
-                    let _ = d.send(DriverMsg::Wake);
-                }
+                me.wake.notify_one();
                 return Ok(());
             }
             Life::Asleep { node } => *node,
@@ -581,11 +578,9 @@ impl Agent {
             .runtime()
             .tree()
             .unpark(node, Status::Hibernated, "woke");
-        let driver = awake.driver.get().cloned();
+        let wake = awake.clone();
         self.set_awake(awake);
-        if let Some(d) = driver {
-            let _ = d.send(DriverMsg::Wake);
-        }
+        wake.wake.notify_one();
         Ok(())
     }
 }

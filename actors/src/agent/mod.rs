@@ -1,10 +1,10 @@
 //! The agent: an inbox, a turn/step driver, and its supervised subtree.
 //!
 //! Each agent owns a scope (a kernel fiber) holding, in start order, its
-//! session actor, its driver actor and one short-lived actor per tool call.
-//! The driver runs one turn at a time inside its handler; `cancel` reaches
-//! the running turn through a cancellation token, not the mailbox, so it
-//! interrupts a stream or a tool mid-flight.
+//! session (a writer actor with a store, else a passive part), its driver
+//! (a task child) and one task child per tool call. The driver runs one
+//! turn at a time; `cancel` reaches the running turn through a cancellation
+//! token, so it interrupts a stream or a tool mid-flight.
 //!
 //! A turn: `turn/start` → steps until the model answers without tool calls.
 //! A step: `step/start` → entering `user/message`s → the runtime-context
@@ -27,7 +27,7 @@
 //! - [`events`]: what an agent emits and the waterfalls it runs;
 //! - `inbox`: input (`followup`, `steer`, `inject`, `cancel`);
 //! - `lifecycle`: create, hibernate, wake, dispose;
-//! - `driver`: the driver actor and the turn loop;
+//! - `driver`: the driver task and the turn loop;
 //! - `step`: one step (request, stream, tool calls);
 //! - `context`: the runtime-context snapshot (file and approval policy);
 //! - `tool_exec`: one actor per tool call;
@@ -51,7 +51,8 @@
 //! | `Inner::store` | the first build that has a store | `OnceLock` |
 //! | `Inner::tokens`, `used`, `used_ms` | the step that got usage; `touch` on input and idle | `Relaxed`: figures and the keeper's LRU order, which tolerate a stale read |
 //! | `Awake::sleeping` | `hibernate`, under the inbox lock (cleared when the flush fails) | `Release`/`Acquire`; input that sees it asks the keeper to wake the agent instead of telling the driver |
-//! | `Awake::driver`, `settled` | the build, once | `OnceLock` |
+//! | `Awake::wake` | input (`kick`, `wake`) notifies; the driver waits on it | a `Notify` (one stored permit) |
+//! | `Awake::settled` | the build, once | `OnceLock` |
 //! | `Awake::conclude` | a structured-output tool sets it; the driver clears it at turn start and takes it after the step's results | `Release` store, `AcqRel` swap |
 //! | `Awake::step_children` | `adopt_for_step` (tool bodies); the step takes them once its results are in | mutex |
 //! | `Awake::envelope` | the step, when the registry's generation or the system text changed | mutex |
@@ -93,11 +94,10 @@ use dsh_services::session::compact::CompactError;
 use dsh_services::session::{EventData, SessionError, TurnEndReason};
 use dsh_services::tools::{Bounds, ToolRegistry};
 use dsh_supervisors::registry::RegisterError;
-use dsh_supervisors::{Context, Disposer, Scope, Status, WorkerRef};
+use dsh_supervisors::{Context, Disposer, Scope, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::session::{FlushError, SessionHandle};
-use driver::DriverMsg;
 
 pub use events::{
     AgentCreated, AgentDisposed, AgentPreStep, AgentRequest, AgentTurnStopping, PreStepDecision,
@@ -612,7 +612,8 @@ struct Awake {
     approval: Option<Arc<Approval>>,
     /// The workspace and the standing policy every tool call starts from.
     bounds: Bounds,
-    driver: std::sync::OnceLock<WorkerRef<DriverMsg>>,
+    /// Wakes the driver: there is input (a stored permit if it is busy).
+    wake: tokio::sync::Notify,
     /// Tool schemas and request header, rebuilt only when the tool registry changes.
     envelope: Mutex<Option<Envelope>>,
     /// What the last runtime-context snapshot stated (`None` until the
