@@ -173,7 +173,7 @@ impl Approval {
             }
             let _ = s.append_log_only(EventData::Other {
                 kind: std::sync::Arc::from("approval/asked"),
-                data: Box::new(asked),
+                data: std::sync::Arc::new(asked),
             });
         }
         let outcome = tokio::select! {
@@ -183,7 +183,9 @@ impl Approval {
         if let Some(s) = &session {
             let _ = s.append_log_only(EventData::Other {
                 kind: std::sync::Arc::from("approval/decided"),
-                data: Box::new(serde_json::json!({"id": id, "outcome": outcome.as_str()})),
+                data: std::sync::Arc::new(
+                    serde_json::json!({"id": id, "outcome": outcome.as_str()}),
+                ),
             });
         }
         outcome

@@ -163,7 +163,7 @@ pub(super) async fn compact(
         agent,
         EventData::Other {
             kind: "compaction/start".into(),
-            data: Box::new(json!({"turn": turn})),
+            data: Arc::new(json!({"turn": turn})),
         },
         None,
     );
@@ -180,7 +180,7 @@ pub(super) async fn compact(
         agent,
         EventData::Other {
             kind: "compaction/end".into(),
-            data: Box::new(end),
+            data: Arc::new(end),
         },
         None,
     );
@@ -249,7 +249,7 @@ fn replace(
         agent,
         EventData::Other {
             kind: "compaction/summary".into(),
-            data: Box::new(json!({
+            data: Arc::new(json!({
                 "summary": text,
                 "shadowedRange": {"start": first, "end": last},
                 "shadowedSeqs": shadowed,

@@ -135,7 +135,7 @@ pub(super) fn title(agent: &Agent, me: &Awake) -> Option<(u64, String)> {
         agent,
         EventData::Other {
             kind: Arc::from("session/title"),
-            data: Box::new(
+            data: Arc::new(
                 json!({"title": title, "messageSeqs": [seq], "source": {"kind": "fallback"}}),
             ),
         },

@@ -261,7 +261,7 @@ impl Agent {
     pub fn record(&self, kind: &str, data: serde_json::Value) {
         let event = EventData::Other {
             kind: Arc::from(kind),
-            data: Box::new(data),
+            data: Arc::new(data),
         };
         if let Err(e) = self.inner.session.append(event, None) {
             tracing::warn!(agent = %self.inner.id, "cannot record {kind}: {e}");

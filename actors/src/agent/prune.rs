@@ -70,7 +70,7 @@ pub(super) fn prune_surface(agent: &Agent) -> usize {
             agent,
             EventData::Other {
                 kind: "compaction/prune".into(),
-                data: Box::new(json!({
+                data: Arc::new(json!({
                     "shadowedRange": {"start": seq, "end": seq},
                     "shadowedSeqs": [seq],
                     "shadowedTokenCount": price(&original),

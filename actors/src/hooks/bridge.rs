@@ -142,7 +142,7 @@ impl Site {
         if let Some(s) = self.ctx.get::<dyn SessionWriter>(SESSION_SERVICE)
             && let Err(e) = s.append_log_only(EventData::Other {
                 kind: Arc::from(kind),
-                data: Box::new(data),
+                data: Arc::new(data),
             })
         {
             tracing::warn!("a {kind} record was refused: {e}");

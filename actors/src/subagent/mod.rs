@@ -1114,17 +1114,17 @@ async fn compose(
     spec.opening = vec![
         EventData::Other {
             kind: Arc::from("approval/policy"),
-            data: Box::new(json!({"policy": policy, "source": "delegation"})),
+            data: Arc::new(json!({"policy": policy, "source": "delegation"})),
         },
         EventData::Other {
             kind: Arc::from("sandbox/mode"),
-            data: Box::new(
+            data: Arc::new(
                 json!({"mode": mode.mode, "network": mode.network, "source": "delegation"}),
             ),
         },
         EventData::Other {
             kind: Arc::from("subagent/descriptor"),
-            data: Box::new(descriptor),
+            data: Arc::new(descriptor),
         },
     ];
     if let Some(seed) = provider.seed(&request.parent)? {

@@ -212,7 +212,7 @@ async fn a_cut_loop_resumes_after_its_last_completed_round() {
         if let EventData::Other { kind, data } = &mut e.data
             && &**kind == "ralph/start"
         {
-            data["maxRounds"] = json!(5);
+            std::sync::Arc::make_mut(data)["maxRounds"] = json!(5);
         }
     }
     let resume = ralph::last_loop(&events).unwrap();

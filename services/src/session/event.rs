@@ -262,8 +262,9 @@ pub enum EventData {
     Other {
         /// The event type.
         kind: Arc<str>,
-        /// The payload.
-        data: Box<Value>,
+        /// The payload (shared: a spec's opening events and the log that
+        /// records them hold one copy).
+        data: Arc<Value>,
     },
 }
 
@@ -602,7 +603,7 @@ impl EventData {
             "agent/inbox/spliced" => EventData::InboxSpliced(parse(data)?),
             other => EventData::Other {
                 kind: Arc::from(other),
-                data: Box::new(data.into_value()?),
+                data: Arc::new(data.into_value()?),
             },
         })
     }
