@@ -225,8 +225,9 @@ impl Agent {
         self.life().node()
     }
 
-    /// Kernel ids of the actors the agent's scope owns, in start order
-    /// (none while it hibernates).
+    /// Kernel ids of the children the agent's scope owns (its session, its
+    /// driver, running tool calls, child agents), in start order (none
+    /// while it hibernates).
     pub fn child_nodes(&self) -> Vec<u64> {
         self.awake()
             .map(|me| me.scope.fiber().children())

@@ -14,6 +14,7 @@ use dsh_services::tools::{
 };
 use dsh_supervisors::Status;
 use dsh_supervisors::registry::RegisterError;
+use dsh_supervisors::tree::Form;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -207,7 +208,7 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
     agent
         .followup(dsh_services::llm::Message::user_text("go"))
         .unwrap();
-    // Wait for the tool actor to exist, then cancel.
+    // Wait for the tool call to exist, then cancel.
     loop {
         if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
             && &*node.info.name == "tool/hang#call_hang_0"
@@ -215,6 +216,24 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
             break;
         }
     }
+    // The agent is one actor, its scope; the store-less session is a part,
+    // the driver and the call in flight are task children.
+    let tree = h.rt.tree();
+    assert_eq!(tree.get(agent.node_id()).unwrap().form, Form::Fiber);
+    let parts: Vec<(String, Form)> = agent
+        .child_nodes()
+        .into_iter()
+        .filter_map(|id| tree.get(id))
+        .map(|n| (n.kind, n.form))
+        .collect();
+    assert_eq!(
+        parts,
+        [
+            ("session".to_owned(), Form::Part),
+            ("agent".to_owned(), Form::Task),
+            ("tool".to_owned(), Form::Task),
+        ]
+    );
     agent.cancel();
     agent.when_idle(WAIT).await.unwrap();
     let last = agent.last_turn().unwrap();

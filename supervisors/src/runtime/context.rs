@@ -27,7 +27,7 @@ use crate::runtime::fiber::{
 use crate::runtime::plugin::{ErasedPlugin, Plugin, ValidConfig};
 use crate::scope::ScopeKey;
 use crate::services::{Provider, ServiceChange};
-use crate::tree::{Node, NodeInfo, NodeStats, Status, now_ms};
+use crate::tree::{Form, Node, NodeInfo, NodeStats, Status, now_ms};
 
 /// The registration handle: runtime + owning fiber + optional scope tag.
 #[derive(Clone)]
@@ -491,6 +491,7 @@ impl Context {
         let id = self.rt.next_id();
         let node = self.rt.tree().insert(
             NodeInfo {
+                form: Form::Part,
                 id,
                 kind: Arc::from(kind),
                 name: Arc::from(name.into()),
@@ -592,6 +593,7 @@ async fn spawn_counted<A: Actor>(
     let id = ctx.rt.next_id();
     let node = ctx.rt.tree().insert(
         NodeInfo {
+            form: Form::Actor,
             id,
             kind: Arc::from(kind),
             name: Arc::from(name),

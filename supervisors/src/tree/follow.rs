@@ -274,6 +274,7 @@ mod tests {
 
     fn info(id: u64, parent: Option<u64>) -> NodeInfo {
         NodeInfo {
+            form: crate::tree::Form::Actor,
             id,
             kind: Arc::from("worker"),
             name: Arc::from(format!("n{id}")),

@@ -148,6 +148,8 @@ impl NodeStats {
 pub struct NodeInfo {
     /// Kernel-wide id (the ractor pid).
     pub id: u64,
+    /// What runs behind the node: a fiber, an actor, a task or nothing.
+    pub form: Form,
     /// Kind: `fiber`, `scope`, `worker`, or a kind chosen by the spawner (`agent`, `tool`, …).
     pub kind: Arc<str>,
     /// Readable name, e.g. `agent/3f2a` or `llm/openai`.
@@ -156,6 +158,38 @@ pub struct NodeInfo {
     pub parent: Option<u64>,
     /// Start time, ms since epoch.
     pub started_ms: u64,
+}
+
+/// What runs behind a node (ARCHITECTURE.md, "What is an actor, what is a
+/// task child").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Form {
+    /// A fiber: a plugin instance or a scope, run by an actor.
+    Fiber,
+    /// A worker actor, with a mailbox.
+    Actor,
+    /// A task child: one-shot work, no mailbox.
+    Task,
+    /// A passive node: nothing runs (a store-less session, a parked agent).
+    Part,
+}
+
+impl Form {
+    /// The form as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Form::Fiber => "fiber",
+            Form::Actor => "actor",
+            Form::Task => "task",
+            Form::Part => "part",
+        }
+    }
+
+    /// Whether the node has a mailbox (fibers and actors do).
+    pub fn has_mailbox(self) -> bool {
+        matches!(self, Form::Fiber | Form::Actor)
+    }
 }
 
 /// One node in the live map.
@@ -182,8 +216,9 @@ impl Node {
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut node = serializer.serialize_struct("NodeSnapshot", 9)?;
+        let mut node = serializer.serialize_struct("NodeSnapshot", 10)?;
         node.serialize_field("id", &self.info.id)?;
+        node.serialize_field("form", &self.info.form)?;
         node.serialize_field("kind", &*self.info.kind)?;
         node.serialize_field("name", &*self.info.name)?;
         node.serialize_field("parent", &self.info.parent)?;
@@ -262,6 +297,8 @@ impl std::fmt::Debug for Summary {
 pub struct NodeSnapshot {
     /// Kernel-wide id.
     pub id: u64,
+    /// What runs behind it.
+    pub form: Form,
     /// Kind.
     pub kind: String,
     /// Readable name.
@@ -576,6 +613,7 @@ impl Tree {
         self.insert_with(
             NodeInfo {
                 id,
+                form: Form::Part,
                 kind: Arc::from(kind),
                 name,
                 parent,
@@ -713,6 +751,7 @@ impl StoppedNode {
 fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) -> NodeSnapshot {
     NodeSnapshot {
         id: node.info.id,
+        form: node.info.form,
         kind: node.info.kind.to_string(),
         name: node.info.name.to_string(),
         parent: node.info.parent,
@@ -747,13 +786,17 @@ pub fn render(nodes: &[NodeSnapshot]) -> String {
         };
         for n in list {
             out.push_str(&"  ".repeat(depth));
+            let runs = if n.form.has_mailbox() {
+                format!("mailbox={}", n.mailbox_depth)
+            } else {
+                n.form.as_str().to_owned()
+            };
             out.push_str(&format!(
-                "{} [{}] {} #{} mailbox={}\n",
+                "{} [{}] {} #{} {runs}\n",
                 n.name,
                 n.kind,
                 n.status.as_str(),
                 n.id,
-                n.mailbox_depth
             ));
             walk(out, children, Some(n.id), depth + 1);
         }
@@ -771,6 +814,7 @@ mod tests {
         let tree = Tree::new(TreeLimits::default());
         let info = NodeInfo {
             id: 7,
+            form: Form::Actor,
             kind: Arc::from("agent"),
             name: Arc::from("agent/\"quoted\""),
             parent: Some(3),

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_supervisors::tree::Form;
 use dsh_supervisors::{
     Context, Fiber, Shutdown, Status, TaskEnd, TaskSpec, TreeChange, WorkerSpec, plugin_fn,
 };
@@ -42,6 +43,7 @@ async fn a_task_is_a_tree_node_that_returns_its_result_and_leaves() {
         .unwrap();
     let node = rt.tree().get(task.id()).expect("a live node while it runs");
     assert_eq!(node.kind, "tool");
+    assert_eq!(node.form, Form::Task);
     assert_eq!(node.name, "tool/echo#1");
     assert_eq!(node.parent, Some(fiber.id()));
     assert_eq!(fiber.children(), vec![task.id()]);
@@ -254,6 +256,15 @@ async fn a_passive_part_stops_in_its_place_and_only_parts_can_be_dropped() {
         .unwrap();
     assert_eq!(fiber.children(), vec![a.id(), part, c.id()]);
     assert_eq!(rt.tree().get(part).unwrap().kind, "session");
+    assert_eq!(rt.tree().get(part).unwrap().form, Form::Part);
+    assert_eq!(rt.tree().get(a.id()).unwrap().form, Form::Actor);
+    let text = dsh_supervisors::tree::render(&rt.tree().snapshot());
+    assert!(text.contains("session/x [session] active"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("session/x") && l.ends_with(" part")),
+        "a part shows no mailbox: {text}"
+    );
 
     // Not a part: left alone.
     ctx.drop_part(c.id());

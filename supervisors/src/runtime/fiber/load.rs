@@ -19,7 +19,7 @@ use crate::policy::ChildPolicy;
 use crate::runtime::Runtime;
 use crate::runtime::context::Context;
 use crate::scope::ScopeKey;
-use crate::tree::{NodeInfo, Status, now_ms};
+use crate::tree::{Form, NodeInfo, Status, now_ms};
 
 /// Loads, unloads or reloads a plugin fiber after its injections changed.
 pub(super) async fn reevaluate(rt: &Runtime, fiber: &Arc<FiberShared>) {
@@ -120,6 +120,7 @@ pub(crate) async fn spawn_fiber(
     let node = rt.tree().insert(
         NodeInfo {
             id,
+            form: Form::Fiber,
             kind: Arc::from(kind),
             name: Arc::from(name),
             parent: parent.map(|p| p.id),

@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::events::panic_text;
 use crate::policy::{ChildPolicy, Restart, Shutdown};
 use crate::runtime::Runtime;
-use crate::tree::{Node, NodeInfo, Status, now_ms};
+use crate::tree::{Form, Node, NodeInfo, Status, now_ms};
 
 /// How long an aborted task may take to reach its next await point.
 const ABORT_GRACE: Duration = Duration::from_secs(5);
@@ -161,6 +161,7 @@ where
     let node = rt.tree().insert(
         NodeInfo {
             id,
+            form: Form::Task,
             kind: Arc::from(kind),
             name: Arc::from(name),
             parent: Some(fiber.id),
