@@ -273,7 +273,8 @@ impl SessionHandle {
     /// Starts the session's actor under `ctx` (a child of the owner's
     /// fiber): with `store`, committed events are made durable there, the
     /// session being created by the first write. Without one, the session
-    /// is only a passive part of the owner in the tree (no actor).
+    /// is only a passive part of the owner in the tree (no actor), which
+    /// lives as long as the owner's scope: call this once per scope.
     pub async fn attach(
         &self,
         ctx: &Context,

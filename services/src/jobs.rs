@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dsh_supervisors::{Context, Emit, Event, TaskSpec};
+use dsh_supervisors::{Context, Emit, Event, Shutdown, TaskSpec};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -262,7 +262,7 @@ impl Jobs {
                 job.kill("its agent ended");
             }
         }
-        // Their workers hold them until they end; nobody can ask anymore.
+        // Their tasks hold them until they end; nobody can ask anymore.
         jobs.retain(|_, j| j.owner.as_deref() != Some(owner));
     }
 
@@ -404,9 +404,9 @@ impl Job {
                 if !reason.trim().is_empty() {
                     s.detail = Some(one_line(reason));
                 }
-                // Killed now, not when its worker next runs: a loaded
-                // runtime, or a worker stopped first, must not let it live.
-                // (The worker clears `group` once it reaps the leader.)
+                // Killed now, not when its task next runs: a loaded
+                // runtime, or a task stopped first, must not let it live.
+                // (The task clears `group` once it reaps the leader.)
                 let group = self.group.load(Ordering::Acquire);
                 if group > 0 {
                     crate::sandbox::kill_command(group, false);
@@ -472,24 +472,31 @@ pub async fn run_job(
     if let Some(pid) = spawned.child.id() {
         job.group.store(pid as i32, Ordering::Release);
     }
-    let settler = Settler {
-        ctx: ctx.clone(),
-        job: job.clone(),
-    };
-    let jobs = jobs.clone();
-    let started = ctx.spawn_task(TaskSpec::new("job", name), move |cancel| async move {
-        let pumped = pump(&jobs, &settler.job, spawned, marker);
-        tokio::pin!(pumped);
-        let (status, detail) = tokio::select! {
-            ended = &mut pumped => ended,
-            // The task is stopped (its owner's teardown, a stop by id): the
-            // job is cancelled, and the pump kills what it started.
-            () = cancel.cancelled() => {
-                settler.job.cancel.cancel();
-                pumped.await
-            }
+    let (owner, jobs, task_job) = (ctx.clone(), jobs.clone(), job.clone());
+    // The pump's own kill and drain get their time before an abort.
+    let spec =
+        TaskSpec::new("job", name).shutdown(Shutdown::Timeout(DRAIN + Duration::from_secs(2)));
+    let started = ctx.spawn_task(spec, move |cancel| {
+        // Made only once the task is accepted: a refused start is settled
+        // by the caller below, not as a killed job.
+        let settler = Settler {
+            ctx: owner,
+            job: task_job,
         };
-        settler.settle(status, detail);
+        async move {
+            let pumped = pump(&jobs, &settler.job, spawned, marker);
+            tokio::pin!(pumped);
+            let (status, detail) = tokio::select! {
+                ended = &mut pumped => ended,
+                // The task is stopped (its owner's teardown, a stop by id):
+                // the job is cancelled, and the pump kills what it started.
+                () = cancel.cancelled() => {
+                    settler.job.cancel.cancel();
+                    pumped.await
+                }
+            };
+            settler.settle(status, detail);
+        }
     });
     match started {
         Ok(_) => Ok(()),
@@ -519,12 +526,17 @@ impl Settler {
 
 impl Drop for Settler {
     fn drop(&mut self) {
-        // Dropped unsettled: the task was aborted mid-pump, and the command
-        // died with the dropped child (kill on drop).
+        // Dropped unsettled: the task was aborted mid-pump. The leader died
+        // with the dropped child (kill on drop); the rest of its process
+        // group is killed here.
         if self
             .job
             .settle(JobStatus::Killed, Some("its task was stopped".into()))
         {
+            let group = self.job.group.load(Ordering::Acquire);
+            if group > 0 {
+                crate::sandbox::kill_command(group, false);
+            }
             self.job.cancel.cancel();
             self.ctx.emit(&JobDone {
                 job: self.job.clone(),
@@ -538,7 +550,7 @@ impl Drop for Settler {
 /// started is killed (its group, and by `marker` what left the group), and
 /// the pipes get [`DRAIN`] to close: a process out of reach of both (it
 /// cleared its environment and left the group, on a host without bwrap)
-/// cannot hold the worker.
+/// cannot hold the task.
 async fn pump(
     jobs: &Jobs,
     job: &Arc<Job>,

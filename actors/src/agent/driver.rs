@@ -25,8 +25,7 @@ pub(super) struct Driving {
 /// The driver's body: on each wake-up, runs the queued turns, until `stop`
 /// (its owner's teardown) is cancelled. A wake-up that came before a stop
 /// is served first, as a drained mailbox would be.
-pub(super) async fn drive(driving: Driving, stop: CancellationToken) {
-    let driving = Stopped(driving);
+pub(super) async fn drive(driving: Stopped, stop: CancellationToken) {
     let Driving { agent, me } = &driving.0;
     loop {
         tokio::select! {
@@ -34,7 +33,7 @@ pub(super) async fn drive(driving: Driving, stop: CancellationToken) {
             () = me.wake.notified() => {}
             () = stop.cancelled() => break,
         }
-        while let Some((prompt, turn, token)) = claim(agent) {
+        while let Some((prompt, turn, token)) = claim(agent, me) {
             // Boxed: an idle driver's task does not carry a turn's state.
             let summary = Box::pin(run_turn(agent, me, prompt, turn, token)).await;
             settle(agent, summary);
@@ -55,10 +54,10 @@ pub(super) async fn drive(driving: Driving, stop: CancellationToken) {
 }
 
 /// Runs when the driver ends however it ends (stopped, aborted past its
-/// budget, panicked): no turn runs any more, so waiters on idle must not
-/// wait forever. Going to sleep, the agent still takes input (which wakes
-/// it).
-struct Stopped(Driving);
+/// budget, panicked, aborted before it first ran): no turn runs any more,
+/// so waiters on idle must not wait forever. Going to sleep, the agent
+/// still takes input (which wakes it).
+pub(super) struct Stopped(pub(super) Driving);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
@@ -77,9 +76,11 @@ impl Drop for Stopped {
 /// Claims the next queued prompt: opens its turn (`turn/start`, the claim's
 /// splice, the spec's opening events before the first turn) under the inbox
 /// lock, so the claim is logged at the position the queue had.
-fn claim(agent: &Agent) -> Option<(Arc<Message>, u32, CancellationToken)> {
+fn claim(agent: &Agent, me: &Awake) -> Option<(Arc<Message>, u32, CancellationToken)> {
     let mut inbox = agent.inbox();
-    if !inbox.accepting {
+    // Going to sleep (set under this lock): the input stays queued for the
+    // driver the wake-up starts.
+    if !inbox.accepting || me.sleeping.load(Ordering::Acquire) {
         return None;
     }
     let prompt = inbox.followups.pop_front()?;

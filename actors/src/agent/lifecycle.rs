@@ -19,7 +19,7 @@ use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, ScopeKey, Status, TaskSpec};
 
-use super::driver::{Driving, drive};
+use super::driver::{Driving, Stopped, drive};
 use super::events::{AgentCreated, AgentDisposed};
 use super::keeper::Agents;
 use super::{
@@ -252,7 +252,7 @@ impl Agent {
         Ok(())
     }
 
-    /// Enters the agent into its scope: `agent/self`, the driver actor, the
+    /// Enters the agent into its scope: `agent/self`, the driver task, the
     /// teardown prelude that stops input and cancels the turn, and the
     /// effect that takes the agent out of the registry (neither runs when
     /// the scope stops because the agent goes to sleep).
@@ -266,7 +266,9 @@ impl Agent {
         };
         let name = format!("driver/{}", short(&self.inner.id));
         sctx.spawn_task(TaskSpec::new("agent", name), move |stop| {
-            drive(driving, stop)
+            // The guard exists before the task first runs: an abort even
+            // then settles the inbox.
+            drive(Stopped(driving), stop)
         })?;
         let (weak, part) = (self.downgrade(), Arc::downgrade(awake));
         sctx.on_teardown("stop input and cancel the turn", move || async move {
@@ -362,8 +364,8 @@ impl Agent {
                 t.cancel();
             }
         }
-        // Its background jobs end with it (their workers, children of its
-        // scope, then drain at once).
+        // Its background jobs end with it (their tasks, children of its
+        // scope, then end at once).
         if let Some(jobs) = self.reach().get::<Jobs>(Jobs::SERVICE) {
             jobs.cancel_owner(&self.inner.id);
         }
@@ -495,8 +497,8 @@ impl Agent {
         Ok(())
     }
 
-    /// Puts an idle agent to sleep: its actors stop in the normal ordered
-    /// way (scope, driver, session actor, which writes what is pending),
+    /// Puts an idle agent to sleep: its scope stops in the normal ordered
+    /// way (driver, session, whose actor writes what is pending),
     /// its session is compacted, and a parked node stands for it in the
     /// tree. Refused (with the reason) while it works, has queued input,
     /// live children or ad hoc registrations, or when no keeper runs to

@@ -16,7 +16,7 @@
 //!
 //! Teardown (the scope's prelude, then its children in reverse order): stop
 //! accepting input → cancel the running turn and wait for the driver to write
-//! its `turn/end` → tool calls → driver → session actor (flushes) → the
+//! its `turn/end` → tool calls → driver → session (its actor flushes) → the
 //! agent leaves the registry (`agent/disposed`) → the scope's registrations.
 //!
 //! ## Where things live
@@ -30,7 +30,7 @@
 //! - `driver`: the driver task and the turn loop;
 //! - `step`: one step (request, stream, tool calls);
 //! - `context`: the runtime-context snapshot (file and approval policy);
-//! - `tool_exec`: one actor per tool call;
+//! - `tool_exec`: one task child per tool call;
 //! - `envelope`, `template`: the request envelope, and what agents of one
 //!   template share;
 //! - `summary`: what the tree shows for an agent;
@@ -226,8 +226,8 @@ impl Agent {
     }
 
     /// Kernel ids of the children the agent's scope owns (its session, its
-    /// driver, running tool calls, child agents), in start order (none
-    /// while it hibernates).
+    /// driver, running tool calls, hooks, jobs and title requests, child
+    /// agents), in start order (none while it hibernates).
     pub fn child_nodes(&self) -> Vec<u64> {
         self.awake()
             .map(|me| me.scope.fiber().children())
@@ -582,9 +582,9 @@ type DisposedFn = Box<dyn FnOnce() + Send>;
 /// `Inner::durable` when the session is not in a store yet.
 const NOT_STORED: u64 = u64::MAX;
 
-/// Whether the agent has actors now.
+/// Whether the agent runs now.
 enum Life {
-    /// Its scope, session actor and driver run.
+    /// Its scope, session and driver run.
     Awake(Arc<Awake>),
     /// Hibernated: the actors stopped, the session is at rest, `node` is
     /// its parked tree node.

@@ -291,3 +291,69 @@ async fn a_passive_part_stops_in_its_place_and_only_parts_can_be_dropped() {
     assert!(rt.tree().get(part).is_none());
     bounded("shutdown", rt.shutdown()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_dropped_midway_leaves_the_task_where_its_owner_still_aborts_it() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let started = Arc::new(Notify::new());
+    let s = started.clone();
+    let task = fiber
+        .context()
+        .spawn_task(
+            TaskSpec::new("tool", "deaf").shutdown(Shutdown::Timeout(Duration::from_millis(50))),
+            move |_cancel| async move {
+                s.notify_one();
+                futures::future::pending::<()>().await;
+            },
+        )
+        .unwrap();
+    let id = task.id();
+    bounded("started", started.notified()).await;
+    // A stop by id whose caller goes away (a client that hung up) after one
+    // poll: the task ignores its cancel, so the stop was still waiting.
+    {
+        let stop = rt.stop_node(id);
+        tokio::pin!(stop);
+        assert!(futures::poll!(stop.as_mut()).is_pending());
+    }
+    assert_eq!(fiber.children(), vec![id], "still its owner's child");
+    bounded("dispose", fiber.dispose()).await;
+    assert_eq!(bounded("join", task.join()).await, Err(TaskEnd::Stopped));
+    let node = rt.tree().get_stopped(id).unwrap();
+    assert_eq!(node.status, Status::Failed);
+    assert_eq!(
+        node.stop_reason.as_deref(),
+        Some("aborted after its shutdown budget")
+    );
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brutally_killed_task_is_recorded_even_if_it_never_ran() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let mut ids = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let task = fiber
+            .context()
+            .spawn_task(
+                TaskSpec::new("tool", format!("t{i}")).shutdown(Shutdown::BrutalKill),
+                |_cancel| futures::future::pending::<()>(),
+            )
+            .unwrap();
+        ids.push(task.id());
+        tasks.push(task);
+    }
+    bounded("dispose", fiber.dispose()).await;
+    for task in tasks {
+        assert_eq!(bounded("join", task.join()).await, Err(TaskEnd::Stopped));
+    }
+    for id in ids {
+        let node = rt.tree().get_stopped(id).expect("recorded");
+        assert_eq!(node.status, Status::Failed);
+        assert_eq!(node.stop_reason.as_deref(), Some("brutal kill"));
+    }
+    bounded("shutdown", rt.shutdown()).await;
+}

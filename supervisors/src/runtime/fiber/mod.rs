@@ -75,7 +75,8 @@ pub(crate) enum ChildKind {
 
 pub(crate) struct ChildEntry {
     pub node: Arc<Node>,
-    /// The ractor pid, to match supervision events (`None` for a task).
+    /// The ractor pid, to match supervision events (`None` for a task or a
+    /// part).
     pub pid: Option<u64>,
     pub policy: ChildPolicy,
     pub kind: ChildKind,

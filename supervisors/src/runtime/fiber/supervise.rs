@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::teardown::stop_children;
+use super::teardown::{abort_tasks, stop_children};
 use super::{ChildEntry, ChildKind, FiberShared};
 use crate::error::Result;
 use crate::policy::{Restart, Strategy};
@@ -34,6 +34,13 @@ pub(super) async fn on_child_exit(
         (c.node.clone(), c.policy, child_fiber)
     };
     let child_id = node.info.id;
+    // A fiber whose actor failed had no teardown: ractor stopped the actors
+    // under it, its task children are aborted here.
+    if let Some(f) = &child_fiber
+        && failure.is_some()
+    {
+        abort_tasks(f, "its owner failed");
+    }
     // A fiber disposed on purpose is simply removed, whatever its policy.
     let deliberate = child_fiber
         .as_ref()

@@ -19,12 +19,12 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use futures::future::{AbortHandle, Abortable};
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{ChildEntry, ChildKind, FiberShared};
@@ -37,70 +37,137 @@ use crate::tree::{Form, Node, NodeInfo, Status, now_ms};
 /// How long an aborted task may take to reach its next await point.
 const ABORT_GRACE: Duration = Duration::from_secs(5);
 
-/// The kernel's record of one running task child.
+/// The kernel's record of one running task child. It holds the task's
+/// abort handle from before the task is registered, so whoever stops it
+/// (and however often, or however interrupted) can always abort it; the
+/// task's own drop guard records its end, whichever way it ends.
 pub(crate) struct TaskShared {
     node: Arc<Node>,
     cancel: CancellationToken,
-    handle: Mutex<Option<JoinHandle<()>>>,
+    abort: AbortHandle,
+    /// Why it was aborted, set by whoever aborts it before the abort.
+    aborted_because: OnceLock<&'static str>,
+    /// Its owner asked it to stop (the end says so).
+    stopping: AtomicBool,
+    /// Set by the drop guard once the end is recorded.
     ended: AtomicBool,
+    ended_signal: Notify,
 }
 
 impl TaskShared {
-    /// Records the node's end once; later calls do nothing.
-    fn end(&self, rt: &Runtime, status: Status, reason: &str) {
-        if !self.ended.swap(true, Ordering::AcqRel) {
-            rt.tree().stopped(self.node.info.id, status, reason);
+    fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Waits until the drop guard has recorded the end.
+    async fn wait_ended(&self) {
+        loop {
+            let notified = self.ended_signal.notified();
+            tokio::pin!(notified);
+            // Registered before the check: an end between them still wakes us.
+            notified.as_mut().enable();
+            if self.has_ended() {
+                return;
+            }
+            notified.await;
         }
     }
 
-    fn take_handle(&self) -> Option<JoinHandle<()>> {
-        self.handle.lock().unwrap_or_else(|p| p.into_inner()).take()
+    fn abort_because(&self, why: &'static str) {
+        let _ = self.aborted_because.set(why);
+        self.cancel.cancel();
+        self.abort.abort();
     }
 
     /// Stops the task its owner's way: cancel, await up to the budget,
-    /// abort past it. Returns once the task has ended.
+    /// abort past it. Returns once the task has ended (or the abort grace
+    /// ran out). Safe to call more than once, and to drop midway: the task
+    /// stays abortable and its end is recorded by the task itself.
     pub(super) async fn stop(&self, rt: &Runtime, shutdown: Shutdown) {
-        if self.ended.load(Ordering::Acquire) {
+        if self.has_ended() {
             return;
         }
         rt.tree().set_status(&self.node, Status::Unloading);
+        self.stopping.store(true, Ordering::Release);
         self.cancel.cancel();
-        // No handle: the task ended already, or another stop holds it.
-        let Some(mut handle) = self.take_handle() else {
-            return;
-        };
         let finished = match shutdown {
             Shutdown::BrutalKill => false,
-            Shutdown::Timeout(t) => tokio::time::timeout(t, &mut handle).await.is_ok(),
+            Shutdown::Timeout(t) => tokio::time::timeout(t, self.wait_ended()).await.is_ok(),
             Shutdown::Infinity => {
-                let _ = (&mut handle).await;
+                self.wait_ended().await;
                 true
             }
         };
         if finished {
-            self.end(rt, Status::Disposed, "cancelled by its owner");
             return;
         }
-        if shutdown != Shutdown::BrutalKill {
-            tracing::warn!(task = self.node.info.id, name = %self.node.info.name, "task missed its shutdown budget; aborting");
-        }
-        handle.abort();
-        let _ = tokio::time::timeout(ABORT_GRACE, handle).await;
-        let why = if shutdown == Shutdown::BrutalKill {
-            "brutal kill"
+        if shutdown == Shutdown::BrutalKill {
+            self.abort_because("brutal kill");
         } else {
-            "aborted after its shutdown budget"
-        };
-        self.end(rt, Status::Failed, why);
+            tracing::warn!(task = self.node.info.id, name = %self.node.info.name, "task missed its shutdown budget; aborting");
+            self.abort_because("aborted after its shutdown budget");
+        }
+        if tokio::time::timeout(ABORT_GRACE, self.wait_ended())
+            .await
+            .is_err()
+        {
+            // Its body blocks a worker thread and never yields; it is
+            // recorded when it does.
+            tracing::error!(task = self.node.info.id, name = %self.node.info.name, "aborted task has not ended");
+        }
     }
 
-    /// Aborts the task without waiting (its owner was killed).
-    pub(super) fn abort(&self, rt: &Runtime, reason: &str) {
-        self.cancel.cancel();
-        if let Some(handle) = self.take_handle() {
-            handle.abort();
+    /// Aborts the task without waiting (its owner was killed or failed).
+    pub(super) fn abort(&self, reason: &'static str) {
+        self.abort_because(reason);
+    }
+}
+
+/// Lives inside the spawned future: records the task's end when the
+/// future is dropped, whether it returned, panicked, was aborted or was
+/// never polled (a runtime shutting down).
+struct Ending {
+    rt: Runtime,
+    owner: Weak<FiberShared>,
+    seq: u64,
+    task: Arc<TaskShared>,
+    /// What the body did, once it did something.
+    outcome: Option<std::result::Result<(), String>>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        let task = &self.task;
+        let id = task.node.info.id;
+        let owner = self.owner.upgrade();
+        let (status, reason) = match self.outcome.take() {
+            Some(Ok(())) if task.stopping.load(Ordering::Acquire) => {
+                (Status::Disposed, "cancelled by its owner".to_owned())
+            }
+            Some(Ok(())) => (Status::Disposed, "finished".to_owned()),
+            Some(Err(message)) => {
+                tracing::error!(task = id, name = %task.node.info.name, message, "task child panicked");
+                if let Some(owner) = &owner {
+                    self.rt.tree().supervision(
+                        owner.id,
+                        id,
+                        &format!("panicked: {message}"),
+                        "removed",
+                    );
+                }
+                (Status::Failed, format!("panicked: {message}"))
+            }
+            None => {
+                let why = task.aborted_because.get().copied();
+                (Status::Failed, why.unwrap_or("dropped").to_owned())
+            }
+        };
+        self.rt.tree().stopped(id, status, &reason);
+        if let Some(owner) = owner {
+            owner.forget_child_seq(self.seq);
         }
-        self.end(rt, Status::Failed, reason);
+        task.ended.store(true, Ordering::Release);
+        task.ended_signal.notify_waiters();
     }
 }
 
@@ -142,7 +209,8 @@ impl<T> TaskRef<T> {
 }
 
 /// Starts `body` as a task child of `fiber`. The body gets the task's
-/// cancel signal (a child of `parent_cancel` when one is given).
+/// cancel signal (a child of `parent_cancel` when one is given); it is
+/// called only once the task is registered.
 pub(crate) fn spawn<T, F, Fut>(
     rt: &Runtime,
     fiber: &Arc<FiberShared>,
@@ -157,6 +225,15 @@ where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = T> + Send + 'static,
 {
+    let refused = || Error::InactiveFiber {
+        fiber: format!("{}#{}", fiber.name(), fiber.id),
+        state: fiber.status().as_str(),
+    };
+    // Not even a node for a fiber that takes no children (the check that
+    // counts is `add_child`'s, under the fiber's lock).
+    if fiber.accepting().is_err() {
+        return Err(refused());
+    }
     let id = rt.next_id();
     let node = rt.tree().insert(
         NodeInfo {
@@ -170,11 +247,15 @@ where
         Status::Active,
     );
     let cancel = parent_cancel.map_or_else(CancellationToken::new, |p| p.child_token());
+    let (abort, registration) = AbortHandle::new_pair();
     let shared = Arc::new(TaskShared {
         node: node.clone(),
         cancel: cancel.clone(),
-        handle: Mutex::new(None),
+        abort,
+        aborted_because: OnceLock::new(),
+        stopping: AtomicBool::new(false),
         ended: AtomicBool::new(false),
+        ended_signal: Notify::new(),
     });
     let entry = ChildEntry {
         node,
@@ -190,64 +271,40 @@ where
         Err(_) => {
             rt.tree()
                 .stopped(id, Status::Failed, "owner is shutting down");
-            return Err(Error::InactiveFiber {
-                fiber: format!("{}#{}", fiber.name(), fiber.id),
-                state: fiber.status().as_str(),
-            });
+            return Err(refused());
         }
     };
     let (tx, rx) = oneshot::channel();
-    let work = body(cancel.clone());
-    let owner = Arc::downgrade(fiber);
-    let task = shared.clone();
-    let rt2 = rt.clone();
-    let handle = tokio::spawn(async move {
-        let outcome = AssertUnwindSafe(work).catch_unwind().await;
-        let result = settle(
-            &rt2,
-            &owner,
-            seq,
-            &task,
-            outcome.map_err(|p| panic_text(&p)),
-        );
-        let _ = tx.send(result);
-    });
-    *shared.handle.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+    let work = Abortable::new(body(cancel.clone()), registration);
+    let mut ending = Ending {
+        rt: rt.clone(),
+        owner: Arc::downgrade(fiber),
+        seq,
+        task: shared,
+        outcome: None,
+    };
+    // Detached on purpose: the fiber holds the abort handle and the
+    // ending signal, which is all a stop needs.
+    drop(tokio::spawn(async move {
+        match AssertUnwindSafe(work).catch_unwind().await {
+            Ok(Ok(value)) => {
+                ending.outcome = Some(Ok(()));
+                // The end is recorded before the result is handed over.
+                drop(ending);
+                let _ = tx.send(Ok(value));
+            }
+            Ok(Err(_aborted)) => drop(ending),
+            Err(panic) => {
+                let message = panic_text(&panic);
+                ending.outcome = Some(Err(message.clone()));
+                drop(ending);
+                let _ = tx.send(Err(TaskEnd::Panicked(message)));
+            }
+        }
+    }));
     Ok(TaskRef {
         id,
         cancel,
         result: rx,
     })
-}
-
-/// The task's own end: records it, leaves the owner's children, and hands
-/// back what goes to the [`TaskRef`].
-fn settle<T>(
-    rt: &Runtime,
-    owner: &Weak<FiberShared>,
-    seq: u64,
-    task: &TaskShared,
-    outcome: std::result::Result<T, String>,
-) -> std::result::Result<T, TaskEnd> {
-    let owner = owner.upgrade();
-    let result = match outcome {
-        Ok(value) => {
-            task.end(rt, Status::Disposed, "finished");
-            Ok(value)
-        }
-        Err(message) => {
-            let id = task.node.info.id;
-            tracing::error!(task = id, name = %task.node.info.name, message, "task child panicked");
-            if let Some(owner) = &owner {
-                rt.tree()
-                    .supervision(owner.id, id, &format!("panicked: {message}"), "removed");
-            }
-            task.end(rt, Status::Failed, &format!("panicked: {message}"));
-            Err(TaskEnd::Panicked(message))
-        }
-    };
-    if let Some(owner) = owner {
-        owner.forget_child_seq(seq);
-    }
-    result
 }

@@ -88,7 +88,7 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
                 rt.tree()
                     .stopped(child.node.info.id, Status::Failed, "killed with its parent");
             }
-            ChildKind::Task(t) => t.abort(rt, "killed with its parent"),
+            ChildKind::Task(t) => t.abort("killed with its parent"),
             ChildKind::Part => {
                 rt.tree()
                     .stopped(child.node.info.id, Status::Failed, "killed with its parent");
@@ -103,6 +103,28 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
         p.status = Status::Failed;
         p.stopped = true;
     });
+}
+
+/// Aborts every task child in `fiber`'s subtree: its actor failed without
+/// a teardown, and ractor stops only actors (linked to it), not tasks.
+pub(super) fn abort_tasks(fiber: &Arc<FiberShared>, reason: &'static str) {
+    let children: Vec<ChildKind> = fiber
+        .lock()
+        .children
+        .values()
+        .filter_map(|c| match &c.kind {
+            ChildKind::Task(t) => Some(ChildKind::Task(t.clone())),
+            ChildKind::Fiber(f) => Some(ChildKind::Fiber(f.clone())),
+            _ => None,
+        })
+        .collect();
+    for child in children {
+        match child {
+            ChildKind::Task(t) => t.abort(reason),
+            ChildKind::Fiber(f) => abort_tasks(&f, reason),
+            _ => {}
+        }
+    }
 }
 
 /// Stops one child the graceful way; returns the ids in the order they stopped.
@@ -143,11 +165,8 @@ async fn stop_child(rt: &Runtime, child: &ChildEntry) -> Vec<u64> {
             vec![child.node.info.id]
         }
         ChildKind::Part => {
-            rt.tree().stopped(
-                child.node.info.id,
-                Status::Disposed,
-                "stopped with its owner",
-            );
+            rt.tree()
+                .stopped(child.node.info.id, Status::Disposed, "stopped");
             vec![child.node.info.id]
         }
     }
@@ -233,6 +252,21 @@ fn owner_of(from: &Arc<FiberShared>, id: u64) -> Option<(Arc<FiberShared>, u64)>
 /// order). Returns the stop order, or `None` when no live child has that id.
 pub(crate) async fn stop_node(rt: &Runtime, root: &Arc<FiberShared>, id: u64) -> Option<Vec<u64>> {
     let (owner, seq) = owner_of(root, id)?;
+    // A task stays among its owner's children until it has ended (it
+    // leaves them itself): a stop dropped midway leaves it where the
+    // owner's teardown still finds it. It is never restarted anyway.
+    let task = {
+        let inner = owner.lock();
+        let child = inner.children.get(&seq)?;
+        match &child.kind {
+            ChildKind::Task(t) => Some((t.clone(), child.policy.shutdown)),
+            _ => None,
+        }
+    };
+    if let Some((task, shutdown)) = task {
+        task.stop(rt, shutdown).await;
+        return Some(vec![id]);
+    }
     let entry = owner.lock().children.remove(&seq)?;
     Some(stop_child(rt, &entry).await)
 }
