@@ -27,7 +27,7 @@ use crate::runtime::fiber::{
 use crate::runtime::plugin::{ErasedPlugin, Plugin, ValidConfig};
 use crate::scope::ScopeKey;
 use crate::services::{Provider, ServiceChange};
-use crate::tree::{Form, Node, NodeInfo, NodeStats, Status, now_ms};
+use crate::tree::{Form, Node, NodeStats, Status};
 
 /// The registration handle: runtime + owning fiber + optional scope tag.
 #[derive(Clone)]
@@ -488,18 +488,10 @@ impl Context {
     /// records it stopped in its place; [`Context::drop_part`] removes it
     /// earlier. Returns the node id. Refused once the fiber is unloading.
     pub fn part(&self, kind: &str, name: impl Into<String>) -> Result<u64> {
-        let id = self.rt.next_id();
-        let node = self.rt.tree().insert(
-            NodeInfo {
-                form: Form::Part,
-                id,
-                kind: Arc::from(kind),
-                name: Arc::from(name.into()),
-                parent: Some(self.fiber.id),
-                started_ms: now_ms(),
-            },
-            Status::Active,
-        );
+        let node = self
+            .fiber
+            .child_node(&self.rt, Form::Part, kind, &name.into(), Status::Active);
+        let id = node.info.id;
         let entry = ChildEntry {
             node,
             pid: None,
@@ -510,10 +502,7 @@ impl Context {
             self.rt
                 .tree()
                 .stopped(id, Status::Failed, "owner is shutting down");
-            return Err(Error::InactiveFiber {
-                fiber: format!("{}#{}", self.fiber.name(), self.fiber.id),
-                state: self.fiber.status().as_str(),
-            });
+            return Err(self.fiber.inactive());
         }
         Ok(id)
     }
@@ -585,23 +574,12 @@ async fn spawn_counted<A: Actor>(
         return Err(Error::ShuttingDown);
     };
     if ctx.fiber.status().is_terminal() || ctx.fiber.status() == Status::Unloading {
-        return Err(Error::InactiveFiber {
-            fiber: format!("{}#{}", ctx.fiber.name(), ctx.fiber.id),
-            state: ctx.fiber.status().as_str(),
-        });
+        return Err(ctx.fiber.inactive());
     }
-    let id = ctx.rt.next_id();
-    let node = ctx.rt.tree().insert(
-        NodeInfo {
-            form: Form::Actor,
-            id,
-            kind: Arc::from(kind),
-            name: Arc::from(name),
-            parent: Some(ctx.fiber.id),
-            started_ms: now_ms(),
-        },
-        Status::Loading,
-    );
+    let node = ctx
+        .fiber
+        .child_node(&ctx.rt, Form::Actor, kind, name, Status::Loading);
+    let id = node.info.id;
     let counted = Counted {
         inner: actor,
         stats: node.stats.clone(),

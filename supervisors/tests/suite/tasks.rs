@@ -25,6 +25,16 @@ async fn owner(rt: &dsh_supervisors::Runtime, name: &str) -> Fiber {
         .unwrap()
 }
 
+/// Asserts how node `id` ended.
+fn assert_stopped(rt: &dsh_supervisors::Runtime, id: u64, status: Status, reason: &str) {
+    let node = rt
+        .tree()
+        .get_stopped(id)
+        .expect("the node is recorded stopped");
+    assert_eq!(node.status, status, "{}", node.name);
+    assert_eq!(node.stop_reason.as_deref(), Some(reason), "{}", node.name);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_is_a_tree_node_that_returns_its_result_and_leaves() {
     let rt = runtime().await;
@@ -193,12 +203,7 @@ async fn a_task_that_ignores_its_cancel_is_aborted_past_its_budget() {
     bounded("dispose", fiber.dispose()).await;
     assert!(dropped.is_cancelled(), "the aborted body was dropped");
     assert_eq!(bounded("join", task.join()).await, Err(TaskEnd::Stopped));
-    let node = rt.tree().get_stopped(id).unwrap();
-    assert_eq!(node.status, Status::Failed);
-    assert_eq!(
-        node.stop_reason.as_deref(),
-        Some("aborted after its shutdown budget")
-    );
+    assert_stopped(&rt, id, Status::Failed, "aborted after its shutdown budget");
     bounded("shutdown", rt.shutdown()).await;
 }
 
@@ -320,12 +325,7 @@ async fn a_stop_dropped_midway_leaves_the_task_where_its_owner_still_aborts_it()
     assert_eq!(fiber.children(), vec![id], "still its owner's child");
     bounded("dispose", fiber.dispose()).await;
     assert_eq!(bounded("join", task.join()).await, Err(TaskEnd::Stopped));
-    let node = rt.tree().get_stopped(id).unwrap();
-    assert_eq!(node.status, Status::Failed);
-    assert_eq!(
-        node.stop_reason.as_deref(),
-        Some("aborted after its shutdown budget")
-    );
+    assert_stopped(&rt, id, Status::Failed, "aborted after its shutdown budget");
     bounded("shutdown", rt.shutdown()).await;
 }
 
@@ -351,9 +351,7 @@ async fn a_brutally_killed_task_is_recorded_even_if_it_never_ran() {
         assert_eq!(bounded("join", task.join()).await, Err(TaskEnd::Stopped));
     }
     for id in ids {
-        let node = rt.tree().get_stopped(id).expect("recorded");
-        assert_eq!(node.status, Status::Failed);
-        assert_eq!(node.stop_reason.as_deref(), Some("brutal kill"));
+        assert_stopped(&rt, id, Status::Failed, "brutal kill");
     }
     bounded("shutdown", rt.shutdown()).await;
 }

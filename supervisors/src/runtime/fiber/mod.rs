@@ -40,7 +40,7 @@ use crate::runtime::Runtime;
 use crate::runtime::context::Context;
 use crate::runtime::plugin::ErasedPlugin;
 use crate::scope::ScopeKey;
-use crate::tree::{Node, Status};
+use crate::tree::{Form, Node, NodeInfo, Status, now_ms};
 
 pub(crate) use load::spawn_fiber;
 pub(crate) use task::spawn as spawn_task;
@@ -199,11 +199,38 @@ impl FiberShared {
     fn accepting(&self) -> std::result::Result<(), Error> {
         match self.status() {
             Status::Pending | Status::Loading | Status::Active => Ok(()),
-            other => Err(Error::InactiveFiber {
-                fiber: format!("{}#{}", self.name(), self.id),
-                state: other.as_str(),
-            }),
+            _ => Err(self.inactive()),
         }
+    }
+
+    /// The refusal of a fiber that takes no more children or effects.
+    pub fn inactive(&self) -> Error {
+        Error::InactiveFiber {
+            fiber: format!("{}#{}", self.name(), self.id),
+            state: self.status().as_str(),
+        }
+    }
+
+    /// Puts a node for a new child of this fiber in the tree.
+    pub fn child_node(
+        &self,
+        rt: &Runtime,
+        form: Form,
+        kind: &str,
+        name: &str,
+        status: Status,
+    ) -> Arc<Node> {
+        rt.tree().insert(
+            NodeInfo {
+                id: rt.next_id(),
+                form,
+                kind: Arc::from(kind),
+                name: Arc::from(name),
+                parent: Some(self.id),
+                started_ms: now_ms(),
+            },
+            status,
+        )
     }
 
     /// Registers a disposer; refused once the fiber is unloading (the
@@ -283,10 +310,7 @@ impl FiberShared {
                 }
                 rt.tree()
                     .stopped(entry.node.info.id, Status::Failed, "owner is shutting down");
-                Err(Error::InactiveFiber {
-                    fiber: format!("{}#{}", self.name(), self.id),
-                    state: self.status().as_str(),
-                })
+                Err(self.inactive())
             }
         }
     }

@@ -28,11 +28,11 @@ use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{ChildEntry, ChildKind, FiberShared};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::events::panic_text;
 use crate::policy::{ChildPolicy, Restart, Shutdown};
 use crate::runtime::Runtime;
-use crate::tree::{Form, Node, NodeInfo, Status, now_ms};
+use crate::tree::{Form, Node, Status};
 
 /// How long an aborted task may take to reach its next await point.
 const ABORT_GRACE: Duration = Duration::from_secs(5);
@@ -225,27 +225,13 @@ where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = T> + Send + 'static,
 {
-    let refused = || Error::InactiveFiber {
-        fiber: format!("{}#{}", fiber.name(), fiber.id),
-        state: fiber.status().as_str(),
-    };
     // Not even a node for a fiber that takes no children (the check that
     // counts is `add_child`'s, under the fiber's lock).
     if fiber.accepting().is_err() {
-        return Err(refused());
+        return Err(fiber.inactive());
     }
-    let id = rt.next_id();
-    let node = rt.tree().insert(
-        NodeInfo {
-            id,
-            form: Form::Task,
-            kind: Arc::from(kind),
-            name: Arc::from(name),
-            parent: Some(fiber.id),
-            started_ms: now_ms(),
-        },
-        Status::Active,
-    );
+    let node = fiber.child_node(rt, Form::Task, kind, &name, Status::Active);
+    let id = node.info.id;
     let cancel = parent_cancel.map_or_else(CancellationToken::new, |p| p.child_token());
     let (abort, registration) = AbortHandle::new_pair();
     let shared = Arc::new(TaskShared {
@@ -271,7 +257,7 @@ where
         Err(_) => {
             rt.tree()
                 .stopped(id, Status::Failed, "owner is shutting down");
-            return Err(refused());
+            return Err(fiber.inactive());
         }
     };
     let (tx, rx) = oneshot::channel();
