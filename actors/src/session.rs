@@ -292,14 +292,6 @@ impl SessionHandle {
         store: Option<Arc<dyn SessionPersistence>>,
         stored: Option<u64>,
     ) -> dsh_supervisors::Result<()> {
-        let from = stored.unwrap_or(0) as usize;
-        let (header, backlog) = self.with_log(|log| {
-            let backlog = match store {
-                Some(_) => log.events().iter().skip(from).cloned().collect(),
-                None => Vec::new(),
-            };
-            (log.header().clone(), backlog)
-        });
         let name = format!("session/{}", short(&self.id));
         let Some(store) = store else {
             // Without a store there is nothing to write: the session is a
@@ -308,6 +300,11 @@ impl SessionHandle {
             ctx.part("session", name)?;
             return Ok(());
         };
+        let from = stored.unwrap_or(0) as usize;
+        let (header, backlog) = self.with_log(|log| {
+            let backlog = log.events().iter().skip(from).cloned().collect();
+            (log.header().clone(), backlog)
+        });
         let spec = WorkerSpec::new(
             "session",
             name,
@@ -315,7 +312,7 @@ impl SessionHandle {
             SessionArgs {
                 header,
                 backlog,
-                store: Some(store),
+                store,
                 stored,
                 written: self.core.written.clone(),
             },
@@ -358,7 +355,7 @@ pub fn short(id: &str) -> &str {
 pub struct SessionArgs {
     header: SessionHeader,
     backlog: Vec<Arc<SessionEvent>>,
-    store: Option<Arc<dyn SessionPersistence>>,
+    store: Arc<dyn SessionPersistence>,
     /// Events already stored (`None`: the session is not created yet).
     stored: Option<u64>,
     /// Where the actor counts the events it has written.
@@ -370,7 +367,7 @@ pub struct SessionActor;
 
 /// Its state: committed events not yet durable, and where they go.
 pub struct SessionState {
-    store: Option<Arc<dyn SessionPersistence>>,
+    store: Arc<dyn SessionPersistence>,
     pending: Vec<Arc<SessionEvent>>,
     /// Events durable in the store (shared with the handle).
     written: Arc<AtomicU64>,
@@ -384,10 +381,7 @@ impl SessionState {
     /// Writes the pending events (creating the session first if needed).
     /// A failed write keeps them, in order, for the next attempt.
     async fn write_pending(&mut self) -> Result<(), FlushError> {
-        let Some(store) = self.store.clone() else {
-            self.pending.clear();
-            return Ok(());
-        };
+        let store = self.store.clone();
         if self.pending.is_empty() && self.created {
             return Ok(());
         }
@@ -438,14 +432,11 @@ impl Actor for SessionActor {
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
         let on_disk = args.stored.unwrap_or(0);
-        let pending = match args.store {
-            Some(_) => args
-                .backlog
-                .into_iter()
-                .filter(|e| e.seq >= on_disk)
-                .collect(),
-            None => Vec::new(),
-        };
+        let pending = args
+            .backlog
+            .into_iter()
+            .filter(|e| e.seq >= on_disk)
+            .collect();
         args.written.store(on_disk, Ordering::Release);
         Ok(SessionState {
             written: args.written,
@@ -465,18 +456,16 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SessionMsg::Committed(event) => {
-                if state.store.is_some() {
-                    state.pending.push(event);
-                    if state.pending.len() >= FLUSH_EVENTS {
-                        if let Err(e) = state.write_pending().await {
-                            tracing::error!("{e}; keeping the events for the next write");
-                        }
-                    } else if !state.scheduled {
-                        // The batching window: the first pending event
-                        // schedules one write; later ones join it.
-                        state.scheduled = true;
-                        me.send_after(BATCH_WINDOW, || SessionMsg::Tick);
+                state.pending.push(event);
+                if state.pending.len() >= FLUSH_EVENTS {
+                    if let Err(e) = state.write_pending().await {
+                        tracing::error!("{e}; keeping the events for the next write");
                     }
+                } else if !state.scheduled {
+                    // The batching window: the first pending event
+                    // schedules one write; later ones join it.
+                    state.scheduled = true;
+                    me.send_after(BATCH_WINDOW, || SessionMsg::Tick);
                 }
             }
             SessionMsg::Tick => {

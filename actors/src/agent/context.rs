@@ -147,7 +147,7 @@ pub(super) fn title(agent: &Agent, me: &Awake) -> Option<(u64, String)> {
 /// Asks the route for a title of the session's first prompt, in a
 /// supervised task child of the agent's scope (cancelled with it); the answer is
 /// a `session/title` from the provider, after the fallback.
-pub(super) async fn ask_for_title(agent: &Agent, me: &Awake, seq: u64, prompt: String) {
+pub(super) fn ask_for_title(agent: &Agent, me: &Awake, seq: u64, prompt: String) {
     let spec = &agent.inner.spec;
     let asks = me.llm.adapter(&spec.provider).is_some_and(|a| a.titles());
     if !asks {

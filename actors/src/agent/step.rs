@@ -115,7 +115,7 @@ async fn request(at: At<'_>, token: &CancellationToken) -> Result<LlmRequest, Ll
     };
     super::context::refresh(at.agent, me);
     if let Some((seq, prompt)) = super::context::title(at.agent, me) {
-        super::context::ask_for_title(at.agent, me, seq, prompt).await;
+        super::context::ask_for_title(at.agent, me, seq, prompt);
     }
     // The route's defaults as they stand; the waterfall may name its own.
     let defaults = me.llm.defaults(&inner.spec.provider, &inner.spec.model);

@@ -453,7 +453,7 @@ impl Context {
                 start,
             },
         };
-        self.fiber.adopt_worker(&self.rt, entry)?;
+        self.fiber.adopt(&self.rt, entry)?;
         Ok(WorkerRef {
             id: node.info.id,
             actor: actor_ref,
@@ -498,12 +498,7 @@ impl Context {
             policy: ChildPolicy::WORKER,
             kind: ChildKind::Part,
         };
-        if self.fiber.add_child(entry).is_err() {
-            self.rt
-                .tree()
-                .stopped(id, Status::Failed, "owner is shutting down");
-            return Err(self.fiber.inactive());
-        }
+        self.fiber.adopt(&self.rt, entry)?;
         Ok(id)
     }
 

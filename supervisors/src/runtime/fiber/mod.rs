@@ -298,10 +298,10 @@ impl FiberShared {
         Ok(seq)
     }
 
-    /// Records a worker just spawned for this fiber as its newest child. A
-    /// fiber that no longer takes children (it is unloading) kills the
-    /// worker instead, marks it failed and refuses.
-    pub fn adopt_worker(&self, rt: &Runtime, entry: ChildEntry) -> Result<u64> {
+    /// Records a child just made for this fiber (a worker, a task, a part)
+    /// as its newest. A fiber that no longer takes children (it is
+    /// unloading) kills a worker instead, marks the node failed and refuses.
+    pub fn adopt(&self, rt: &Runtime, entry: ChildEntry) -> Result<u64> {
         match self.add_child(entry) {
             Ok(seq) => Ok(seq),
             Err(entry) => {

@@ -13,8 +13,9 @@
 //!   the signal is cancelled, the task is awaited up to its shutdown budget
 //!   and aborted past it.
 //!
-//! Whichever of the task's own end and its owner's stop comes first records
-//! the node's end; the other finds it recorded.
+//! However it ends (also aborted, or dropped unpolled), a guard inside the
+//! task's future records the end and takes it out of its owner's children;
+//! a stop only cancels, waits for that record and aborts past its budget.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -73,7 +74,8 @@ impl TaskShared {
         }
     }
 
-    fn abort_because(&self, why: &'static str) {
+    /// Aborts the task without waiting; `why` is recorded as its end.
+    pub(super) fn abort(&self, why: &'static str) {
         let _ = self.aborted_because.set(why);
         self.cancel.cancel();
         self.abort.abort();
@@ -102,10 +104,10 @@ impl TaskShared {
             return;
         }
         if shutdown == Shutdown::BrutalKill {
-            self.abort_because("brutal kill");
+            self.abort("brutal kill");
         } else {
             tracing::warn!(task = self.node.info.id, name = %self.node.info.name, "task missed its shutdown budget; aborting");
-            self.abort_because("aborted after its shutdown budget");
+            self.abort("aborted after its shutdown budget");
         }
         if tokio::time::timeout(ABORT_GRACE, self.wait_ended())
             .await
@@ -115,11 +117,6 @@ impl TaskShared {
             // recorded when it does.
             tracing::error!(task = self.node.info.id, name = %self.node.info.name, "aborted task has not ended");
         }
-    }
-
-    /// Aborts the task without waiting (its owner was killed or failed).
-    pub(super) fn abort(&self, reason: &'static str) {
-        self.abort_because(reason);
     }
 }
 
@@ -252,14 +249,7 @@ where
         },
         kind: ChildKind::Task(shared.clone()),
     };
-    let seq = match fiber.add_child(entry) {
-        Ok(seq) => seq,
-        Err(_) => {
-            rt.tree()
-                .stopped(id, Status::Failed, "owner is shutting down");
-            return Err(fiber.inactive());
-        }
-    };
+    let seq = fiber.adopt(rt, entry)?;
     let (tx, rx) = oneshot::channel();
     let work = Abortable::new(body(cancel.clone()), registration);
     let mut ending = Ending {

@@ -108,22 +108,17 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
 /// Aborts every task child in `fiber`'s subtree: its actor failed without
 /// a teardown, and ractor stops only actors (linked to it), not tasks.
 pub(super) fn abort_tasks(fiber: &Arc<FiberShared>, reason: &'static str) {
-    let children: Vec<ChildKind> = fiber
-        .lock()
-        .children
-        .values()
-        .filter_map(|c| match &c.kind {
-            ChildKind::Task(t) => Some(ChildKind::Task(t.clone())),
-            ChildKind::Fiber(f) => Some(ChildKind::Fiber(f.clone())),
-            _ => None,
-        })
-        .collect();
-    for child in children {
-        match child {
+    let mut fibers = Vec::new();
+    for child in fiber.lock().children.values() {
+        match &child.kind {
             ChildKind::Task(t) => t.abort(reason),
-            ChildKind::Fiber(f) => abort_tasks(&f, reason),
+            ChildKind::Fiber(f) => fibers.push(f.clone()),
             _ => {}
         }
+    }
+    // Outside this fiber's lock.
+    for f in fibers {
+        abort_tasks(&f, reason);
     }
 }
 
