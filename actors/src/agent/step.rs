@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::driver::log_append;
 use super::envelope::{CallConfig, envelope};
 use super::events::AgentRequest;
-use super::tool_exec::{execute, release_step_children};
+use super::tool_exec::{Placement, execute, release_step_children};
 use super::{Agent, Awake};
 
 pub(super) enum StepEnd {
@@ -326,14 +326,14 @@ async fn run_calls(at: At<'_>, calls: &[ToolCall], token: &CancellationToken) {
                 j += 1;
             }
         }
-        // A lone call is awaited in place (no batch of large futures to move).
+        // A lone call runs in this task (no batch of large futures to move).
         let outcomes = if j == i + 1 {
-            vec![execute(me, calls[i].clone(), token).await]
+            vec![execute(me, calls[i].clone(), token, Placement::Alone).await]
         } else {
             let batch: Vec<_> = calls[i..j]
                 .iter()
                 .cloned()
-                .map(|c| execute(me, c, token))
+                .map(|c| execute(me, c, token, Placement::InRun))
                 .collect();
             futures::stream::iter(batch)
                 .buffered(at.agent.inner.spec.max_parallel_tools.max(1))

@@ -1,48 +1,91 @@
 //! Tool calls: each runs the guarded pipeline as a supervised task child
-//! of the agent's scope (a tree node with a cancel signal, no mailbox);
+//! of the agent's scope (a tree node with a cancel signal, no mailbox):
+//! a lone call in the step's own task, each call of a concurrent run on a
+//! tokio task of its own;
 //! children a step's calls started are disposed, last started first, once
 //! the step's results are in.
+
+use std::future::Future;
 
 use dsh_services::llm::ContentBlock;
 use dsh_services::tools::{PipelineOutcome, ToolCall, ToolError, run_pipeline};
 use dsh_supervisors::{TaskEnd, TaskSpec};
+use futures::FutureExt;
+use futures::future::Either;
 use tokio_util::sync::CancellationToken;
 
 use super::{Awake, lock};
 
-/// Runs one call as a supervised task child of the agent's scope; its
-/// signal is a child of the step's `token`.
+/// How a call runs: alone, in the step's own task; in a run of concurrent
+/// calls, on a tokio task of its own, so the run uses every worker.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Placement {
+    Alone,
+    InRun,
+}
+
+/// Runs one call as a supervised task child of the agent's scope (placed
+/// as `placement` says); its signal is a child of the step's `token`.
 pub(super) async fn execute(
     me: &Awake,
     call: ToolCall,
     token: &CancellationToken,
+    placement: Placement,
 ) -> PipelineOutcome {
     let name = format!("tool/{}#{}", call.name, call.id);
-    let ctx = me.ctx.clone();
-    let tools = me.tools.clone();
-    let approval = me.approval.clone();
-    let bounds = me.bounds.clone();
     let spec = TaskSpec::new("tool", name).cancelled_by(token);
-    let started = me.ctx.spawn_task(spec, move |cancel| async move {
-        Box::pin(run_pipeline(
-            &ctx,
-            &tools,
-            approval.as_deref(),
-            call,
-            cancel,
-            bounds,
-        ))
-        .await
-    });
-    let ended = match started {
-        Ok(task) => task.join().await,
-        Err(e) => return aborted(format!("the call could not start: {e}")),
+    let ended = match placement {
+        // Boxed: a run's futures, each waiting on its task, stay small.
+        Placement::Alone => Box::pin(alone(me, spec, call)).await,
+        Placement::InRun => in_run(me, spec, call).await,
     };
     match ended {
         Ok(outcome) => outcome,
-        Err(TaskEnd::Panicked(message)) => aborted(format!("the tool panicked: {message}")),
-        Err(TaskEnd::Stopped) => aborted("the call was stopped before it finished".into()),
+        Err(Ended::Refused(e)) => aborted(format!("the call could not start: {e}")),
+        Err(Ended::Task(TaskEnd::Panicked(message))) => {
+            aborted(format!("the tool panicked: {message}"))
+        }
+        Err(Ended::Task(TaskEnd::Stopped)) => {
+            aborted("the call was stopped before it finished".into())
+        }
     }
+}
+
+/// Why a call gave no outcome of its own.
+enum Ended {
+    Refused(dsh_supervisors::Error),
+    Task(TaskEnd),
+}
+
+/// A lone call, run in the step's task. (Not an `async fn`: the task's
+/// future is held once, not also in the `Result` that made it.)
+fn alone<'a>(
+    me: &'a Awake,
+    spec: TaskSpec<'_>,
+    call: ToolCall,
+) -> impl Future<Output = Result<PipelineOutcome, Ended>> + 'a {
+    let (ctx, tools, approval) = (&me.ctx, &me.tools, me.approval.as_deref());
+    let task = me.ctx.run_task(spec, move |cancel| {
+        run_pipeline(ctx, tools, approval, call, cancel, me.bounds.clone())
+    });
+    match task {
+        Ok(task) => Either::Left(task.map(|ended| ended.map_err(Ended::Task))),
+        Err(e) => Either::Right(std::future::ready(Err(Ended::Refused(e)))),
+    }
+}
+
+/// A call of a concurrent run, on a tokio task of its own.
+async fn in_run(me: &Awake, spec: TaskSpec<'_>, call: ToolCall) -> Result<PipelineOutcome, Ended> {
+    let (ctx, tools) = (me.ctx.clone(), me.tools.clone());
+    let (approval, bounds) = (me.approval.clone(), me.bounds.clone());
+    let task = me
+        .ctx
+        .spawn_task(spec, move |cancel| async move {
+            let approval = approval.as_deref();
+            Box::pin(run_pipeline(&ctx, &tools, approval, call, cancel, bounds)).await
+        })
+        .map_err(Ended::Refused)?;
+    task.join().await.map_err(Ended::Task)
 }
 
 /// The result of a call that gave none of its own.

@@ -3,7 +3,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use dsh_supervisors::events::panic_text;
+use dsh_supervisors::events::{BailFn, WaterfallFn, panic_text};
 use dsh_supervisors::{Bail, Context, Emit, Event, Target, Waterfall};
 use futures::FutureExt;
 use serde_json::Value;
@@ -82,7 +82,8 @@ impl Waterfall for ToolExecute {
 pub struct PostExecute {
     /// The call.
     pub call: Arc<ToolCall>,
-    /// Its validated arguments (`Null` when it failed before validation).
+    /// Its validated arguments (`Null` when it failed before validation, or
+    /// when no listener of this event was registered as its body started).
     pub args: Value,
     /// The outcome so far.
     pub outcome: Result<ToolOutput, ToolError>,
@@ -151,7 +152,11 @@ pub async fn run_pipeline(
         match prepare(ctx, registry, approval, &call, &target, cancel, bounds).await {
             Err(e) => (Err(e), None),
             Ok((tool, cx)) => {
-                post_args = cx.args.clone();
+                // Only a `tool/post-execute` listener reads the arguments
+                // after the body, which takes them: copied for one only.
+                if events.listener_count::<WaterfallFn<PostExecute>>() > 0 {
+                    post_args = cx.args.clone();
+                }
                 let body_tool = tool.clone();
                 let terminal = move |ex: ToolExecute| run_body(body_tool.clone(), ex.cx);
                 let executed = events
@@ -306,13 +311,17 @@ async fn prepare(
         }
     }
     let policy = escalation(ctx, approval, &tool, call, &args, &cancel, bounds.policy).await?;
-    if let Some(reason) = events.bail(
-        target,
-        &ToolGuard {
-            call: call.clone(),
-            args: args.clone(),
-        },
-    ) {
+    let guarded = events.listener_count::<BailFn<ToolGuard>>() > 0;
+    if let Some(reason) = guarded
+        .then(|| {
+            let guard = ToolGuard {
+                call: call.clone(),
+                args: args.clone(),
+            };
+            events.bail(target, &guard)
+        })
+        .flatten()
+    {
         return Err(ToolError::new("DENIED", reason));
     }
     let cx = ToolContext {

@@ -22,7 +22,7 @@ use crate::events::{
 use crate::policy::{ChildPolicy, Restart, Shutdown, SupervisorSpec};
 use crate::runtime::Runtime;
 use crate::runtime::fiber::{
-    self, ChildEntry, ChildKind, DisposeFn, FiberShared, LoadSpec, TaskRef, WorkerStart,
+    self, ChildEntry, ChildKind, DisposeFn, FiberShared, LoadSpec, TaskEnd, TaskRef, WorkerStart,
 };
 use crate::runtime::plugin::{ErasedPlugin, Plugin, ValidConfig};
 use crate::scope::ScopeKey;
@@ -472,6 +472,33 @@ impl Context {
         Fut: Future<Output = T> + Send + 'static,
     {
         fiber::spawn_task(
+            &self.rt,
+            &self.fiber,
+            spec.kind,
+            spec.name,
+            spec.shutdown,
+            spec.cancel,
+            body,
+        )
+    }
+
+    /// Registers one-shot work as a supervised task child of the owning
+    /// fiber, as [`Context::spawn_task`] does, but run by its caller: the
+    /// returned future is the task (no tokio task of its own, and its body
+    /// may borrow). Await it where it is made: a stop of the task (a
+    /// teardown, `stop_node`) ends it at its caller's next poll, and dropped
+    /// unfinished it is recorded as dropped. Refused once the fiber is
+    /// unloading.
+    pub fn run_task<'b, T: 'b, F, Fut>(
+        &self,
+        spec: TaskSpec<'_>,
+        body: F,
+    ) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + 'b>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = T> + 'b,
+    {
+        fiber::inline_task(
             &self.rt,
             &self.fiber,
             spec.kind,

@@ -1,6 +1,7 @@
 //! Task children: one-shot work in the tree without a mailbox. Result,
 //! panic as a supervision event, cancel and await in reverse start order on
-//! teardown, abort past the budget, refusal once the owner unloads.
+//! teardown, abort past the budget, refusal once the owner unloads; the
+//! same for tasks their caller runs (`run_task`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -353,5 +354,102 @@ async fn a_brutally_killed_task_is_recorded_even_if_it_never_ran() {
     for id in ids {
         assert_stopped(&rt, id, Status::Failed, "brutal kill");
     }
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_its_caller_runs_borrows_returns_and_is_recorded_however_it_ends() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let ctx = fiber.context();
+    let borrowed = String::from("borrowed, not moved");
+    let release = Notify::new();
+    let task = ctx
+        .run_task(TaskSpec::new("tool", "tool/inline#1"), |_cancel| async {
+            release.notified().await;
+            borrowed.len()
+        })
+        .unwrap();
+    let watch = async {
+        // Registered before it is first polled: its place is taken at once.
+        let id = fiber.children()[0];
+        let node = rt.tree().get(id).expect("a live node while it runs");
+        assert_eq!((node.form, node.kind.as_str()), (Form::Task, "tool"));
+        release.notify_one();
+        id
+    };
+    let (ended, id) = bounded("run", async { tokio::join!(task, watch) }).await;
+    assert_eq!(ended, Ok(borrowed.len()));
+    assert_stopped(&rt, id, Status::Disposed, "finished");
+    assert!(fiber.children().is_empty(), "the owner forgot it");
+
+    // A panic is the caller's `Err`, and the owner's supervision event.
+    let mut feed = rt.tree().subscribe();
+    let task = ctx
+        .run_task(TaskSpec::new("tool", "bomb"), |_c| async {
+            tokio::task::yield_now().await;
+            if true {
+                panic!("the inline tool exploded");
+            }
+        })
+        .unwrap();
+    assert_eq!(
+        bounded("run", task).await,
+        Err(TaskEnd::Panicked("the inline tool exploded".into()))
+    );
+    let change = wait_change(&mut feed, |c| matches!(c, TreeChange::Supervision { .. })).await;
+    assert!(
+        matches!(&change, TreeChange::Supervision { supervisor, action, .. } if *supervisor == fiber.id() && action == "removed"),
+        "{change:?}"
+    );
+
+    // Dropped by its caller before it finished: recorded, and gone.
+    let task = ctx
+        .run_task(TaskSpec::new("tool", "abandoned"), |_c| {
+            futures::future::pending::<()>()
+        })
+        .unwrap();
+    let id = fiber.children()[0];
+    drop(task);
+    assert_stopped(&rt, id, Status::Failed, "dropped");
+    assert!(fiber.children().is_empty());
+    assert_eq!(fiber.status(), Status::Active, "the owner is unharmed");
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_its_caller_runs_is_stopped_by_its_owner_and_aborted_past_its_budget() {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let ctx = fiber.context();
+    let budget = Shutdown::Timeout(Duration::from_millis(50));
+    // One obeys its cancel, one ignores it; the owner's teardown ends both
+    // while their caller (another task) polls them.
+    let polite = ctx
+        .run_task(TaskSpec::new("tool", "polite"), |cancel| async move {
+            cancel.cancelled().await;
+            "saw the cancel"
+        })
+        .unwrap();
+    let stuck = ctx
+        .run_task(TaskSpec::new("tool", "stuck").shutdown(budget), |_c| {
+            futures::future::pending::<&str>()
+        })
+        .unwrap();
+    let ids = fiber.children();
+    let caller = tokio::spawn(async move { tokio::join!(polite, stuck) });
+    bounded("dispose", fiber.dispose()).await;
+    let (polite, stuck) = bounded("caller", caller).await.unwrap();
+    assert_eq!(polite, Ok("saw the cancel"));
+    assert_eq!(stuck, Err(TaskEnd::Stopped));
+    assert_stopped(&rt, ids[0], Status::Disposed, "cancelled by its owner");
+    assert_stopped(
+        &rt,
+        ids[1],
+        Status::Failed,
+        "aborted after its shutdown budget",
+    );
+    let refused = ctx.run_task(TaskSpec::new("tool", "late"), |_c| async {});
+    assert!(refused.is_err(), "a disposed owner takes no tasks");
     bounded("shutdown", rt.shutdown()).await;
 }

@@ -43,8 +43,8 @@ use crate::scope::ScopeKey;
 use crate::tree::{Form, Node, NodeInfo, Status, now_ms};
 
 pub(crate) use load::spawn_fiber;
-pub(crate) use task::spawn as spawn_task;
 pub use task::{TaskEnd, TaskRef};
+pub(crate) use task::{inline as inline_task, spawn as spawn_task};
 pub(crate) use teardown::{dispose_effect, shutdown_fiber, stop_node};
 
 pub(crate) enum DisposeFn {

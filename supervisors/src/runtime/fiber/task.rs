@@ -205,10 +205,19 @@ impl<T> TaskRef<T> {
     }
 }
 
-/// Starts `body` as a task child of `fiber`. The body gets the task's
-/// cancel signal (a child of `parent_cancel` when one is given); it is
-/// called only once the task is registered.
-pub(crate) fn spawn<T, F, Fut>(
+/// A task child, registered and not yet running: what [`spawn`] hands to
+/// tokio and [`inline`] hands to its caller.
+struct Registered<Fut> {
+    id: u64,
+    cancel: CancellationToken,
+    work: Abortable<Fut>,
+    ending: Ending,
+}
+
+/// Registers a task child of `fiber` (a node, its entry among the fiber's
+/// children) and wraps `body`, which gets the task's cancel signal (a child
+/// of `parent_cancel` when one is given) once the task is registered.
+fn register<F, Fut>(
     rt: &Runtime,
     fiber: &Arc<FiberShared>,
     kind: &str,
@@ -216,11 +225,9 @@ pub(crate) fn spawn<T, F, Fut>(
     shutdown: Shutdown,
     parent_cancel: Option<&CancellationToken>,
     body: F,
-) -> Result<TaskRef<T>>
+) -> Result<Registered<Fut>>
 where
-    T: Send + 'static,
     F: FnOnce(CancellationToken) -> Fut,
-    Fut: Future<Output = T> + Send + 'static,
 {
     // Not even a node for a fiber that takes no children (the check that
     // counts is `add_child`'s, under the fiber's lock).
@@ -250,37 +257,102 @@ where
         kind: ChildKind::Task(shared.clone()),
     };
     let seq = fiber.adopt(rt, entry)?;
-    let (tx, rx) = oneshot::channel();
     let work = Abortable::new(body(cancel.clone()), registration);
-    let mut ending = Ending {
+    let ending = Ending {
         rt: rt.clone(),
         owner: Arc::downgrade(fiber),
         seq,
         task: shared,
         outcome: None,
     };
-    // Detached on purpose: the fiber holds the abort handle and the
-    // ending signal, which is all a stop needs.
-    drop(tokio::spawn(async move {
-        match AssertUnwindSafe(work).catch_unwind().await {
+    Ok(Registered {
+        id,
+        cancel,
+        work,
+        ending,
+    })
+}
+
+/// Runs a registered task's work to its end. The end is recorded (the
+/// guard dropped) before the result is handed back; dropped midway, the
+/// guard records the end as it is dropped. (A combinator, not an `async
+/// fn`: the work is held once, not also as an argument.)
+fn supervised<T, Fut>(
+    work: Abortable<Fut>,
+    mut ending: Ending,
+) -> impl Future<Output = std::result::Result<T, TaskEnd>>
+where
+    Fut: Future<Output = T>,
+{
+    AssertUnwindSafe(work)
+        .catch_unwind()
+        .map(move |ended| match ended {
             Ok(Ok(value)) => {
                 ending.outcome = Some(Ok(()));
-                // The end is recorded before the result is handed over.
                 drop(ending);
-                let _ = tx.send(Ok(value));
+                Ok(value)
             }
-            Ok(Err(_aborted)) => drop(ending),
+            Ok(Err(_aborted)) => Err(TaskEnd::Stopped),
             Err(panic) => {
                 let message = panic_text(&panic);
                 ending.outcome = Some(Err(message.clone()));
                 drop(ending);
-                let _ = tx.send(Err(TaskEnd::Panicked(message)));
+                Err(TaskEnd::Panicked(message))
             }
-        }
+        })
+}
+
+/// Starts `body` as a task child of `fiber`, on a tokio task of its own.
+pub(crate) fn spawn<T, F, Fut>(
+    rt: &Runtime,
+    fiber: &Arc<FiberShared>,
+    kind: &str,
+    name: String,
+    shutdown: Shutdown,
+    parent_cancel: Option<&CancellationToken>,
+    body: F,
+) -> Result<TaskRef<T>>
+where
+    T: Send + 'static,
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+{
+    let Registered {
+        id,
+        cancel,
+        work,
+        ending,
+    } = register(rt, fiber, kind, name, shutdown, parent_cancel, body)?;
+    let (tx, rx) = oneshot::channel();
+    // Detached on purpose: the fiber holds the abort handle and the
+    // ending signal, which is all a stop needs.
+    drop(tokio::spawn(async move {
+        let _ = tx.send(supervised(work, ending).await);
     }));
     Ok(TaskRef {
         id,
         cancel,
         result: rx,
     })
+}
+
+/// Registers `body` as a task child of `fiber` that its caller runs: the
+/// returned future is the task, polled by whoever awaits it, with no tokio
+/// task of its own. A stop cancels and aborts it as any task child; the
+/// caller's next poll ends it.
+pub(crate) fn inline<'b, T: 'b, F, Fut>(
+    rt: &Runtime,
+    fiber: &Arc<FiberShared>,
+    kind: &str,
+    name: String,
+    shutdown: Shutdown,
+    parent_cancel: Option<&CancellationToken>,
+    body: F,
+) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + 'b>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = T> + 'b,
+{
+    let registered = register(rt, fiber, kind, name, shutdown, parent_cancel, body)?;
+    Ok(supervised(registered.work, registered.ending))
 }
