@@ -52,7 +52,7 @@ async fn a_text_turn_records_the_full_event_sequence() {
     );
     let events = agent.session().events();
     assert_eq!(
-        events[13].source_event_seqs.as_deref(),
+        events[13].source_event_seqs(),
         Some(&[8, 9, 10, 11, 12][..])
     );
     // A new session's fallback title: the prompt's first words, citing it.
@@ -119,7 +119,7 @@ async fn tool_calls_run_and_their_results_enter_the_history() {
     let events = agent.session().events();
     let call = events.iter().find(|e| e.kind() == "tool/call").unwrap();
     let result = events.iter().find(|e| e.kind() == "tool/result").unwrap();
-    assert_eq!(result.source_event_seqs.as_deref(), Some(&[call.seq][..]));
+    assert_eq!(result.source_event_seqs(), Some(&[call.seq][..]));
     // The call ran as a child actor of the agent's scope.
     let tool_node = std::iter::from_fn(|| feed.try_recv().ok())
         .find_map(|c| match c {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::llm::{ContentBlock, Message, MessageSource, Role};
 use crate::session::jsonl::{self, LoadError};
 use crate::session::{
-    EventData, SessionEvent, SessionHeader, SurfaceOp, ToolErrorId, TurnEndReason,
+    EventData, EventMeta, SessionEvent, SessionHeader, SurfaceOp, ToolErrorId, TurnEndReason,
 };
 
 /// Why a store operation failed.
@@ -705,14 +705,11 @@ fn synthetic(
     surface: bool,
     cites: Option<Vec<u64>>,
 ) -> SessionEvent {
-    SessionEvent {
-        seq,
-        time,
-        data,
+    SessionEvent::new(seq, time, data).with_meta(EventMeta {
         ignorable: false,
         surface_op: surface.then_some(SurfaceOp::Append),
         source_event_seqs: cites.map(Vec::into_boxed_slice),
-    }
+    })
 }
 
 /// Closes a turn left open at the end of `events`; returns what it did.

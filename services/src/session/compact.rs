@@ -212,14 +212,7 @@ mod tests {
     #[test]
     fn a_compacted_log_restores_to_the_same_events_history_and_seed_boundary() {
         let header = SessionHeader::new("s-1", Some("/w".into()));
-        let seed = vec![SessionEvent {
-            seq: 0,
-            time: 5,
-            data: EventData::TurnStart { turn: 1 },
-            ignorable: false,
-            surface_op: None,
-            source_event_seqs: None,
-        }];
+        let seed = vec![SessionEvent::new(0, 5, EventData::TurnStart { turn: 1 })];
         let mut log = SessionLog::from_seed(header, seed, 6).unwrap();
         let shared = Arc::new(serde_json::json!({"config": {"model": "m"}, "tools": [1, 2]}));
         log.append(

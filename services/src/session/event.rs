@@ -705,6 +705,15 @@ pub struct SessionEvent {
     pub time: u64,
     /// The payload.
     pub data: EventData,
+    /// Surface metadata and the ignorable mark, on the few events that
+    /// carry any (boxed: the others, most of a log, stay small). Never a
+    /// box of nothing, so equal events compare equal.
+    meta: Option<Box<EventMeta>>,
+}
+
+/// What some events carry besides their payload.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventMeta {
     /// A reader that does not know the type may skip it.
     pub ignorable: bool,
     /// How a surface event joined the surface.
@@ -713,7 +722,50 @@ pub struct SessionEvent {
     pub source_event_seqs: Option<Box<[u64]>>,
 }
 
+/// The metadata of an event that carries none.
+static NO_META: EventMeta = EventMeta {
+    ignorable: false,
+    surface_op: None,
+    source_event_seqs: None,
+};
+
 impl SessionEvent {
+    /// An event with no surface metadata, not ignorable.
+    pub fn new(seq: u64, time: u64, data: EventData) -> SessionEvent {
+        SessionEvent {
+            seq,
+            time,
+            data,
+            meta: None,
+        }
+    }
+
+    /// The same event carrying `meta`.
+    pub fn with_meta(mut self, meta: EventMeta) -> SessionEvent {
+        self.meta = (meta != NO_META).then(|| Box::new(meta));
+        self
+    }
+
+    /// Its metadata (all unset on most events).
+    pub fn meta(&self) -> &EventMeta {
+        self.meta.as_deref().unwrap_or(&NO_META)
+    }
+
+    /// A reader that does not know the type may skip it.
+    pub fn ignorable(&self) -> bool {
+        self.meta().ignorable
+    }
+
+    /// How a surface event joined the surface.
+    pub fn surface_op(&self) -> Option<SurfaceOp> {
+        self.meta().surface_op
+    }
+
+    /// Earlier events this one cites.
+    pub fn source_event_seqs(&self) -> Option<&[u64]> {
+        self.meta().source_event_seqs.as_deref()
+    }
+
     /// The event type.
     pub fn kind(&self) -> &str {
         self.data.kind()
@@ -754,13 +806,14 @@ impl Serialize for SessionEvent {
         map.serialize_entry("seq", &self.seq)?;
         map.serialize_entry("time", &self.time)?;
         map.serialize_entry("data", &self.data)?;
-        if self.ignorable {
+        let meta = self.meta();
+        if meta.ignorable {
             map.serialize_entry("ignorable", &true)?;
         }
-        if let Some(op) = &self.surface_op {
+        if let Some(op) = &meta.surface_op {
             map.serialize_entry("surfaceOp", op)?;
         }
-        if let Some(seqs) = &self.source_event_seqs {
+        if let Some(seqs) = &meta.source_event_seqs {
             map.serialize_entry("sourceEventSeqs", seqs)?;
         }
         map.end()
@@ -778,16 +831,17 @@ mod tests {
     use super::{EventData, SessionEvent};
 
     /// An agent keeps every event of its log in memory (~10 per step), so
-    /// the common event stays small: rare or large payloads are boxed.
+    /// the common event stays small: rare or large payloads are boxed, and
+    /// so is the metadata only message-producing events carry.
     #[test]
-    fn an_event_fits_in_128_bytes() {
+    fn an_event_fits_in_96_bytes() {
         assert!(
             size_of::<EventData>() <= 64,
             "EventData is {} bytes",
             size_of::<EventData>()
         );
         assert!(
-            size_of::<SessionEvent>() <= 128,
+            size_of::<SessionEvent>() <= 96,
             "SessionEvent is {} bytes",
             size_of::<SessionEvent>()
         );

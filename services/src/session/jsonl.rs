@@ -9,7 +9,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::event::{CARRIED_TYPES, EventData, EventError, SessionEvent, SurfaceOp};
+use super::event::{CARRIED_TYPES, EventData, EventError, EventMeta, SessionEvent, SurfaceOp};
 use super::log::{SESSION_FORMAT_VERSION, SessionHeader};
 use crate::llm::StreamChunk;
 
@@ -228,14 +228,14 @@ fn event(envelope: Envelope, expected: u64, prev_time: u64) -> Result<SessionEve
     {
         return Err(LineError::Unknown(kind.to_string()));
     }
-    Ok(SessionEvent {
-        seq: expected,
-        time: envelope.time.unwrap_or(prev_time),
-        data,
-        ignorable,
-        surface_op: envelope.surface_op,
-        source_event_seqs: envelope.source_event_seqs.map(Vec::into_boxed_slice),
-    })
+    let time = envelope.time.unwrap_or(prev_time);
+    Ok(
+        SessionEvent::new(expected, time, data).with_meta(EventMeta {
+            ignorable,
+            surface_op: envelope.surface_op,
+            source_event_seqs: envelope.source_event_seqs.map(Vec::into_boxed_slice),
+        }),
+    )
 }
 
 /// The header as its JSON line (without the newline).
@@ -334,18 +334,12 @@ fn expand(
                 arguments_delta: piece.clone(),
             },
         };
-        events.push(SessionEvent {
-            seq: events.len() as u64,
-            time,
-            data: EventData::AssistantChunk {
-                turn: p.turn,
-                step: p.step,
-                chunk: Box::new(chunk),
-            },
-            ignorable: false,
-            surface_op: None,
-            source_event_seqs: None,
-        });
+        let data = EventData::AssistantChunk {
+            turn: p.turn,
+            step: p.step,
+            chunk: Box::new(chunk),
+        };
+        events.push(SessionEvent::new(events.len() as u64, time, data));
     }
     Ok(())
 }

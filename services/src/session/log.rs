@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::event::{EventData, RequestContext, SessionEvent, SurfaceOp};
+use super::event::{EventData, EventMeta, RequestContext, SessionEvent, SurfaceOp};
 use crate::llm::{History, Message};
 
 /// The on-disk format version this build reads and writes.
@@ -217,18 +217,14 @@ impl SessionLog {
         intent: Option<SurfaceIntent>,
         time: u64,
     ) -> Result<Arc<SessionEvent>, SessionError> {
-        let (surface_op, source_event_seqs) = match intent {
-            Some(i) => (Some(i.surface_op), i.source_event_seqs),
-            None => (None, None),
-        };
-        let event = SessionEvent {
-            seq: self.next_seq(),
-            time,
-            data,
-            ignorable: false,
-            surface_op,
-            source_event_seqs: source_event_seqs.map(Vec::into_boxed_slice),
-        };
+        let mut event = SessionEvent::new(self.next_seq(), time, data);
+        if let Some(i) = intent {
+            event = event.with_meta(EventMeta {
+                ignorable: false,
+                surface_op: Some(i.surface_op),
+                source_event_seqs: i.source_event_seqs.map(Vec::into_boxed_slice),
+            });
+        }
         self.admit(event)
     }
 
@@ -241,7 +237,7 @@ impl SessionLog {
             reason,
         };
         let surface_type = event.data.is_surface();
-        match (&event.surface_op, surface_type) {
+        match (event.surface_op(), surface_type) {
             (None, true) => {
                 return Err(fail(
                     "a message-producing event must declare its surfaceOp".into(),
@@ -255,12 +251,12 @@ impl SessionLog {
             }
             _ => {}
         }
-        if !surface_type && event.source_event_seqs.is_some() {
+        if !surface_type && event.source_event_seqs().is_some() {
             return Err(fail(
                 "only message-producing events may cite sourceEventSeqs".into(),
             ));
         }
-        if let Some(seqs) = &event.source_event_seqs {
+        if let Some(seqs) = event.source_event_seqs() {
             if seqs.is_empty() && !matches!(event.data, EventData::AssistantMessage { .. }) {
                 return Err(fail(
                     "sourceEventSeqs may be empty only on assistant/message".into(),
@@ -280,7 +276,7 @@ impl SessionLog {
         }
         // Surface transition, validated before anything changes.
         let mut replaced = None;
-        if let Some(SurfaceOp::Replace { start, end }) = event.surface_op {
+        if let Some(SurfaceOp::Replace { start, end }) = event.surface_op() {
             let pos = |n: u64| self.surface.nodes.iter().position(|x| *x == n);
             let (Some(a), Some(b)) = (pos(start), pos(end)) else {
                 return Err(fail(format!(
@@ -293,7 +289,13 @@ impl SessionLog {
                 )));
             }
             let shadowed = &self.surface.nodes[a..=b];
-            let cited: HashSet<u64> = event.source_event_seqs.iter().flatten().copied().collect();
+            let cited: HashSet<u64> = event
+                .source_event_seqs()
+                .iter()
+                .copied()
+                .flatten()
+                .copied()
+                .collect();
             if let Some(missing) = shadowed.iter().find(|n| !cited.contains(n)) {
                 return Err(fail(format!(
                     "replace shadows node {missing} but sourceEventSeqs does not cite it"

@@ -15,8 +15,8 @@ pub mod jsonl;
 mod log;
 
 pub use event::{
-    CARRIED_TYPES, EventData, EventError, InboxSplice, RequestContext, SessionEvent, SurfaceOp,
-    TodoItem, TodoStatus, ToolErrorId, TurnEndReason, is_surface_type,
+    CARRIED_TYPES, EventData, EventError, EventMeta, InboxSplice, RequestContext, SessionEvent,
+    SurfaceOp, TodoItem, TodoStatus, ToolErrorId, TurnEndReason, is_surface_type,
 };
 pub use log::{
     SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface, SurfaceIntent,

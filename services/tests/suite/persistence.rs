@@ -458,10 +458,8 @@ fn a_log_cut_at_every_byte_resumes_and_loads_again() {
             "cut at {cut}"
         );
         store.prepare_resume("cut", &loaded).unwrap();
-        let next = SessionEvent {
-            seq: loaded.durable,
-            ..(*events[0]).clone()
-        };
+        let mut next = (*events[0]).clone();
+        next.seq = loaded.durable;
         store.append("cut", &[Arc::new(next)]).unwrap();
         let again = store
             .load("cut")

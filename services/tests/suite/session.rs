@@ -382,9 +382,9 @@ fn the_text_turn_recording_derives_the_expected_history() {
         .iter()
         .find(|e| e.kind() == "assistant/message")
         .unwrap()
-        .source_event_seqs
-        .clone()
-        .unwrap();
+        .source_event_seqs()
+        .unwrap()
+        .to_vec();
     assert!(
         sources
             .iter()
