@@ -59,9 +59,9 @@ pub(super) fn refresh(agent: &Agent, me: &Awake) {
     }
     let mut source = MessageSource::of("plugin");
     source.plugin = Some(SOURCE.into());
-    source.extra.insert("form".into(), json!("snapshot"));
-    source.extra.insert(
-        "sections".into(),
+    source.set_extra("form", json!("snapshot"));
+    source.set_extra(
+        "sections",
         json!(
             sections
                 .iter()

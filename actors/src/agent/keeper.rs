@@ -323,7 +323,7 @@ fn notices_since_user(agent: &Agent) -> usize {
         .iter()
         .rev()
         .filter_map(|e| match &e.data {
-            EventData::UserMessage(m) => Some(m.source.kind.as_str()),
+            EventData::UserMessage(m) => Some(m.source.kind.as_ref()),
             _ => None,
         })
         .take_while(|kind| *kind != "user")

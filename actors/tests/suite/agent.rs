@@ -671,7 +671,7 @@ async fn steer_and_inject_enter_the_running_turn_at_its_next_step() {
         .iter()
         .filter_map(|e| match &e.data {
             EventData::StepStart { step, .. } => Some(("step".into(), step.to_string())),
-            EventData::UserMessage(m) => Some((m.source.kind.clone(), m.text())),
+            EventData::UserMessage(m) => Some((m.source.kind.to_string(), m.text())),
             _ => None,
         })
         .collect();

@@ -299,7 +299,7 @@ impl dsh_services::llm::LlmAdapter for Recorder {
         let seen = request
             .messages
             .iter()
-            .map(|m| (m.source.kind.clone(), m.text()))
+            .map(|m| (m.source.kind.to_string(), m.text()))
             .collect();
         self.0.lock().unwrap().push(seen);
         super::harness::answer(vec![dsh_services::llm::ContentBlock::text("ok")])

@@ -10,6 +10,7 @@ mod runtime;
 pub mod scripted;
 pub mod sse;
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -122,38 +123,98 @@ pub enum Role {
 }
 
 /// Where a message came from. Open: plugins add kinds; fields other than
-/// the common ones are kept verbatim in `extra`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// the common ones are kept verbatim (see [`MessageSource::extra`]).
+///
+/// Every message carries one, so it is laid out small: the kind is usually
+/// a constant, the strings are boxed slices, and the rarely used other
+/// fields are boxed.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(from = "SourceWire")]
 pub struct MessageSource {
     /// `user`, `plugin`, `model`, `tool`, or a plugin-defined kind.
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// Provider route of a model message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider: Option<String>,
+    pub provider: Option<Box<str>>,
     /// Model id of a model message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub model: Option<Box<str>>,
     /// The call a tool message answers.
-    #[serde(default, rename = "callId", skip_serializing_if = "Option::is_none")]
-    pub call_id: Option<String>,
+    pub call_id: Option<Box<str>>,
     /// The plugin that produced a plugin message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plugin: Option<String>,
-    /// Every other field (`form`, `sections`, `replayState`, …).
+    pub plugin: Option<Box<str>>,
+    /// Every other field, when there is one (never an empty box).
+    extra: Option<Box<serde_json::Map<String, serde_json::Value>>>,
+}
+
+/// The stored form of a [`MessageSource`]: its fields side by side with
+/// the other fields.
+#[derive(Deserialize)]
+struct SourceWire {
+    kind: String,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default, rename = "callId")]
+    call_id: Option<String>,
+    #[serde(default)]
+    plugin: Option<String>,
     #[serde(flatten)]
-    pub extra: serde_json::Map<String, serde_json::Value>,
+    extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl From<SourceWire> for MessageSource {
+    fn from(w: SourceWire) -> MessageSource {
+        let kind = match w.kind.as_str() {
+            "user" => Cow::Borrowed("user"),
+            "model" => Cow::Borrowed("model"),
+            "tool" => Cow::Borrowed("tool"),
+            "plugin" => Cow::Borrowed("plugin"),
+            _ => Cow::Owned(w.kind),
+        };
+        MessageSource {
+            kind,
+            provider: w.provider.map(String::into_boxed_str),
+            model: w.model.map(String::into_boxed_str),
+            call_id: w.call_id.map(String::into_boxed_str),
+            plugin: w.plugin.map(String::into_boxed_str),
+            extra: (!w.extra.is_empty()).then(|| Box::new(w.extra)),
+        }
+    }
+}
+
+impl Serialize for MessageSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("kind", &self.kind)?;
+        let named = [
+            ("provider", &self.provider),
+            ("model", &self.model),
+            ("callId", &self.call_id),
+            ("plugin", &self.plugin),
+        ];
+        for (name, value) in named {
+            if let Some(value) = value {
+                map.serialize_entry(name, value)?;
+            }
+        }
+        for (name, value) in self.extra() {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
 }
 
 impl MessageSource {
     /// A source of `kind` with no other fields.
-    pub fn of(kind: &str) -> MessageSource {
+    pub fn of(kind: impl Into<Cow<'static, str>>) -> MessageSource {
         MessageSource {
-            kind: kind.to_owned(),
+            kind: kind.into(),
             provider: None,
             model: None,
             call_id: None,
             plugin: None,
-            extra: serde_json::Map::new(),
+            extra: None,
         }
     }
 
@@ -165,8 +226,8 @@ impl MessageSource {
     /// `{kind: "model", provider, model}`.
     pub fn model(provider: &str, model: &str) -> MessageSource {
         MessageSource {
-            provider: Some(provider.to_owned()),
-            model: Some(model.to_owned()),
+            provider: Some(provider.into()),
+            model: Some(model.into()),
             ..MessageSource::of("model")
         }
     }
@@ -174,7 +235,7 @@ impl MessageSource {
     /// `{kind: "tool", callId}`.
     pub fn tool(call_id: &str) -> MessageSource {
         MessageSource {
-            call_id: Some(call_id.to_owned()),
+            call_id: Some(call_id.into()),
             ..MessageSource::of("tool")
         }
     }
@@ -182,9 +243,22 @@ impl MessageSource {
     /// `{kind: "plugin", plugin}`.
     pub fn plugin(plugin: &str) -> MessageSource {
         MessageSource {
-            plugin: Some(plugin.to_owned()),
+            plugin: Some(plugin.into()),
             ..MessageSource::of("plugin")
         }
+    }
+
+    /// The fields other than the common ones (`form`, `sections`,
+    /// `replayState`, …), in the order they were set.
+    pub fn extra(&self) -> impl Iterator<Item = (&String, &serde_json::Value)> {
+        self.extra.iter().flat_map(|m| m.iter())
+    }
+
+    /// Sets one of the other fields.
+    pub fn set_extra(&mut self, name: impl Into<String>, value: serde_json::Value) {
+        self.extra
+            .get_or_insert_with(Default::default)
+            .insert(name.into(), value);
     }
 
     /// A string field of the source (`provider`, `model`, `callId`, `plugin`, or an extra one).
@@ -194,7 +268,7 @@ impl MessageSource {
             "model" => self.model.as_deref(),
             "callId" => self.call_id.as_deref(),
             "plugin" => self.plugin.as_deref(),
-            other => self.extra.get(other).and_then(|v| v.as_str()),
+            other => self.extra.as_ref()?.get(other).and_then(|v| v.as_str()),
         }
     }
 }
@@ -561,6 +635,35 @@ pub struct ToolSchema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every message carries a source, so it stays small; its stored form
+    /// keeps every field, the other ones included, in order.
+    #[test]
+    fn a_source_is_small_and_keeps_every_field_it_was_stored_with() {
+        assert!(
+            size_of::<MessageSource>() <= 96,
+            "MessageSource is {} bytes",
+            size_of::<MessageSource>()
+        );
+        let stored =
+            r#"{"kind":"plugin","plugin":"ctx","form":"snapshot","sections":[{"name":"a"}]}"#;
+        let source: MessageSource = serde_json::from_str(stored).unwrap();
+        assert_eq!(source.plugin.as_deref(), Some("ctx"));
+        assert_eq!(source.field("form"), Some("snapshot"));
+        assert_eq!(serde_json::to_string(&source).unwrap(), stored);
+        let mut built = MessageSource::plugin("ctx");
+        built.set_extra("form", serde_json::json!("snapshot"));
+        built.set_extra("sections", serde_json::json!([{"name": "a"}]));
+        assert_eq!(built, source);
+        let plain: MessageSource =
+            serde_json::from_str(r#"{"kind":"tool","callId":"c1"}"#).unwrap();
+        assert_eq!(
+            plain,
+            MessageSource::tool("c1"),
+            "no empty box of other fields"
+        );
+        assert_eq!(plain.extra().count(), 0);
+    }
 
     #[test]
     fn blocks_and_chunks_use_dsh_json_shapes() {
