@@ -486,14 +486,15 @@ impl Context {
     /// fiber, as [`Context::spawn_task`] does, but run by its caller: the
     /// returned future is the task (no tokio task of its own, and its body
     /// may borrow). Await it where it is made: a stop of the task (a
-    /// teardown, `stop_node`) ends it at its caller's next poll, and dropped
-    /// unfinished it is recorded as dropped. Refused once the fiber is
+    /// teardown, `stop_node`) cancels its signal, waits up to its budget and
+    /// then aborts it, which ends it at its caller's next poll; dropped
+    /// unfinished, it is recorded as dropped. Refused once the fiber is
     /// unloading.
     pub fn run_task<'b, T: 'b, F, Fut>(
         &self,
         spec: TaskSpec<'_>,
         body: F,
-    ) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + 'b>
+    ) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + use<'b, T, F, Fut>>
     where
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = T> + 'b,

@@ -453,3 +453,45 @@ async fn a_task_its_caller_runs_is_stopped_by_its_owner_and_aborted_past_its_bud
     assert!(refused.is_err(), "a disposed owner takes no tasks");
     bounded("shutdown", rt.shutdown()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_its_caller_runs_is_stopped_by_id_and_a_body_that_panics_as_it_is_made_leaves_no_node()
+ {
+    let rt = runtime().await;
+    let fiber = owner(&rt, "owner").await;
+    let ctx = fiber.context();
+    let task = ctx
+        .run_task(TaskSpec::new("tool", "stoppable"), |cancel| async move {
+            cancel.cancelled().await;
+            "stopped by id"
+        })
+        .unwrap();
+    let id = fiber.children()[0];
+    let caller = tokio::spawn(task);
+    assert_eq!(bounded("stop", rt.stop_node(id)).await, Some(vec![id]));
+    assert_eq!(
+        bounded("caller", caller).await.unwrap(),
+        Ok("stopped by id")
+    );
+    assert_stopped(&rt, id, Status::Disposed, "cancelled by its owner");
+
+    // The closure that makes the body panics: the panic goes on to the
+    // caller, and the registered node is recorded, not left behind.
+    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = ctx.spawn_task(
+            TaskSpec::new("tool", "unmade"),
+            |_c| -> std::future::Ready<()> { panic!("could not make the body") },
+        );
+    }));
+    assert!(made.is_err(), "the panic reaches the caller");
+    let unmade = rt
+        .tree()
+        .stopped_nodes()
+        .into_iter()
+        .find(|n| n.name == "unmade")
+        .expect("the node is recorded stopped");
+    assert_eq!(unmade.status, Status::Failed);
+    assert!(fiber.children().is_empty(), "no child left behind");
+    bounded("dispose", fiber.dispose()).await;
+    bounded("shutdown", rt.shutdown()).await;
+}

@@ -1,8 +1,9 @@
 //! Task children: one-shot work supervised without a mailbox.
 //!
-//! A task child is a tokio task owned by a fiber. It is registered in the
-//! tree with a kind and a name, kept among its owner's children in start
-//! order, and given a cancel signal. It ends one of three ways:
+//! A task child is one-shot work owned by a fiber: a tokio task of its own
+//! ([`spawn`]) or a future its caller polls ([`inline`]). It is registered
+//! in the tree with a kind and a name, kept among its owner's children in
+//! start order, and given a cancel signal. It ends one of three ways:
 //!
 //! - its body returns: the node stops `disposed` and the result goes to
 //!   whoever holds the [`TaskRef`];
@@ -16,6 +17,8 @@
 //! However it ends (also aborted, or dropped unpolled), a guard inside the
 //! task's future records the end and takes it out of its owner's children;
 //! a stop only cancels, waits for that record and aborts past its budget.
+//! An inline task ends at its caller's next poll after the abort, so its
+//! caller must await it where it is made.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -120,9 +123,9 @@ impl TaskShared {
     }
 }
 
-/// Lives inside the spawned future: records the task's end when the
-/// future is dropped, whether it returned, panicked, was aborted or was
-/// never polled (a runtime shutting down).
+/// Lives inside the task's future: records the task's end when the future
+/// is dropped, whether it returned, panicked, was aborted or was never
+/// polled (a runtime shutting down, a caller that dropped it).
 struct Ending {
     rt: Runtime,
     owner: Weak<FiberShared>,
@@ -257,13 +260,22 @@ where
         kind: ChildKind::Task(shared.clone()),
     };
     let seq = fiber.adopt(rt, entry)?;
-    let work = Abortable::new(body(cancel.clone()), registration);
-    let ending = Ending {
+    // The guard exists before the body is made: a body that panics while it
+    // is made still has its end recorded (as that panic), then unwinds on.
+    let mut ending = Ending {
         rt: rt.clone(),
         owner: Arc::downgrade(fiber),
         seq,
         task: shared,
         outcome: None,
+    };
+    let work = match std::panic::catch_unwind(AssertUnwindSafe(|| body(cancel.clone()))) {
+        Ok(work) => Abortable::new(work, registration),
+        Err(panic) => {
+            ending.outcome = Some(Err(panic_text(&panic)));
+            drop(ending);
+            std::panic::resume_unwind(panic);
+        }
     };
     Ok(Registered {
         id,
@@ -326,9 +338,9 @@ where
     let (tx, rx) = oneshot::channel();
     // Detached on purpose: the fiber holds the abort handle and the
     // ending signal, which is all a stop needs.
-    drop(tokio::spawn(async move {
-        let _ = tx.send(supervised(work, ending).await);
-    }));
+    drop(tokio::spawn(supervised(work, ending).map(move |ended| {
+        let _ = tx.send(ended);
+    })));
     Ok(TaskRef {
         id,
         cancel,
@@ -348,7 +360,7 @@ pub(crate) fn inline<'b, T: 'b, F, Fut>(
     shutdown: Shutdown,
     parent_cancel: Option<&CancellationToken>,
     body: F,
-) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + 'b>
+) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + use<'b, T, F, Fut>>
 where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = T> + 'b,
