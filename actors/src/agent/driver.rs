@@ -33,7 +33,7 @@ pub(super) async fn drive(driving: Stopped, stop: CancellationToken) {
             () = me.wake.notified() => {}
             () = stop.cancelled() => break,
         }
-        while let Some((prompt, turn, token)) = claim(agent, me) {
+        while let Some((prompt, turn, token)) = claim(agent, me, &stop) {
             // Boxed: an idle driver's task does not carry a turn's state.
             let summary = Box::pin(run_turn(agent, me, prompt, turn, token)).await;
             settle(agent, summary);
@@ -75,8 +75,14 @@ impl Drop for Stopped {
 
 /// Claims the next queued prompt: opens its turn (`turn/start`, the claim's
 /// splice, the spec's opening events before the first turn) under the inbox
-/// lock, so the claim is logged at the position the queue had.
-fn claim(agent: &Agent, me: &Awake) -> Option<(Arc<Message>, u32, CancellationToken)> {
+/// lock, so the claim is logged at the position the queue had. The turn's
+/// signal is a child of the driver's: a driver stopped mid-turn cancels the
+/// turn (and its tool call) rather than dropping it at its budget.
+fn claim(
+    agent: &Agent,
+    me: &Awake,
+    stop: &CancellationToken,
+) -> Option<(Arc<Message>, u32, CancellationToken)> {
     let mut inbox = agent.inbox();
     // Going to sleep (set under this lock): the input stays queued for the
     // driver the wake-up starts.
@@ -93,7 +99,7 @@ fn claim(agent: &Agent, me: &Awake) -> Option<(Arc<Message>, u32, CancellationTo
             log_append(agent, data, None);
         }
     }
-    let token = CancellationToken::new();
+    let token = stop.child_token();
     if std::mem::take(&mut inbox.cancel_next) {
         token.cancel();
     }

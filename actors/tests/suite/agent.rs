@@ -245,6 +245,46 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
     assert_eq!(kinds(&agent).last().unwrap(), "turn/end");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_stopped_mid_tool_call_cancels_its_turn_and_the_call() {
+    let h = Harness::new().await;
+    h.script(
+        "scripted",
+        vec![calls(&[("hang", json!({}))]), text("never")],
+    );
+    let agent = h.agent("scripted").await;
+    let mut feed = h.rt.tree().subscribe();
+    agent
+        .followup(dsh_services::llm::Message::user_text("go"))
+        .unwrap();
+    loop {
+        if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
+            && &*node.info.name == "tool/hang#call_hang_0"
+        {
+            break;
+        }
+    }
+    let tree = h.rt.tree();
+    let driver = agent
+        .child_nodes()
+        .into_iter()
+        .find(|id| tree.get(*id).is_some_and(|n| n.kind == "agent"))
+        .expect("the driver");
+    // The dashboard's stop, on the driver alone: the call is cancelled and
+    // answered, the turn ends aborted and is logged to its end.
+    let stopped = tokio::time::timeout(WAIT, h.rt.stop_node(driver))
+        .await
+        .expect("the driver stops within its budget");
+    assert_eq!(stopped, Some(vec![driver]));
+    assert_eq!(results(&agent)[0].1.as_deref(), Some("ABORTED"));
+    assert_eq!(kinds(&agent).last().unwrap(), "turn/end");
+    let last = agent.last_turn().unwrap();
+    assert!(
+        matches!(last.reason, TurnEndReason::Aborted { .. }),
+        "{last:?}"
+    );
+}
+
 /// Streams "partial" and then waits until cancelled.
 struct Stall;
 
