@@ -196,8 +196,9 @@ async fn safe_calls_run_in_parallel_and_exclusive_calls_alone() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
+/// An agent whose turn waits in a `hang` call (returned once the call's
+/// node exists).
+async fn hanging_on_a_call() -> (Harness, Agent) {
     let h = Harness::new().await;
     h.script(
         "scripted",
@@ -208,7 +209,6 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
     agent
         .followup(dsh_services::llm::Message::user_text("go"))
         .unwrap();
-    // Wait for the tool call to exist, then cancel.
     loop {
         if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
             && &*node.info.name == "tool/hang#call_hang_0"
@@ -216,6 +216,12 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
             break;
         }
     }
+    (h, agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
+    let (h, agent) = hanging_on_a_call().await;
     // The agent is one actor, its scope; the store-less session is a part,
     // the driver and the call in flight are task children.
     let tree = h.rt.tree();
@@ -247,23 +253,7 @@ async fn cancel_mid_tool_aborts_the_turn_and_records_the_call_as_aborted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_stopped_mid_tool_call_cancels_its_turn_and_the_call() {
-    let h = Harness::new().await;
-    h.script(
-        "scripted",
-        vec![calls(&[("hang", json!({}))]), text("never")],
-    );
-    let agent = h.agent("scripted").await;
-    let mut feed = h.rt.tree().subscribe();
-    agent
-        .followup(dsh_services::llm::Message::user_text("go"))
-        .unwrap();
-    loop {
-        if let Ok(dsh_supervisors::TreeChange::Spawned { node }) = feed.recv().await
-            && &*node.info.name == "tool/hang#call_hang_0"
-        {
-            break;
-        }
-    }
+    let (h, agent) = hanging_on_a_call().await;
     let tree = h.rt.tree();
     let driver = agent
         .child_nodes()

@@ -471,15 +471,7 @@ impl Context {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = T> + Send + 'static,
     {
-        fiber::spawn_task(
-            &self.rt,
-            &self.fiber,
-            spec.kind,
-            spec.name,
-            spec.shutdown,
-            spec.cancel,
-            body,
-        )
+        fiber::spawn_task(&self.rt, &self.fiber, spec, body)
     }
 
     /// Registers one-shot work as a supervised task child of the owning
@@ -499,15 +491,7 @@ impl Context {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = T> + 'b,
     {
-        fiber::inline_task(
-            &self.rt,
-            &self.fiber,
-            spec.kind,
-            spec.name,
-            spec.shutdown,
-            spec.cancel,
-            body,
-        )
+        fiber::inline_task(&self.rt, &self.fiber, spec, body)
     }
 
     /// Registers a passive part of the owning fiber: a node of `kind` in
@@ -555,10 +539,10 @@ impl Context {
 /// unless changed) and aborts it past that. A panic is caught and reported
 /// as a supervision event; a task is never restarted.
 pub struct TaskSpec<'a> {
-    kind: &'a str,
-    name: String,
-    shutdown: Shutdown,
-    cancel: Option<&'a CancellationToken>,
+    pub(crate) kind: &'a str,
+    pub(crate) name: String,
+    pub(crate) shutdown: Shutdown,
+    pub(crate) cancel: Option<&'a CancellationToken>,
 }
 
 impl<'a> TaskSpec<'a> {

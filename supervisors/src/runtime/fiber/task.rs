@@ -36,6 +36,7 @@ use crate::error::Result;
 use crate::events::panic_text;
 use crate::policy::{ChildPolicy, Restart, Shutdown};
 use crate::runtime::Runtime;
+use crate::runtime::context::TaskSpec;
 use crate::tree::{Form, Node, Status};
 
 /// How long an aborted task may take to reach its next await point.
@@ -219,14 +220,12 @@ struct Registered<Fut> {
 
 /// Registers a task child of `fiber` (a node, its entry among the fiber's
 /// children) and wraps `body`, which gets the task's cancel signal (a child
-/// of `parent_cancel` when one is given) once the task is registered.
+/// of the spec's parent signal when it names one) once the task is
+/// registered.
 fn register<F, Fut>(
     rt: &Runtime,
     fiber: &Arc<FiberShared>,
-    kind: &str,
-    name: String,
-    shutdown: Shutdown,
-    parent_cancel: Option<&CancellationToken>,
+    spec: TaskSpec<'_>,
     body: F,
 ) -> Result<Registered<Fut>>
 where
@@ -237,9 +236,11 @@ where
     if fiber.accepting().is_err() {
         return Err(fiber.inactive());
     }
-    let node = fiber.child_node(rt, Form::Task, kind, &name, Status::Active);
+    let node = fiber.child_node(rt, Form::Task, spec.kind, &spec.name, Status::Active);
     let id = node.info.id;
-    let cancel = parent_cancel.map_or_else(CancellationToken::new, |p| p.child_token());
+    let cancel = spec
+        .cancel
+        .map_or_else(CancellationToken::new, |p| p.child_token());
     let (abort, registration) = AbortHandle::new_pair();
     let shared = Arc::new(TaskShared {
         node: node.clone(),
@@ -255,7 +256,7 @@ where
         pid: None,
         policy: ChildPolicy {
             restart: Restart::Temporary,
-            shutdown,
+            shutdown: spec.shutdown,
         },
         kind: ChildKind::Task(shared.clone()),
     };
@@ -318,10 +319,7 @@ where
 pub(crate) fn spawn<T, F, Fut>(
     rt: &Runtime,
     fiber: &Arc<FiberShared>,
-    kind: &str,
-    name: String,
-    shutdown: Shutdown,
-    parent_cancel: Option<&CancellationToken>,
+    spec: TaskSpec<'_>,
     body: F,
 ) -> Result<TaskRef<T>>
 where
@@ -334,7 +332,7 @@ where
         cancel,
         work,
         ending,
-    } = register(rt, fiber, kind, name, shutdown, parent_cancel, body)?;
+    } = register(rt, fiber, spec, body)?;
     let (tx, rx) = oneshot::channel();
     // Detached on purpose: the fiber holds the abort handle and the
     // ending signal, which is all a stop needs.
@@ -355,16 +353,13 @@ where
 pub(crate) fn inline<'b, T: 'b, F, Fut>(
     rt: &Runtime,
     fiber: &Arc<FiberShared>,
-    kind: &str,
-    name: String,
-    shutdown: Shutdown,
-    parent_cancel: Option<&CancellationToken>,
+    spec: TaskSpec<'_>,
     body: F,
 ) -> Result<impl Future<Output = std::result::Result<T, TaskEnd>> + use<'b, T, F, Fut>>
 where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = T> + 'b,
 {
-    let registered = register(rt, fiber, kind, name, shutdown, parent_cancel, body)?;
+    let registered = register(rt, fiber, spec, body)?;
     Ok(supervised(registered.work, registered.ending))
 }
