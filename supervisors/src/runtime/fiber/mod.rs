@@ -61,6 +61,7 @@ struct EffectEntry {
 pub(crate) type WorkerStart =
     Arc<dyn Fn(Context) -> BoxFuture<'static, Result<(ActorCell, Arc<Node>)>> + Send + Sync>;
 
+#[derive(Clone)]
 pub(crate) enum ChildKind {
     Fiber(Arc<FiberShared>),
     Worker {
@@ -73,6 +74,7 @@ pub(crate) enum ChildKind {
     Part,
 }
 
+#[derive(Clone)]
 pub(crate) struct ChildEntry {
     pub node: Arc<Node>,
     /// The ractor pid, to match supervision events (`None` for a task or a

@@ -136,6 +136,13 @@ struct Ending {
     outcome: Option<std::result::Result<(), String>>,
 }
 
+impl Ending {
+    /// Records what the body did; the end is recorded as `self` drops.
+    fn record(mut self, outcome: std::result::Result<(), String>) {
+        self.outcome = Some(outcome);
+    }
+}
+
 impl Drop for Ending {
     fn drop(&mut self) {
         let task = &self.task;
@@ -212,7 +219,6 @@ impl<T> TaskRef<T> {
 /// A task child, registered and not yet running: what [`spawn`] hands to
 /// tokio and [`inline`] hands to its caller.
 struct Registered<Fut> {
-    id: u64,
     cancel: CancellationToken,
     work: Abortable<Fut>,
     ending: Ending,
@@ -237,7 +243,6 @@ where
         return Err(fiber.inactive());
     }
     let node = fiber.child_node(rt, Form::Task, spec.kind, &spec.name, Status::Active);
-    let id = node.info.id;
     let cancel = spec
         .cancel
         .map_or_else(CancellationToken::new, |p| p.child_token());
@@ -263,7 +268,7 @@ where
     let seq = fiber.adopt(rt, entry)?;
     // The guard exists before the body is made: a body that panics while it
     // is made still has its end recorded (as that panic), then unwinds on.
-    let mut ending = Ending {
+    let ending = Ending {
         rt: rt.clone(),
         owner: Arc::downgrade(fiber),
         seq,
@@ -273,13 +278,11 @@ where
     let work = match std::panic::catch_unwind(AssertUnwindSafe(|| body(cancel.clone()))) {
         Ok(work) => Abortable::new(work, registration),
         Err(panic) => {
-            ending.outcome = Some(Err(panic_text(&panic)));
-            drop(ending);
+            ending.record(Err(panic_text(&panic)));
             std::panic::resume_unwind(panic);
         }
     };
     Ok(Registered {
-        id,
         cancel,
         work,
         ending,
@@ -292,7 +295,7 @@ where
 /// fn`: the work is held once, not also as an argument.)
 fn supervised<T, Fut>(
     work: Abortable<Fut>,
-    mut ending: Ending,
+    ending: Ending,
 ) -> impl Future<Output = std::result::Result<T, TaskEnd>>
 where
     Fut: Future<Output = T>,
@@ -301,15 +304,13 @@ where
         .catch_unwind()
         .map(move |ended| match ended {
             Ok(Ok(value)) => {
-                ending.outcome = Some(Ok(()));
-                drop(ending);
+                ending.record(Ok(()));
                 Ok(value)
             }
             Ok(Err(_aborted)) => Err(TaskEnd::Stopped),
             Err(panic) => {
                 let message = panic_text(&panic);
-                ending.outcome = Some(Err(message.clone()));
-                drop(ending);
+                ending.record(Err(message.clone()));
                 Err(TaskEnd::Panicked(message))
             }
         })
@@ -328,11 +329,11 @@ where
     Fut: Future<Output = T> + Send + 'static,
 {
     let Registered {
-        id,
         cancel,
         work,
         ending,
     } = register(rt, fiber, spec, body)?;
+    let id = ending.task.node.info.id;
     let (tx, rx) = oneshot::channel();
     // Detached on purpose: the fiber holds the abort handle and the
     // ending signal, which is all a stop needs.

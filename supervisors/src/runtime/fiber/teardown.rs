@@ -183,32 +183,8 @@ pub(super) async fn stop_children(
         .collect();
     let mut out = Vec::new();
     for seq in seqs.into_iter().rev() {
-        let Some((node, pid, policy, kind)) = ({
-            let inner = fiber.lock();
-            inner.children.get(&seq).map(|c| {
-                (
-                    c.node.clone(),
-                    c.pid,
-                    c.policy,
-                    match &c.kind {
-                        ChildKind::Fiber(f) => ChildKind::Fiber(f.clone()),
-                        ChildKind::Worker { cell, start } => ChildKind::Worker {
-                            cell: cell.clone(),
-                            start: start.clone(),
-                        },
-                        ChildKind::Task(t) => ChildKind::Task(t.clone()),
-                        ChildKind::Part => ChildKind::Part,
-                    },
-                )
-            })
-        }) else {
+        let Some(entry) = fiber.lock().children.get(&seq).cloned() else {
             continue;
-        };
-        let entry = ChildEntry {
-            node,
-            pid,
-            policy,
-            kind,
         };
         let order = stop_child(rt, &entry).await;
         fiber.lock().children.remove(&seq);
