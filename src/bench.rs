@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dsh_supervisors::{
-    Bail, BoxError, Context, Emit, Event, Parallel, Plugin, PluginOptions, Runtime,
+    Bail, BoxError, Context, Emit, Event, NoMessages, Parallel, Plugin, PluginOptions, Runtime,
     RuntimeSettings, Serial, Waterfall, WorkerSpec,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -239,11 +239,15 @@ fn report(result: Result<serde_json::Value, BoxError>) -> Exit {
 struct Nop;
 
 impl Actor for Nop {
-    type Msg = ();
+    type Msg = NoMessages;
     type State = ();
     type Arguments = ();
 
-    async fn pre_start(&self, _me: ActorRef<()>, _args: ()) -> Result<(), ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<NoMessages>,
+        _args: (),
+    ) -> Result<(), ActorProcessingErr> {
         Ok(())
     }
 }

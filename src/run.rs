@@ -103,6 +103,8 @@ enum Tick {
     Tick,
 }
 
+impl ractor::Message for Tick {}
+
 impl ractor::Actor for Spinner {
     type Msg = Tick;
     type State = (usize, bool);

@@ -51,6 +51,9 @@ pub enum SessionMsg {
     Tick,
 }
 
+// Local only: a session writer is never reached from another node.
+impl ractor::Message for SessionMsg {}
+
 /// The log, in memory or at rest (a hibernated agent's).
 enum Slot {
     Live(Box<SessionLog>),

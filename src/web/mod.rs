@@ -52,7 +52,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use dsh_supervisors::tree::{NodeSnapshot, RecvError, Tree, TreeChange, TryRecvError};
-use dsh_supervisors::{BoxError, Context, Plugin, Runtime, WorkerSpec};
+use dsh_supervisors::{BoxError, Context, NoMessages, Plugin, Runtime, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -653,13 +653,13 @@ struct Serving {
 struct Server;
 
 impl Actor for Server {
-    type Msg = ();
+    type Msg = NoMessages;
     type State = Serving;
     type Arguments = Serving;
 
     async fn pre_start(
         &self,
-        _me: ActorRef<()>,
+        _me: ActorRef<NoMessages>,
         args: Serving,
     ) -> Result<Serving, ActorProcessingErr> {
         Ok(args)
@@ -667,7 +667,7 @@ impl Actor for Server {
 
     async fn post_start(
         &self,
-        me: ActorRef<()>,
+        me: ActorRef<NoMessages>,
         s: &mut Serving,
     ) -> Result<(), ActorProcessingErr> {
         if let (Some(listener), Some(router)) = (s.listener.take(), s.router.take()) {
@@ -685,7 +685,7 @@ impl Actor for Server {
 
     async fn post_stop(
         &self,
-        _me: ActorRef<()>,
+        _me: ActorRef<NoMessages>,
         s: &mut Serving,
     ) -> Result<(), ActorProcessingErr> {
         s.stop.cancel();

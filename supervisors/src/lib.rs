@@ -57,7 +57,8 @@ pub use events::{Bail, Emit, Event, ListenOptions, Next, Parallel, Serial, Targe
 pub use loader::{BootError, Loader, ReloadReport};
 pub use policy::{ChildPolicy, Restart, Shutdown, Strategy, SupervisorSpec};
 pub use runtime::context::{
-    Context, Disposer, Fiber, PluginOptions, Scope, SendError, TaskSpec, WorkerRef, WorkerSpec,
+    Context, Disposer, Fiber, NoMessages, PluginOptions, Scope, SendError, TaskSpec, WorkerRef,
+    WorkerSpec,
 };
 pub use runtime::fiber::{TaskEnd, TaskRef};
 pub use runtime::plugin::{Catalogue, Group, Plugin, plugin_fn};

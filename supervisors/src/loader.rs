@@ -347,6 +347,9 @@ enum WatchMsg {
     Changed,
 }
 
+// Local only: never sent to another node.
+impl ractor::Message for WatchMsg {}
+
 impl Actor for Watcher {
     type Msg = WatchMsg;
     type State = notify::RecommendedWatcher;

@@ -307,6 +307,9 @@ pub(super) enum KeeperMsg {
     Ping(ractor::RpcReplyPort<()>),
 }
 
+// Local only: a keeper is never reached from another node.
+impl ractor::Message for KeeperMsg {}
+
 /// The source of the message telling an agent one of its background jobs
 /// ended.
 pub const JOB_SETTLED_SOURCE: &str = "job-settled";

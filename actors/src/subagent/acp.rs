@@ -32,7 +32,7 @@ use dsh_services::llm::scripted::chunks_for;
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, Role, TokenUsage,
 };
-use dsh_supervisors::Context;
+use dsh_supervisors::{Context, NoMessages};
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
 use serde_json::{Value, json};
@@ -424,13 +424,13 @@ struct ReaderRun {
 }
 
 impl ractor::Actor for Reader {
-    type Msg = ();
+    type Msg = NoMessages;
     type State = ReaderRun;
     type Arguments = ReaderRun;
 
     async fn pre_start(
         &self,
-        _me: ractor::ActorRef<()>,
+        _me: ractor::ActorRef<NoMessages>,
         run: ReaderRun,
     ) -> Result<ReaderRun, ractor::ActorProcessingErr> {
         Ok(run)
@@ -438,7 +438,7 @@ impl ractor::Actor for Reader {
 
     async fn post_start(
         &self,
-        me: ractor::ActorRef<()>,
+        me: ractor::ActorRef<NoMessages>,
         run: &mut ReaderRun,
     ) -> Result<(), ractor::ActorProcessingErr> {
         if let Some((child, stdout)) = run.child.take() {
@@ -450,7 +450,7 @@ impl ractor::Actor for Reader {
 
     async fn post_stop(
         &self,
-        _me: ractor::ActorRef<()>,
+        _me: ractor::ActorRef<NoMessages>,
         run: &mut ReaderRun,
     ) -> Result<(), ractor::ActorProcessingErr> {
         // Stopped from outside first: the process dies with the dropped child.

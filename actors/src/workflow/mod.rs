@@ -24,7 +24,7 @@ mod js;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dsh_supervisors::{Emit, Event, Scope, ScopeKey, WorkerSpec};
+use dsh_supervisors::{Emit, Event, NoMessages, Scope, ScopeKey, WorkerSpec};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -394,17 +394,21 @@ struct Host {
 struct HostActor;
 
 impl Actor for HostActor {
-    type Msg = ();
+    type Msg = NoMessages;
     type State = Host;
     type Arguments = Host;
 
-    async fn pre_start(&self, _me: ActorRef<()>, host: Host) -> Result<Host, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _me: ActorRef<NoMessages>,
+        host: Host,
+    ) -> Result<Host, ActorProcessingErr> {
         Ok(host)
     }
 
     async fn post_start(
         &self,
-        me: ActorRef<()>,
+        me: ActorRef<NoMessages>,
         host: &mut Host,
     ) -> Result<(), ActorProcessingErr> {
         let result = drive(host).await;
@@ -426,7 +430,7 @@ impl Actor for HostActor {
 
     async fn post_stop(
         &self,
-        _me: ActorRef<()>,
+        _me: ActorRef<NoMessages>,
         host: &mut Host,
     ) -> Result<(), ActorProcessingErr> {
         host.cancel.cancel();

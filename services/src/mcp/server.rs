@@ -277,6 +277,9 @@ enum Msg {
     ToolsChanged { connection: u32 },
 }
 
+// Local only: an MCP link is never reached from another node.
+impl ractor::Message for Msg {}
+
 /// Its state.
 struct Run {
     args: Args,

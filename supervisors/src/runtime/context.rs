@@ -901,6 +901,14 @@ impl<A: Actor> WorkerSpec<A> {
     }
 }
 
+/// The message type of a worker that takes no messages (it does its work in
+/// its start hook). Unlike `()`, which `ractor` can serialise, it is never
+/// advertised to the other nodes of a cluster.
+#[derive(Debug)]
+pub enum NoMessages {}
+
+impl Message for NoMessages {}
+
 /// A handle to a supervised worker; sends through it are counted in the
 /// node's mailbox depth.
 pub struct WorkerRef<M: Message> {

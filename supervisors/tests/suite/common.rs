@@ -46,6 +46,8 @@ pub enum Msg {
     Ping(RpcReplyPort<String>),
 }
 
+impl ractor::Message for Msg {}
+
 /// A worker that logs `start <name>` and `stop <name>` (from `post_stop`).
 pub struct Recorder {
     pub name: String,

@@ -141,6 +141,9 @@ pub(crate) enum FiberMsg {
     Restart,
 }
 
+// Local only: a fiber is never reached from another node.
+impl ractor::Message for FiberMsg {}
+
 impl FiberShared {
     pub fn name(&self) -> &str {
         &self.node.info.name
