@@ -13,6 +13,8 @@
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`stage`]: booting the agent services and the model those options name.
+//! - [`node`]: `dsh node` — join a cluster and serve children to other
+//!   nodes; the `--nodes` options that place a command's children there.
 //! - [`config`]: `dsh check`, `dsh tree`, `dsh mcp list`.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
@@ -45,6 +47,7 @@ pub mod demo;
 pub mod exit;
 pub mod home;
 pub mod multi;
+pub mod node;
 pub mod out;
 pub mod replay;
 pub mod run;

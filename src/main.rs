@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dsh::{acp, bench, config, multi, replay, run, serve, sessions};
+use dsh::{acp, bench, config, multi, node, replay, run, serve, sessions};
 
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
@@ -61,6 +61,9 @@ enum Command {
     /// Serve the Agent Client Protocol on stdin/stdout (for editors and
     /// parent agents); exits 0 when stdin closes.
     Acp(Box<acp::AcpArgs>),
+    /// Join a cluster as a node that runs child agents for parents on other
+    /// nodes (`--nodes` of workflow and ralph); until Ctrl-C/SIGTERM.
+    Node(Box<node::NodeArgs>),
     /// MCP servers of a cordis.yml: `dsh mcp list` connects them and shows
     /// each one's state and tools.
     Mcp(config::McpArgs),
@@ -110,6 +113,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Bench(args) => ("bench", bench::bench(args).await),
         Command::Acp(args) => ("acp", acp::acp(*args).await),
         Command::Mcp(args) => ("mcp", config::mcp(args).await),
+        Command::Node(args) => ("node", node::node(*args).await),
     };
     exit.report(name)
 }

@@ -27,6 +27,7 @@ use crate::args::{
     AgentArgs, ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs,
 };
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
+use crate::node::ClusterArgs;
 use crate::stage::{Route, route, store};
 
 /// A booted runtime with a coordinator agent.
@@ -35,12 +36,15 @@ struct Stage {
     coordinator: Agent,
     subagents: Arc<Subagents>,
     store: Arc<dyn SessionPersistence>,
+    /// Children run on other nodes (`--nodes`).
+    remote: bool,
 }
 
 async fn stage(
     agents: &AgentArgs,
     store_args: &StoreArgs,
     workspace: &WorkspaceArgs,
+    cluster: &ClusterArgs,
     resume: Option<&str>,
     name: &str,
 ) -> exit::Result<Stage> {
@@ -48,16 +52,23 @@ async fn stage(
     let rt = Runtime::start(RuntimeSettings::default())
         .await
         .map_err(|e| Exit::failed(format!("cannot start the runtime: {e}")))?;
-    let staged = coordinate(&rt, agents, store_args, cwd, resume, name).await;
+    let staged = async {
+        let (coordinator, subagents, store) =
+            coordinate(&rt, agents, store_args, cwd, resume, name).await?;
+        let remote = cluster.join(&rt, &subagents).await?;
+        Ok::<_, Exit>((coordinator, subagents, store, remote))
+    }
+    .await;
     if staged.is_err() {
         let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
     }
-    let (coordinator, subagents, store) = staged?;
+    let (coordinator, subagents, store, remote) = staged?;
     Ok(Stage {
         rt,
         coordinator,
         subagents,
         store,
+        remote,
     })
 }
 
@@ -152,6 +163,9 @@ pub struct WorkflowArgs {
     /// Where sessions are stored.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Which nodes run the children.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 fn parse_json(what: &str, text: &str) -> exit::Result<Value> {
@@ -198,7 +212,16 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
         Ok(p) => p,
         Err(e) => return e,
     };
-    let stage = match stage(&opts.agents, &opts.store, &opts.workspace, None, "workflow").await {
+    let stage = match stage(
+        &opts.agents,
+        &opts.store,
+        &opts.workspace,
+        &opts.cluster,
+        None,
+        "workflow",
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => return e,
     };
@@ -271,18 +294,25 @@ async fn run_workflow(
     });
     let mut request = WorkflowRequest::new(&stage.coordinator, script, meta);
     request.args = args;
+    if stage.remote {
+        request.provider = Some("remote".into());
+    }
     let cancel = request.cancel.clone();
     let run = engine
         .start(request)
         .await
         .map_err(|e| Exit::usage(e.to_string()))?;
     let mut stopped = None;
+    // One result future: it takes the run's answer when first polled, so a
+    // stop must go on awaiting the same one.
+    let settled = run.result();
+    tokio::pin!(settled);
     let result = tokio::select! {
-        r = run.result() => r,
+        r = &mut settled => r,
         stop = crate::exit::stop_signal() => {
             stopped = Some(stop);
             cancel.cancel();
-            run.result().await
+            settled.await
         }
     };
     run.dispose().await;
@@ -332,6 +362,9 @@ pub struct RalphArgs {
     /// Where sessions are stored.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Which nodes run the children.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// `dsh ralph "<objective>" --max-rounds N` / `dsh ralph --resume ID`.
@@ -347,6 +380,7 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
         &opts.agents,
         &opts.store,
         &opts.workspace,
+        &opts.cluster,
         resume_id,
         "ralph",
     )
@@ -420,6 +454,9 @@ async fn run_ralph(
         }
     });
     let mut request = RalphRequest::new(&stage.coordinator, objective);
+    if stage.remote {
+        request.provider = "remote".into();
+    }
     request.max_rounds = Some(max_rounds);
     let cancel = request.cancel.clone();
     let run = ralph::run(&stage.subagents, request, resume);
@@ -509,7 +546,16 @@ pub async fn demo(opts: DemoArgs) -> Exit {
         },
         config: ConfigArgs::default(),
     };
-    let stage = match stage(&agents, &opts.store, &opts.workspace, None, "demo").await {
+    let stage = match stage(
+        &agents,
+        &opts.store,
+        &opts.workspace,
+        &ClusterArgs::default(),
+        None,
+        "demo",
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => return e,
     };

@@ -14,6 +14,9 @@
 //!   the `workflow` tool.
 //! - [`ralph`]: Ralph loops (a fresh child per round, structured handoffs)
 //!   and the `ralph` tool.
+//! - [`cluster`]: nodes on `ractor_cluster` — the node server and its
+//!   watch of peers, the host that serves children to other nodes, and the
+//!   `remote` subagent provider (a proxy agent here relaying to the child).
 //! - [`multi_agent`]: installs the multi-agent services and tools.
 //! - [`hooks`]: Claude Code's and Codex's hook settings, run as sandboxed
 //!   child processes at prompt submit, around tool calls and at stop.
@@ -26,6 +29,7 @@
 pub use dsh_services as services;
 
 pub mod agent;
+pub mod cluster;
 pub mod hooks;
 pub mod multi_agent;
 pub mod ralph;

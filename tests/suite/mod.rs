@@ -1,6 +1,7 @@
 mod acp;
 mod architecture;
 mod cli;
+mod cluster;
 mod conformance;
 mod dashboard;
 mod embedding;

@@ -30,7 +30,7 @@ use std::time::Duration;
 use dsh_services::approval::{Approval, ApprovalOutcome, ApprovalRequest};
 use dsh_services::llm::scripted::chunks_for;
 use dsh_services::llm::{
-    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, Role, TokenUsage,
+    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, TokenUsage,
 };
 use dsh_supervisors::{Context, NoMessages};
 use futures::future::BoxFuture;
@@ -100,11 +100,11 @@ impl SubagentProvider for AcpProvider {
     }
     fn remote<'a>(
         &'a self,
-        parent: &'a Agent,
+        request: &'a super::StartRequest,
         spec: &'a AgentSpec,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn LlmAdapter>>, SubagentError>> {
+    ) -> BoxFuture<'a, Result<Option<super::RemoteLink>, SubagentError>> {
         Box::pin(async move {
-            let ctx = parent.context()?;
+            let ctx = request.parent.context()?;
             let policy = spec.permission.unwrap_or_default();
             let mut env = self.env.clone();
             env.push(("DSH_PERMISSION_MODE".into(), policy.mode.to_string()));
@@ -114,7 +114,10 @@ impl SubagentProvider for AcpProvider {
             let child = AcpChild::start(&self.command, &self.args, &env, &spec.cwd, ctx)
                 .await
                 .map_err(SubagentError::Start)?;
-            Ok(Some(Arc::new(child) as Arc<dyn LlmAdapter>))
+            Ok(Some(super::RemoteLink {
+                adapter: Arc::new(child),
+                close: None,
+            }))
         })
     }
 }
@@ -365,13 +368,7 @@ impl LlmAdapter for AcpChild {
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
         let inner = self.inner.clone();
         let session = self.session.clone();
-        let prompt = request
-            .messages
-            .iter()
-            .rev()
-            .find(|m| m.role == Role::User)
-            .map(|m| m.text())
-            .unwrap_or_default();
+        let prompt = crate::subagent::relayed_prompt(&request);
         let answer = async move {
             lock(&inner.text).clear();
             let params =

@@ -73,17 +73,27 @@ pub trait SubagentProvider: Send + Sync + 'static {
     fn inherits_parent_context(&self) -> bool;
     /// The events the child's session starts from (`None`: a fresh session).
     fn seed(&self, parent: &Agent) -> Result<Option<Vec<SessionEvent>>, SubagentError>;
-    /// For a child that runs elsewhere (another process): starts it, for a
-    /// child of `spec`, and returns the model route its in-process agent
-    /// relays through. `None` (the default): an in-process child.
+    /// For a child that runs elsewhere (another process, another node):
+    /// starts it, for `request` and a child of `spec`, and returns the model
+    /// route its in-process agent relays through. `None` (the default): an
+    /// in-process child.
     fn remote<'a>(
         &'a self,
-        parent: &'a Agent,
+        request: &'a StartRequest,
         spec: &'a AgentSpec,
-    ) -> BoxFuture<'a, Result<Option<Arc<dyn dsh_services::llm::LlmAdapter>>, SubagentError>> {
-        let _ = (parent, spec);
+    ) -> BoxFuture<'a, Result<Option<RemoteLink>, SubagentError>> {
+        let _ = (request, spec);
         Box::pin(async { Ok(None) })
     }
+}
+
+/// A child that runs elsewhere, as its in-process agent reaches it.
+pub struct RemoteLink {
+    /// The model route the agent here relays through.
+    pub adapter: Arc<dyn dsh_services::llm::LlmAdapter>,
+    /// Awaited when the agent here is disposed (after its driver stopped):
+    /// ends the child over there, within its own bound.
+    pub close: Option<BoxFuture<'static, ()>>,
 }
 
 /// `spawn`: a fresh child with an empty conversation.
@@ -1144,18 +1154,24 @@ async fn compose(
         None => request.parent.context()?,
     };
     // A remote child: its agent here relays to it, offering no tools.
-    let remote = provider.remote(&request.parent, &spec).await?;
+    let remote = provider.remote(request, &spec).await?;
     let route = format!("remote/{id}");
     if remote.is_some() {
         spec.provider = route.clone();
         spec.model = "remote".into();
+        // No tools but the capture: a structured result arrives as a
+        // `report` call, validated here too.
+        let allow = match schema {
+            Some(_) => vec![REPORT.to_owned()],
+            None => Vec::new(),
+        };
         spec.restriction = Some(Restriction {
-            allow: Some(Vec::new()),
+            allow: Some(allow),
             deny: Vec::new(),
         });
     }
     let agent = Agent::create(&owner, spec).await?;
-    if let Some(adapter) = remote {
+    if let Some(RemoteLink { adapter, close }) = remote {
         // Registered for the child's lifetime: disposing it ends the process.
         let registered = agent
             .context()
@@ -1165,8 +1181,14 @@ async fn compose(
                     .get::<dsh_services::llm::LlmRuntime>(dsh_services::llm::LlmRuntime::SERVICE)
                     .ok_or_else(|| SubagentError::Start("no `llm` service".into()))?;
                 llm.register(&ctx, &[route.as_str()], adapter)
-                    .map(|_| ())
-                    .map_err(SubagentError::from)
+                    .map_err(SubagentError::from)?;
+                match close {
+                    Some(close) => ctx
+                        .effect_async("close the remote child", move || close)
+                        .map(|_| ())
+                        .map_err(|e| SubagentError::Start(e.to_string())),
+                    None => Ok(()),
+                }
             });
         if let Err(e) = registered {
             agent.dispose().await;
@@ -1200,6 +1222,25 @@ async fn compose(
 
 /// The name of the structured-output capture tool.
 pub const REPORT: &str = "report";
+
+/// What a relaying child (one that runs elsewhere) is asked: the latest
+/// prompt of its proxy's request, skipping what the proxy's own runtime
+/// added (its runtime context, notices).
+pub(crate) fn relayed_prompt(request: &dsh_services::llm::LlmRequest) -> String {
+    request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == dsh_services::llm::Role::User && m.source.kind == "user")
+        .map(|m| m.text())
+        .unwrap_or_default()
+}
+
+/// A `report` capture tool filling `slot` (for a child made elsewhere, such
+/// as a node's host).
+pub(crate) fn report_tool(schema: Value, slot: Arc<Mutex<Option<Value>>>) -> Arc<dyn Tool> {
+    Arc::new(Report { schema, slot })
+}
 
 /// The child-scoped capture tool: its validated arguments are the child's
 /// structured result, and its committed result concludes the turn.

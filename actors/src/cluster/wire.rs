@@ -1,0 +1,331 @@
+//! What crosses the wire between nodes: one message type, [`HostMsg`],
+//! whose payloads are JSON documents. Every other message type of the
+//! runtime is local (`ractor` advertises only serialisable actors to peers).
+//!
+//! The bytes are parsed once, by the receiving host ([`Request::parse`]);
+//! a payload that does not parse is answered with a `BAD_REQUEST` error,
+//! never a panic, whoever sent it.
+
+use ractor::message::{BoxedDowncastErr, SerializedMessage};
+use ractor::{Message, RpcReplyPort};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use dsh_services::llm::TokenUsage;
+use dsh_services::sandbox::Policy;
+use dsh_services::session::TurnEndReason;
+
+/// The largest request a host reads (a prompt with its options).
+pub const MAX_REQUEST: usize = 4 << 20;
+
+/// A message to a node's host.
+pub enum HostMsg {
+    /// A request answered on `reply`.
+    Call {
+        /// A [`Request`] as JSON.
+        request: Vec<u8>,
+        /// Where the answer (a [`Reply`] as JSON) goes.
+        reply: RpcReplyPort<Vec<u8>>,
+    },
+    /// A notice that needs no answer.
+    Cast {
+        /// A [`Notice`] as JSON.
+        notice: Vec<u8>,
+    },
+}
+
+const CALL: &str = "call";
+const CAST: &str = "cast";
+
+impl Message for HostMsg {
+    fn serializable() -> bool {
+        true
+    }
+
+    fn serialize(self) -> Result<SerializedMessage, BoxedDowncastErr> {
+        Ok(match self {
+            HostMsg::Call { request, reply } => SerializedMessage::Call {
+                variant: CALL.into(),
+                args: request,
+                reply,
+                metadata: None,
+            },
+            HostMsg::Cast { notice } => SerializedMessage::Cast {
+                variant: CAST.into(),
+                args: notice,
+                metadata: None,
+            },
+        })
+    }
+
+    fn deserialize(bytes: SerializedMessage) -> Result<Self, BoxedDowncastErr> {
+        match bytes {
+            SerializedMessage::Call {
+                variant,
+                args,
+                reply,
+                ..
+            } if variant == CALL => Ok(HostMsg::Call {
+                request: args,
+                reply,
+            }),
+            SerializedMessage::Cast { variant, args, .. } if variant == CAST => {
+                Ok(HostMsg::Cast { notice: args })
+            }
+            _ => Err(BoxedDowncastErr),
+        }
+    }
+}
+
+/// A request to a host.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Who are you, and how much room is left?
+    Hello {},
+    /// Create a child agent for a parent on another node.
+    Open(Box<OpenChild>),
+    /// Run one turn of a child on `prompt`; answered when it ends.
+    Turn {
+        /// The child's session id.
+        child: String,
+        /// The user message.
+        prompt: String,
+    },
+    /// Dispose a child (ordered teardown of its subtree); answered when done.
+    Close {
+        /// The child's session id.
+        child: String,
+    },
+}
+
+/// A notice to a host.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Notice {
+    /// Cancel a child's running turn.
+    Cancel {
+        /// The child's session id.
+        child: String,
+    },
+    /// Dispose a child without waiting for it.
+    Close {
+        /// The child's session id.
+        child: String,
+    },
+}
+
+/// What a parent asks of a remote child.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OpenChild {
+    /// The node the parent runs on.
+    pub parent_node: String,
+    /// The parent's session id (the child's `parentSession`).
+    pub parent: String,
+    /// The child's delegation depth.
+    pub depth: u32,
+    /// Display label.
+    #[serde(default)]
+    pub label: Option<String>,
+    /// System text replacing the node's.
+    #[serde(default)]
+    pub persona: Option<String>,
+    /// Tools the child may use (`None`: all of the node's).
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
+    /// Tools the child may not use.
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// The parent's policy: the child gets at most this (and at most the
+    /// node's own).
+    pub policy: Policy,
+    /// A structured result's object schema (the child gets a `report` tool).
+    #[serde(default)]
+    pub output_schema: Option<Value>,
+    /// The parent's model route and id; used when the node has that route.
+    #[serde(default)]
+    pub route: Option<(String, String)>,
+}
+
+/// A host's description of itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hello {
+    /// The node's name.
+    pub node: String,
+    /// How many children it takes at most.
+    pub max_agents: u32,
+    /// How many it holds now.
+    pub agents: u32,
+}
+
+/// A child was created.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Opened {
+    /// Its session id.
+    pub child: String,
+}
+
+/// How a child's turn ended.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnDone {
+    /// The final assistant text.
+    pub text: String,
+    /// Why the turn ended.
+    pub reason: TurnEndReason,
+    /// Tokens the turn spent.
+    #[serde(default)]
+    pub usage: TokenUsage,
+    /// The `report` tool's arguments, when a schema was asked for.
+    #[serde(default)]
+    pub structured: Option<Value>,
+}
+
+/// A refusal, with a stable code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct WireError {
+    /// `BAD_REQUEST`, `NODE_FULL`, `NOT_FOUND`, `START_FAILED`, ...
+    pub code: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error with `code`.
+    pub fn new(code: &str, message: impl Into<String>) -> WireError {
+        WireError {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// An answer: `{"ok": …}` or `{"error": {code, message}}`.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Reply<T> {
+    Ok(T),
+    Error(WireError),
+}
+
+impl Request {
+    /// Reads a request; a payload that is too large or does not parse is
+    /// refused with what was wrong.
+    pub fn parse(bytes: &[u8]) -> Result<Request, WireError> {
+        if bytes.len() > MAX_REQUEST {
+            return Err(WireError::new(
+                "BAD_REQUEST",
+                format!(
+                    "the request is {} bytes; at most {MAX_REQUEST} are read",
+                    bytes.len()
+                ),
+            ));
+        }
+        serde_json::from_slice(bytes).map_err(|e| WireError::new("BAD_REQUEST", e.to_string()))
+    }
+
+    /// The request as bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+impl Notice {
+    /// Reads a notice.
+    pub fn parse(bytes: &[u8]) -> Result<Notice, WireError> {
+        if bytes.len() > MAX_REQUEST {
+            return Err(WireError::new("BAD_REQUEST", "the notice is too large"));
+        }
+        serde_json::from_slice(bytes).map_err(|e| WireError::new("BAD_REQUEST", e.to_string()))
+    }
+
+    /// The notice as bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// An answer as bytes.
+pub fn answer<T: Serialize>(result: Result<T, WireError>) -> Vec<u8> {
+    let reply = match result {
+        Ok(v) => Reply::Ok(v),
+        Err(e) => Reply::Error(e),
+    };
+    serde_json::to_vec(&reply).unwrap_or_default()
+}
+
+/// Reads an answer; one that does not parse is a `BAD_ANSWER` error.
+pub fn read_answer<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    match serde_json::from_slice::<Reply<T>>(bytes) {
+        Ok(Reply::Ok(v)) => Ok(v),
+        Ok(Reply::Error(e)) => Err(e),
+        Err(e) => Err(WireError::new("BAD_ANSWER", e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_and_hostile_bytes_are_refused_with_a_reason() {
+        let r = Request::Turn {
+            child: "c1".into(),
+            prompt: "hi".into(),
+        };
+        assert!(matches!(
+            Request::parse(&r.encode()),
+            Ok(Request::Turn { child, .. }) if child == "c1"
+        ));
+        for bad in [
+            &b"not json"[..],
+            br#"{"op":"turn"}"#,
+            br#"{"op":"launch-missiles"}"#,
+            br#"{"op":"hello","extra":1}"#,
+        ] {
+            let e = Request::parse(bad).err();
+            assert_eq!(e.map(|e| e.code), Some("BAD_REQUEST".into()), "{bad:?}");
+        }
+        let huge = vec![b' '; MAX_REQUEST + 1];
+        assert!(
+            Request::parse(&huge)
+                .err()
+                .is_some_and(|e| e.message.contains("at most"))
+        );
+        let ok: Result<Hello, _> = read_answer(&answer(Ok(Hello {
+            node: "b".into(),
+            max_agents: 4,
+            agents: 1,
+        })));
+        assert_eq!(ok.map(|h| h.node), Ok("b".into()));
+        let refused: Result<Hello, _> =
+            read_answer(&answer::<Hello>(Err(WireError::new("NODE_FULL", "full"))));
+        assert_eq!(refused.err().map(|e| e.code), Some("NODE_FULL".into()));
+        let garbage: Result<Hello, _> = read_answer(b"[1,2]");
+        assert_eq!(garbage.err().map(|e| e.code), Some("BAD_ANSWER".into()));
+    }
+
+    #[test]
+    fn host_messages_cross_as_calls_and_casts_and_nothing_else_is_accepted() {
+        let (tx, _rx) = ractor::concurrency::oneshot();
+        let call = HostMsg::Call {
+            request: Request::Hello {}.encode(),
+            reply: tx.into(),
+        };
+        let wire = call.serialize();
+        assert!(matches!(wire, Ok(SerializedMessage::Call { ref variant, .. }) if variant == CALL));
+        let back = wire.and_then(HostMsg::deserialize);
+        assert!(matches!(back, Ok(HostMsg::Call { .. })));
+        let other = SerializedMessage::Cast {
+            variant: "call".into(),
+            args: vec![],
+            metadata: None,
+        };
+        assert!(HostMsg::deserialize(other).is_err());
+    }
+}

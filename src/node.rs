@@ -1,0 +1,226 @@
+//! `dsh node` (a process that joins a cluster and serves child agents to
+//! parents on other nodes) and [`ClusterArgs`] (how a command that starts
+//! agents places its children on such nodes).
+//!
+//! The cookie is read from the variable `--cookie-env` names, never from
+//! the command line; a missing or empty one is refused before anything
+//! starts.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsh_actors::cluster::host::{self, HostSettings};
+use dsh_actors::cluster::remote::RemoteProvider;
+use dsh_actors::cluster::{Cluster, ClusterSettings, Peer, Placement};
+use dsh_actors::subagent::Subagents;
+use dsh_services::sandbox::Sandbox;
+use dsh_supervisors::{Context, Group, PluginOptions, Runtime, RuntimeSettings};
+
+use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
+use crate::exit::{self, Exit};
+use crate::stage::{Route, route, store};
+
+/// How long joining one peer may take (connect, cookie challenge, its host
+/// answering).
+const JOIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// `dsh node`: the options.
+#[derive(clap::Args, Debug)]
+#[command(after_help = MODEL_PRECEDENCE)]
+pub struct NodeArgs {
+    /// This node's name (letters, digits, `_`, `.`, `-`)
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// Where to accept peers (port 0: a free one; the line on stderr says
+    /// which)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Peers to join at start, NAME@HOST:PORT (repeatable or comma-separated)
+    #[arg(long = "connect", value_name = "NAME@ADDR", value_delimiter = ',')]
+    pub connect: Vec<Peer>,
+    /// The variable holding the cluster's cookie (the cookie itself is never a flag)
+    #[arg(long, value_name = "VAR")]
+    pub cookie_env: String,
+    /// The most child agents this node holds at once
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_agents: u32,
+    /// The model, policy and plugin tree children run with.
+    #[command(flatten)]
+    pub agents: AgentArgs,
+    /// The workspace children's tools work in.
+    #[command(flatten)]
+    pub workspace: WorkspaceArgs,
+    /// Where children's sessions are stored.
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// How a command places children on other nodes.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Cluster")]
+pub struct ClusterArgs {
+    /// Run children on these nodes, NAME@HOST:PORT (comma-separated); this
+    /// process joins them as a client
+    #[arg(long, value_name = "NAME@ADDR,…", value_delimiter = ',')]
+    pub nodes: Vec<Peer>,
+    /// The variable holding the cluster's cookie [required with --nodes]
+    #[arg(long = "cookie-env", value_name = "VAR", requires = "nodes")]
+    pub cookie_env: Option<String>,
+    /// Where children go: round-robin, least-loaded or a node's name
+    /// [default: round-robin]
+    #[arg(long, value_name = "PLACEMENT", requires = "nodes")]
+    pub placement: Option<Placement>,
+}
+
+/// The cookie from `$var`: set and not empty.
+fn cookie(var: &str) -> exit::Result<String> {
+    match std::env::var(var) {
+        Ok(c) if !c.is_empty() => Ok(c),
+        Ok(_) => Err(Exit::usage(format!(
+            "${var} is empty; set it to the cluster's cookie"
+        ))),
+        Err(_) => Err(Exit::usage(format!(
+            "${var} is not set; set it to the cluster's cookie (--cookie-env names the variable)"
+        ))),
+    }
+}
+
+/// A fiber named `cluster` under the root for the node's parts.
+async fn cluster_fiber(rt: &Runtime) -> exit::Result<Context> {
+    let options = PluginOptions {
+        name: Some("cluster".into()),
+        ..PluginOptions::default()
+    };
+    let fiber = rt
+        .root()
+        .plugin_with(Group, (), options)
+        .await
+        .map_err(|e| Exit::failed(format!("cannot start the cluster: {e}")))?;
+    Ok(fiber.context())
+}
+
+async fn join_all(cluster: &Cluster, peers: &[Peer]) -> exit::Result<()> {
+    for peer in peers {
+        cluster
+            .connect(peer, JOIN_TIMEOUT)
+            .await
+            .map_err(|e| Exit::failed(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// `dsh node --name NAME --cookie-env VAR …`.
+pub async fn node(args: NodeArgs) -> Exit {
+    let cookie = match cookie(&args.cookie_env) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    if let Err(e) = dsh_actors::cluster::valid_name(&args.name) {
+        return Exit::usage(format!("--name: {e}"));
+    }
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+    };
+    let exit = Exit::from(serve_node(&rt, &args, cookie).await);
+    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
+        .await
+        .is_err()
+    {
+        crate::errln!(
+            "dsh node {}: the shutdown did not finish within 60 s",
+            args.name
+        );
+    }
+    exit
+}
+
+async fn serve_node(rt: &Runtime, args: &NodeArgs, cookie: String) -> exit::Result<()> {
+    let cwd = args.workspace.resolve()?;
+    let Route { provider, model } = route(rt, &args.agents).await?;
+    let store = store(rt, &args.store)?;
+    let policy = rt
+        .root()
+        .get::<Sandbox>(Sandbox::SERVICE)
+        .map(|s| s.settings().defaults)
+        .unwrap_or_default();
+    let ctx = cluster_fiber(rt).await?;
+    let settings = ClusterSettings {
+        name: args.name.clone(),
+        cookie,
+        listen: Some(args.listen),
+    };
+    let cluster = Cluster::start(&ctx, settings)
+        .await
+        .map_err(|e| Exit::failed(e.to_string()))?;
+    let hosting = HostSettings {
+        max_agents: args.max_agents,
+        route: (provider, model.clone()),
+        system: Some(crate::stage::system_prompt(&cwd, &model)),
+        cwd,
+        store: Some(store),
+        policy,
+    };
+    host::serve(&cluster, hosting)
+        .await
+        .map_err(|e| Exit::failed(e.to_string()))?;
+    if let Some(addr) = cluster.listen_addr() {
+        crate::errln!("dsh node {} listening on {addr}", args.name);
+    }
+    join_all(&cluster, &args.connect).await?;
+    for peer in &args.connect {
+        crate::errln!("dsh node {}: joined {peer}", args.name);
+    }
+    // Ctrl-C, SIGTERM or SIGHUP: the node drains its children and leaves.
+    let _ = crate::exit::stop_signal().await;
+    crate::errln!("dsh node {}: leaving; draining its children", args.name);
+    Ok(())
+}
+
+impl ClusterArgs {
+    /// With `--nodes`: joins them as a client-only node and registers the
+    /// `remote` subagent provider; returns whether children go remote.
+    pub async fn join(&self, rt: &Runtime, subagents: &Arc<Subagents>) -> exit::Result<bool> {
+        if self.nodes.is_empty() {
+            return Ok(false);
+        }
+        let var = self.cookie_env.as_deref().ok_or_else(|| {
+            Exit::usage("--nodes needs --cookie-env VAR (the variable holding the cookie)")
+        })?;
+        let cookie = cookie(var)?;
+        if let Some(Placement::Node(n)) = &self.placement
+            && !self.nodes.iter().any(|p| &p.name == n)
+        {
+            return Err(Exit::usage(format!(
+                "--placement {n}: no node of that name is in --nodes"
+            )));
+        }
+        let ctx = cluster_fiber(rt).await?;
+        let name = format!("client-{}", &uuid_short());
+        let settings = ClusterSettings {
+            name,
+            cookie,
+            listen: None,
+        };
+        let cluster = Cluster::start(&ctx, settings)
+            .await
+            .map_err(|e| Exit::failed(e.to_string()))?;
+        join_all(&cluster, &self.nodes).await?;
+        let placement = self.placement.clone().unwrap_or(Placement::RoundRobin);
+        let provider = RemoteProvider::new(cluster, placement);
+        subagents
+            .register(&ctx, Arc::new(provider))
+            .map_err(|e| Exit::failed(e.to_string()))?;
+        Ok(true)
+    }
+}
+
+fn uuid_short() -> String {
+    let id = dsh_services::llm::Message::new_id();
+    id.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(8)
+        .collect()
+}

@@ -1,0 +1,389 @@
+//! Several real `dsh node` processes on loopback, and the commands that
+//! place children on them (`--nodes`).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dsh::kernel::scratch::fresh_dir;
+use serde_json::Value;
+
+const COOKIE_VAR: &str = "DSH_TEST_CLUSTER_COOKIE";
+const COOKIE: &str = "loopback-only-secret";
+
+/// A `dsh node` process, killed when dropped.
+struct Node {
+    child: Child,
+    addr: String,
+    name: String,
+    dir: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Node {
+    /// Starts `dsh node --name NAME` with `model` flags in a fresh
+    /// workspace; returns once it says where it listens.
+    fn start(name: &str, model: &[&str]) -> Node {
+        let dir = fresh_dir("dsh-node").unwrap();
+        std::fs::create_dir_all(dir.join("sessions")).unwrap();
+        Node::start_in(name, model, dir)
+    }
+
+    fn start_in(name: &str, model: &[&str], dir: PathBuf) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .args(["node", "--name", name, "--cookie-env", COOKIE_VAR])
+            .args(model)
+            .arg("--sessions-dir")
+            .arg(dir.join("sessions"))
+            .env(COOKIE_VAR, COOKIE)
+            .env_remove("DSH_BASE_URL")
+            .env_remove("DSH_MODEL")
+            .env_remove("DSH_SESSIONS_DB")
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("dsh node starts");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Drains the node's stderr for its whole life (a full pipe would
+        // stall it); the first line that says where it listens is sent.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split(" listening on ").nth(1) {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the node says where it listens");
+        Node {
+            child,
+            addr,
+            name: name.into(),
+            dir,
+        }
+    }
+
+    fn peer(&self) -> String {
+        format!("{}@{}", self.name, self.addr)
+    }
+
+    /// The headers of the sessions stored on this node.
+    fn headers(&self) -> Vec<Value> {
+        headers(&self.dir.join("sessions"))
+    }
+}
+
+fn headers(store: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(store).unwrap() {
+        let log = entry.unwrap().path().join("session.jsonl");
+        if let Ok(t) = std::fs::read_to_string(&log) {
+            out.push(serde_json::from_str(t.lines().next().unwrap()).unwrap());
+        }
+    }
+    out
+}
+
+fn log_of(store: &Path, id: &str) -> String {
+    std::fs::read_to_string(store.join(id).join("session.jsonl")).unwrap_or_default()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A workspace for the parent, with `fan.js`: one `agent()` per topic,
+/// settled one by one (a failed child answers `null`).
+fn parent_dir() -> PathBuf {
+    let dir = fresh_dir("dsh-cluster-parent").unwrap();
+    std::fs::create_dir_all(dir.join("sessions")).unwrap();
+    std::fs::write(
+        dir.join("fan.js"),
+        "const r = await Promise.all(args.topics.map(t => agent('Write one line about ' + t + '.')));\nreturn {r};\n",
+    )
+    .unwrap();
+    dir
+}
+
+fn workflow(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Output {
+    let args = serde_json::json!({ "topics": topics }).to_string();
+    Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
+        .args(cluster)
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env(COOKIE_VAR, cookie)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_SESSIONS_DB")
+        .current_dir(dir)
+        .output()
+        .expect("dsh workflow runs")
+}
+
+fn topics(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("topic{i}")).collect()
+}
+
+#[test]
+fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_refused() {
+    let b = Node::start("b", &["--demo-model"]);
+    let c = Node::start("c", &["--demo-model"]);
+    let dir = parent_dir();
+    let nodes = format!("{},{}", b.peer(), c.peer());
+    let cluster = ["--nodes", &nodes, "--cookie-env", COOKIE_VAR];
+    let asked = topics(20);
+    let run = workflow(&dir, &asked, &cluster, COOKIE);
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    let value: Value = serde_json::from_str(&out).unwrap();
+    let answers = value["r"].as_array().unwrap();
+    assert_eq!(answers.len(), 20);
+    for (topic, answer) in asked.iter().zip(answers) {
+        // The demo model answers from the prompt: the child on the other
+        // node saw the parent's prompt (not the proxy's runtime context).
+        let a = answer.as_str().unwrap_or_default();
+        assert!(a.starts_with(&format!("{topic}:")), "{topic}: {answer}");
+    }
+
+    // The coordinator is the parent of every child, and the children ran
+    // (and are stored) on the nodes: ten each, round-robin.
+    let local = headers(&dir.join("sessions"));
+    let coordinator = local
+        .iter()
+        .find(|h| h.get("parentSession").is_none())
+        .unwrap();
+    let mut on_nodes = 0;
+    for node in [&b, &c] {
+        let hs = node.headers();
+        assert_eq!(hs.len(), 10, "node {} holds {hs:?}", node.name);
+        for h in &hs {
+            assert_eq!(h["parentSession"], coordinator["id"]);
+            assert_eq!(h["origin"], "subagent");
+            assert_eq!(h["delegationDepth"], 1);
+            let log = log_of(&node.dir.join("sessions"), h["id"].as_str().unwrap());
+            assert!(log.contains(r#""mode":"remote""#), "{log}");
+            assert!(log.contains(&format!(r#""node":"{}""#, node.name)), "{log}");
+            // The child worked in its node's workspace.
+            assert!(log.contains(&node.dir.display().to_string()), "{log}");
+            on_nodes += 1;
+        }
+    }
+    assert_eq!(on_nodes, 20);
+
+    // A wrong cookie is refused before anything runs.
+    let refused = workflow(&dir, &topics(1), &cluster, "not-the-cookie");
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stdout));
+    let err = text(&refused.stderr);
+    assert!(
+        err.contains("cannot join b@") && err.contains("wrong cookie"),
+        "{err}"
+    );
+    assert_eq!(b.headers().len(), 10, "nothing ran on b");
+
+    // No cookie at all: refused as a usage error, naming the variable.
+    let unset = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["workflow", "fan.js", "--demo-model", "--nodes", &nodes])
+        .args(["--cookie-env", "DSH_TEST_NO_SUCH_COOKIE"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(unset.status.code(), Some(2));
+    assert!(text(&unset.stderr).contains("$DSH_TEST_NO_SUCH_COOKIE is not set"));
+}
+
+/// A script whose every step runs a long command: a child on that node is
+/// mid-turn until it is cancelled or its node dies.
+fn hanging_script(dir: &Path) -> PathBuf {
+    let step = r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30", "description": "wait"}}]}"#;
+    let steps = vec![step; 16].join(",");
+    let path = dir.join("hang.json");
+    std::fs::write(&path, format!(r#"{{"steps": [{steps}]}}"#)).unwrap();
+    path
+}
+
+#[test]
+fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on() {
+    let bdir = fresh_dir("dsh-node").unwrap();
+    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
+    let script = hanging_script(&bdir);
+    let script = script.to_str().unwrap();
+    let mut b = Node::start_in("b", &["--script", script], bdir.clone());
+    let c = Node::start("c", &["--demo-model"]);
+    let dir = parent_dir();
+    let nodes = format!("{},{}", b.peer(), c.peer());
+    let args = serde_json::json!({ "topics": topics(4) }).to_string();
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
+        .args(["--nodes", &nodes, "--cookie-env", COOKIE_VAR])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env(COOKIE_VAR, COOKIE)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once c's two children ended and b's two are running, kill b.
+    let stderr = parent.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = tx.send(line);
+        }
+        all
+    });
+    let (mut started, mut completed) = (0, 0);
+    while started < 4 || completed < 2 {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the workflow reports its children");
+        started += usize::from(line.contains("started:"));
+        completed += usize::from(line.ends_with(" completed"));
+    }
+    // b's children are mid-turn (their command sleeps): kill -9 the node.
+    b.child.kill().unwrap();
+    let _ = b.child.wait();
+
+    let out = parent.wait_with_output().unwrap();
+    let err = reader.join().unwrap();
+    assert!(out.status.success(), "{err}");
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answers = value["r"].as_array().unwrap();
+    let answered = answers.iter().filter(|a| a.is_string()).count();
+    let failed = answers.iter().filter(|a| a.is_null()).count();
+    assert_eq!((answered, failed), (2, 2), "{value}");
+    assert_eq!(err.matches(" error\n").count(), 2, "{err}");
+    // Each failed child's proxy recorded why: its node is down.
+    let store = dir.join("sessions");
+    let downs = headers(&store)
+        .iter()
+        .filter(|h| log_of(&store, h["id"].as_str().unwrap()).contains("NODE_DOWN"))
+        .count();
+    assert_eq!(downs, 2, "{err}");
+
+    // b comes back (same store, a new process); the same run works again.
+    drop(b);
+    let b = Node::start_in("b", &["--demo-model"], bdir);
+    let nodes = format!("{},{}", b.peer(), c.peer());
+    let again = workflow(
+        &dir,
+        &topics(4),
+        &["--nodes", &nodes, "--cookie-env", COOKIE_VAR],
+        COOKIE,
+    );
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let value: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert!(
+        value["r"].as_array().unwrap().iter().all(Value::is_string),
+        "{value}"
+    );
+}
+
+#[test]
+fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
+    let bdir = fresh_dir("dsh-node").unwrap();
+    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
+    let script = hanging_script(&bdir);
+    let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
+    let dir = parent_dir();
+    let args = serde_json::json!({ "topics": topics(3) }).to_string();
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
+        .args([
+            "--nodes",
+            &b.peer(),
+            "--cookie-env",
+            COOKIE_VAR,
+            "--placement",
+            "b",
+        ])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env(COOKIE_VAR, COOKIE)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = parent.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    let mut started = 0;
+    for line in lines.by_ref() {
+        started += usize::from(line.contains("started:"));
+        if started == 3 {
+            break;
+        }
+    }
+    assert_eq!(started, 3);
+    // SIGTERM: the workflow is cancelled, each child's turn with it.
+    let pid = parent.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let rest: Vec<String> = lines.collect();
+    let status = parent.wait().unwrap();
+    // Cancelled by SIGTERM: 128 + 15, after the cancelled run wound down.
+    assert_eq!(status.code(), Some(143), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("the workflow was cancelled (SIGTERM)")),
+        "{rest:?}"
+    );
+
+    // The parent ended only once b had closed its children (the close is
+    // awaited): each log on b is complete, its turn aborted.
+    let store = b.dir.join("sessions");
+    let hs = b.headers();
+    assert_eq!(hs.len(), 3, "{hs:?}");
+    for h in &hs {
+        let log = log_of(&store, h["id"].as_str().unwrap());
+        let kinds: Vec<String> = log
+            .lines()
+            .skip(1)
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["type"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        let end = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["type"] == "turn/end")
+            .unwrap_or_else(|| panic!("no turn/end in {log}"));
+        assert_eq!(end["data"]["reason"]["kind"], "aborted", "{log}");
+        // The log is whole: the running command was cancelled and
+        // answered, and the turn's end is the last entry.
+        assert!(kinds.iter().any(|k| k == "tool/result"), "{kinds:?}");
+        assert_eq!(
+            kinds.last().map(String::as_str),
+            Some("turn/end"),
+            "{kinds:?}"
+        );
+    }
+}
