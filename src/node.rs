@@ -14,7 +14,9 @@ use dsh_actors::cluster::host::{self, HostSettings};
 use dsh_actors::cluster::remote::RemoteProvider;
 use dsh_actors::cluster::{Cluster, ClusterSettings, Peer, Placement};
 use dsh_actors::subagent::Subagents;
+use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
 use dsh_services::sandbox::Sandbox;
+use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::{Context, Group, PluginOptions, Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
@@ -216,6 +218,29 @@ impl ClusterArgs {
         Ok(true)
     }
 }
+
+/// With `--nodes`: joins them and gives the agents of `rt` a
+/// `subagent_remote` tool (the `subagent` tool over the `remote` provider).
+pub async fn offer_remote(rt: &Runtime, args: &ClusterArgs) -> exit::Result<()> {
+    let root = rt.root();
+    let subagents = root.get::<Subagents>(Subagents::SERVICE).ok_or_else(|| {
+        Exit::usage("--nodes needs the multi-agent services (`multi_agent: false` in the config?)")
+    })?;
+    let tools = root
+        .get::<ToolRegistry>(ToolRegistry::SERVICE)
+        .ok_or_else(|| Exit::failed("no tool registry"))?;
+    args.join(rt, &subagents).await?;
+    let mut config = SubagentToolConfig::new("remote", REMOTE_TOOL);
+    config.remote = true;
+    let tool = SubagentTool::new(subagents, config).map_err(|e| Exit::failed(e.to_string()))?;
+    tools
+        .register(&root, Arc::new(tool))
+        .map_err(|e| Exit::failed(e.to_string()))?;
+    Ok(())
+}
+
+/// The delegation tool `--nodes` adds to `dsh run`.
+pub const REMOTE_TOOL: &str = "subagent_remote";
 
 fn uuid_short() -> String {
     let id = dsh_services::llm::Message::new_id();

@@ -53,6 +53,9 @@ pub struct RunArgs {
     /// Where sessions are stored.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Nodes the agent may delegate to (its `subagent_remote` tool).
+    #[command(flatten)]
+    pub cluster: crate::node::ClusterArgs,
 }
 
 /// Where the session is written, and what it continues: a resumed session
@@ -282,6 +285,9 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     spec.sections = crate::stage::workspace_sections(&cwd).await;
     spec.max_steps = args.max_steps;
     place_session(store(rt, &args.store)?, args, &mut spec)?;
+    if !args.cluster.nodes.is_empty() {
+        crate::node::offer_remote(rt, &args.cluster).await?;
+    }
     let agent = Agent::create(&root, spec)
         .await
         .map_err(|e| Exit::failed(format!("cannot create the agent: {e}")))?;

@@ -145,9 +145,17 @@ fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_ref
     let nodes = format!("{},{}", b.peer(), c.peer());
     let cluster = ["--nodes", &nodes, "--cookie-env", COOKIE_VAR];
     let asked = topics(20);
-    let run = workflow(&dir, &asked, &cluster, COOKIE);
+    let traced = [&cluster[..], &["--tree"]].concat();
+    let run = workflow(&dir, &asked, &traced, COOKIE);
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
+    // The parent's tree shows where its first child runs: a part of the
+    // proxy agent naming the node and the child there.
+    let tree = err.split("live actor tree:").nth(1).unwrap_or_default();
+    assert!(
+        tree.contains("b/subagent/") && tree.contains("[remote-child]"),
+        "{err}"
+    );
     let value: Value = serde_json::from_str(&out).unwrap();
     let answers = value["r"].as_array().unwrap();
     assert_eq!(answers.len(), 20);
@@ -386,4 +394,89 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
             "{kinds:?}"
         );
     }
+}
+
+#[test]
+fn a_ralph_loop_runs_its_rounds_on_another_node_and_gets_their_handoffs() {
+    let b = Node::start("b", &["--demo-model"]);
+    let dir = parent_dir();
+    let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args([
+            "ralph",
+            "Write the notes.",
+            "--max-rounds",
+            "5",
+            "--demo-model",
+        ])
+        .args(["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env(COOKIE_VAR, COOKIE)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    // The structured handoffs came back over the wire: the loop saw
+    // `continue` twice, then the worker's claim of completion.
+    assert!(out.contains("round 3: complete"), "{out}");
+    let rounds = b.headers();
+    assert_eq!(
+        rounds.len(),
+        3,
+        "one worker per round, all on b: {rounds:?}"
+    );
+    let coordinator = headers(&dir.join("sessions"))
+        .into_iter()
+        .find(|h| h.get("parentSession").is_none())
+        .unwrap();
+    for h in &rounds {
+        assert_eq!(h["parentSession"], coordinator["id"]);
+        let log = log_of(&b.dir.join("sessions"), h["id"].as_str().unwrap());
+        assert!(log.contains(r#""name":"report""#), "{log}");
+    }
+}
+
+#[test]
+fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
+    let b = Node::start("b", &["--demo-model"]);
+    let dir = parent_dir();
+    std::fs::write(
+        dir.join("delegate.json"),
+        r#"{"steps": [
+            {"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "one line", "prompt": "Write one line about actors."}}]},
+            {"text": "The node answered."}
+        ]}"#,
+    )
+    .unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["run", "Ask a node.", "--script", "delegate.json"])
+        .args(["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env(COOKIE_VAR, COOKIE)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    assert!(out.contains("The node answered."), "{out}");
+    let parent = headers(&dir.join("sessions"))
+        .into_iter()
+        .find(|h| h.get("parentSession").is_none())
+        .unwrap();
+    // The tool's result is the answer of the child on b.
+    let log = log_of(&dir.join("sessions"), parent["id"].as_str().unwrap());
+    let result = log
+        .lines()
+        .find(|l| l.contains(r#""type":"tool/result""#))
+        .unwrap_or_default();
+    assert!(result.contains("actors:"), "{log}");
+    let children = b.headers();
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert_eq!(children[0]["parentSession"], parent["id"]);
 }

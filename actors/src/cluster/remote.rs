@@ -124,7 +124,13 @@ impl SubagentProvider for RemoteProvider {
                     }
                 }) as BoxFuture<'static, ()>
             };
+            let place = format!(
+                "{}/subagent/{}",
+                host.node(),
+                crate::session::short(&opened.child)
+            );
             Ok(Some(RemoteLink {
+                place: Some(place),
                 adapter: Arc::new(RemoteChild {
                     host,
                     child: opened.child,

@@ -117,6 +117,7 @@ impl SubagentProvider for AcpProvider {
             Ok(Some(super::RemoteLink {
                 adapter: Arc::new(child),
                 close: None,
+                place: None,
             }))
         })
     }

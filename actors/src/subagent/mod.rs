@@ -94,6 +94,9 @@ pub struct RemoteLink {
     /// Awaited when the agent here is disposed (after its driver stopped):
     /// ends the child over there, within its own bound.
     pub close: Option<BoxFuture<'static, ()>>,
+    /// Where the child runs, shown as a part of the agent here in the tree
+    /// (`b/subagent/3496f7ef`: its node, its name there).
+    pub place: Option<String>,
 }
 
 /// `spawn`: a fresh child with an empty conversation.
@@ -1171,7 +1174,12 @@ async fn compose(
         });
     }
     let agent = Agent::create(&owner, spec).await?;
-    if let Some(RemoteLink { adapter, close }) = remote {
+    if let Some(RemoteLink {
+        adapter,
+        close,
+        place,
+    }) = remote
+    {
         // Registered for the child's lifetime: disposing it ends the process.
         let registered = agent
             .context()
@@ -1182,6 +1190,10 @@ async fn compose(
                     .ok_or_else(|| SubagentError::Start("no `llm` service".into()))?;
                 llm.register(&ctx, &[route.as_str()], adapter)
                     .map_err(SubagentError::from)?;
+                if let Some(place) = place {
+                    ctx.part("remote-child", place)
+                        .map_err(|e| SubagentError::Start(e.to_string()))?;
+                }
                 match close {
                     Some(close) => ctx
                         .effect_async("close the remote child", move || close)

@@ -30,6 +30,8 @@ pub struct SubagentToolConfig {
     pub tool_filter: Option<Restriction>,
     /// Model route and id for children (the parent's when `None`).
     pub route: Option<(String, String)>,
+    /// Children run on other nodes (their workspace is the node's).
+    pub remote: bool,
 }
 
 impl SubagentToolConfig {
@@ -43,6 +45,7 @@ impl SubagentToolConfig {
             persona: None,
             tool_filter: None,
             route: None,
+            remote: false,
         }
     }
 }
@@ -150,10 +153,15 @@ impl Tool for SubagentTool {
             name: self.config.tool_name.clone(),
             description: format!(
                 "Delegate a self-contained task to a subagent: a separate agent with its own \
-                 context, working in the same workspace with at most your permissions. It \
+                 context, {place} with at most your permissions. It \
                  returns its final result, not its intermediate steps, so ask it for what you \
                  need back (findings, paths, a diff summary). {context} Several calls in one \
                  step run in parallel.{background}",
+                place = if self.config.remote {
+                    "running on another machine of the cluster, in that machine's workspace"
+                } else {
+                    "working in the same workspace"
+                },
                 background = if self.config.background {
                     " With `run_in_background` it starts and you get its id at once; you are \
                      told when it finishes, and send_message gives it more work."
