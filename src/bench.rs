@@ -128,6 +128,11 @@ enum Bench {
         /// report the median, min and max.
         #[arg(long, default_value_t = 1)]
         processes: u32,
+        /// Also place the children on this many local `dsh node` processes
+        /// (started here) and report what a remote child costs.
+        #[arg(long, value_name = "N", default_value_t = 0,
+              value_parser = clap::value_parser!(u32).range(0..=16))]
+        local_nodes: u32,
     },
 }
 
@@ -198,11 +203,26 @@ pub async fn bench(args: BenchArgs) -> Exit {
             report(workloads::compact(messages).await)
         }
         Bench::Compare(args) => crate::compare::compare(args).await,
-        Bench::W2 { k, processes } => {
+        Bench::W2 {
+            k,
+            processes,
+            local_nodes,
+        } => {
             if k == 0 {
                 return Exit::usage("--k must be at least 1");
             }
             let k_text = k.to_string();
+            if local_nodes > 0 {
+                let n_text = local_nodes.to_string();
+                let args = ["bench", "w2", "--k", &k_text, "--local-nodes", &n_text];
+                return workload(
+                    &args,
+                    processes,
+                    "wall_s",
+                    workloads::w2_nodes(k, local_nodes),
+                )
+                .await;
+            }
             let args = ["bench", "w2", "--k", &k_text];
             workload(&args, processes, "wall_s", workloads::w2(k)).await
         }
@@ -701,6 +721,22 @@ pub mod workloads {
     /// The bench runtime; agents hibernate above `max_awake` awake ones.
     async fn world(steps: u32, max_awake: Option<usize>) -> Result<World, BoxError> {
         let rt = Runtime::start(RuntimeSettings::default()).await?;
+        let (worker, echo) = provide(&rt, steps, max_awake).await?;
+        Ok(World { rt, worker, echo })
+    }
+
+    /// What a bench node serves children with (`dsh node --bench-worker`):
+    /// the agents registry, the worker model on route `bench-worker`
+    /// (S = 5) and `echo`.
+    pub async fn node_services(rt: &Runtime) -> Result<(), BoxError> {
+        provide(rt, 5, None).await.map(|_| ())
+    }
+
+    async fn provide(
+        rt: &Runtime,
+        steps: u32,
+        max_awake: Option<usize>,
+    ) -> Result<(Arc<WorkerModel>, Arc<Echo>), BoxError> {
         let root = rt.root();
         let llm = Arc::new(LlmRuntime::new());
         let tools = Arc::new(ToolRegistry::new());
@@ -717,7 +753,7 @@ pub mod workloads {
             calls: AtomicU64::new(0),
         });
         tools.register(&root, echo.clone())?;
-        Ok(World { rt, worker, echo })
+        Ok((worker, echo))
     }
 
     fn spec(provider: &str) -> AgentSpec {
@@ -866,6 +902,8 @@ pub mod workloads {
         subagents: Arc<Subagents>,
         calls: AtomicU64,
         finals: AtomicU64,
+        /// Children go to other nodes (the `remote` provider).
+        remote: std::sync::atomic::AtomicBool,
     }
 
     impl Tool for Delegate {
@@ -893,9 +931,14 @@ pub mod workloads {
                 let mut request = StartRequest::new(&parent, input, cx.cancel.clone());
                 request.route = Some(("bench-worker".into(), "bench".into()));
                 request.persona = Some("You are a benchmark agent.".into());
+                let provider = if self.remote.load(Ordering::Relaxed) {
+                    "remote"
+                } else {
+                    "spawn"
+                };
                 let run = self
                     .subagents
-                    .start("spawn", request)
+                    .start(provider, request)
                     .await
                     .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
                 let result = run.result().await;
@@ -937,6 +980,12 @@ pub mod workloads {
         let summary = agent.run("fan-out", TURN_BUDGET).await?;
         let wall = start.elapsed().as_secs_f64();
         let k64 = u64::from(k);
+        // Children on other nodes call their model and `echo` there.
+        let here = if delegate.remote.load(Ordering::Relaxed) {
+            0
+        } else {
+            1
+        };
         let got = (
             w.worker.calls() - before.0,
             w.echo.calls.load(Ordering::Relaxed) - before.1,
@@ -944,12 +993,12 @@ pub mod workloads {
             delegate.finals.load(Ordering::Relaxed) - before.3,
             orchestrator.calls.load(Ordering::Relaxed) - before.4,
         );
-        if summary.text != "done" || got != (5 * k64, 4 * k64, k64, k64, 2) {
+        if summary.text != "done" || got != (5 * k64 * here, 4 * k64 * here, k64, k64, 2) {
             return Err(format!(
                 "semantic mismatch: final `{}`, (worker calls, echo, delegate, child finals, \
                  orchestrator calls) = {got:?}, want {:?}",
                 summary.text,
-                (5 * k64, 4 * k64, k64, k64, 2)
+                (5 * k64 * here, 4 * k64 * here, k64, k64, 2)
             )
             .into());
         }
@@ -970,6 +1019,7 @@ pub mod workloads {
             subagents,
             calls: AtomicU64::new(0),
             finals: AtomicU64::new(0),
+            remote: std::sync::atomic::AtomicBool::new(false),
         });
         w.rt.root()
             .get::<ToolRegistry>(ToolRegistry::SERVICE)
@@ -1001,6 +1051,151 @@ pub mod workloads {
             "echo_calls": 4 * u64::from(k),
             "delegate_calls": k,
             "persistence": "in-memory (session logs in the agents, no file sink)",
+        }))
+    }
+
+    /// A `dsh node --bench-worker` process of this binary on loopback.
+    struct LocalNode {
+        child: tokio::process::Child,
+        peer: dsh_actors::cluster::Peer,
+        // Held open so the node's stderr never sees a closed pipe.
+        _stderr: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStderr>>,
+    }
+
+    const NODE_COOKIE_VAR: &str = "DSH_BENCH_COOKIE";
+
+    async fn local_node(name: &str, cookie: &str) -> Result<LocalNode, BoxError> {
+        use tokio::io::AsyncBufReadExt;
+        let exe = std::env::current_exe()?;
+        let mut child = tokio::process::Command::new(exe)
+            .args(["node", "--name", name, "--listen", "127.0.0.1:0"])
+            .args(["--cookie-env", NODE_COOKIE_VAR, "--bench-worker"])
+            .args(["--max-agents", "100000"])
+            .env(NODE_COOKIE_VAR, cookie)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stderr = child.stderr.take().ok_or("the node has no stderr")?;
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(addr) = line.split(" listening on ").nth(1) {
+                    return Ok::<_, std::io::Error>(Some(addr.trim().to_owned()));
+                }
+            }
+            Ok(None)
+        })
+        .await
+        .map_err(|_| format!("node {name} did not listen within 30 s"))??
+        .ok_or_else(|| format!("node {name} ended before it listened"))?;
+        Ok(LocalNode {
+            child,
+            peer: dsh_actors::cluster::Peer {
+                name: name.to_owned(),
+                addr,
+            },
+            _stderr: lines,
+        })
+    }
+
+    fn peak_rss_of(pid: Option<u32>) -> u64 {
+        pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+
+    /// W2 across `nodes` local node processes: the same fan-out once with
+    /// local children, then with every child placed round-robin on the
+    /// nodes (one process each, started here), and what a remote child costs.
+    pub async fn w2_nodes(k: u32, nodes: u32) -> Result<serde_json::Value, BoxError> {
+        use dsh_actors::cluster::remote::RemoteProvider;
+        use dsh_actors::cluster::{Cluster, ClusterSettings, Placement};
+        let cookie = dsh_services::llm::Message::new_id();
+        let mut started = Vec::new();
+        for i in 0..nodes {
+            started.push(local_node(&format!("n{i}"), &cookie).await?);
+        }
+        let w = world(5, None).await?;
+        let root = w.rt.root();
+        let subagents = Arc::new(Subagents::with_builtin());
+        root.provide(Subagents::SERVICE, subagents.clone())?;
+        let delegate = Arc::new(Delegate {
+            subagents: subagents.clone(),
+            calls: AtomicU64::new(0),
+            finals: AtomicU64::new(0),
+            remote: std::sync::atomic::AtomicBool::new(false),
+        });
+        root.get::<ToolRegistry>(ToolRegistry::SERVICE)
+            .ok_or("no tool registry")?
+            .register(&root, delegate.clone())?;
+        let orchestrator = Arc::new(OrchestratorModel {
+            k: std::sync::atomic::AtomicU32::new(10),
+            calls: AtomicU64::new(0),
+        });
+        root.get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .ok_or("no llm service")?
+            .register(&root, &["bench-orchestrator"], orchestrator.clone())?;
+        // Local children first, as the reference.
+        fan_out(&w, &delegate, &orchestrator, 10).await?;
+        orchestrator.k.store(k, Ordering::Relaxed);
+        let (local_wall, local_teardown, _) = fan_out(&w, &delegate, &orchestrator, k).await?;
+        // Then the same fan-out on the nodes.
+        let options = dsh_supervisors::PluginOptions {
+            name: Some("cluster".into()),
+            ..Default::default()
+        };
+        let ctx = root
+            .plugin_with(dsh_supervisors::Group, (), options)
+            .await?
+            .context();
+        let settings = ClusterSettings {
+            name: "bench".into(),
+            cookie,
+            listen: None,
+        };
+        let cluster = Cluster::start(&ctx, settings).await?;
+        for n in &started {
+            cluster.connect(&n.peer, Duration::from_secs(30)).await?;
+        }
+        subagents.register(
+            &ctx,
+            Arc::new(RemoteProvider::new(cluster, Placement::RoundRobin)),
+        )?;
+        delegate.remote.store(true, Ordering::Relaxed);
+        orchestrator.k.store(10, Ordering::Relaxed);
+        fan_out(&w, &delegate, &orchestrator, 10).await?;
+        orchestrator.k.store(k, Ordering::Relaxed);
+        let (wall, teardown, baseline) = fan_out(&w, &delegate, &orchestrator, k).await?;
+        let peak = rss_kb("VmHWM:");
+        let node_peaks: Vec<u64> = started.iter().map(|n| peak_rss_of(n.child.id())).collect();
+        w.rt.shutdown().await;
+        for mut n in started {
+            let _ = n.child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(10), n.child.wait()).await;
+        }
+        let per_child = |wall: f64| wall / f64::from(k) * 1e6;
+        Ok(serde_json::json!({
+            "workload": "w2-nodes",
+            "k": k,
+            "nodes": nodes,
+            "local_wall_s": local_wall,
+            "wall_s": wall,
+            "local_us_per_child": per_child(local_wall),
+            "remote_us_per_child": per_child(wall),
+            "extra_us_per_remote_child": per_child(wall) - per_child(local_wall),
+            "local_teardown_ms": local_teardown * 1e3,
+            "teardown_ms": teardown * 1e3,
+            "parent_baseline_rss_kb": baseline,
+            "parent_peak_rss_kb": peak,
+            "node_peak_rss_kb": node_peaks,
+            "threads": threads(),
+            "delegate_calls": k,
         }))
     }
 

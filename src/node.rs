@@ -48,6 +48,10 @@ pub struct NodeArgs {
     #[arg(long, value_name = "N", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_agents: u32,
+    /// Serve the benchmark's worker model and `echo` instead of a model
+    /// (for `dsh bench w2 --local-nodes`).
+    #[arg(long, hide = true)]
+    pub bench_worker: bool,
     /// The model, policy and plugin tree children run with.
     #[command(flatten)]
     pub agents: AgentArgs,
@@ -141,8 +145,16 @@ pub async fn node(args: NodeArgs) -> Exit {
 
 async fn serve_node(rt: &Runtime, args: &NodeArgs, cookie: String) -> exit::Result<()> {
     let cwd = args.workspace.resolve()?;
-    let Route { provider, model } = route(rt, &args.agents).await?;
-    let store = store(rt, &args.store)?;
+    let (provider, model, store) = if args.bench_worker {
+        crate::bench::workloads::node_services(rt)
+            .await
+            .map_err(|e| Exit::failed(e.to_string()))?;
+        // In memory, as the benchmark's own agents are.
+        ("bench-worker".to_owned(), "bench".to_owned(), None)
+    } else {
+        let Route { provider, model } = route(rt, &args.agents).await?;
+        (provider, model, Some(store(rt, &args.store)?))
+    };
     let policy = rt
         .root()
         .get::<Sandbox>(Sandbox::SERVICE)
@@ -160,9 +172,13 @@ async fn serve_node(rt: &Runtime, args: &NodeArgs, cookie: String) -> exit::Resu
     let hosting = HostSettings {
         max_agents: args.max_agents,
         route: (provider, model.clone()),
-        system: Some(crate::stage::system_prompt(&cwd, &model)),
+        system: Some(if args.bench_worker {
+            "You are a benchmark agent.".to_owned()
+        } else {
+            crate::stage::system_prompt(&cwd, &model)
+        }),
         cwd,
-        store: Some(store),
+        store,
         policy,
     };
     host::serve(&cluster, hosting)
