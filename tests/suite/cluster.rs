@@ -89,9 +89,11 @@ fn headers(store: &Path) -> Vec<Value> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(store).unwrap() {
         let log = entry.unwrap().path().join("session.jsonl");
-        if let Ok(t) = std::fs::read_to_string(&log) {
-            out.push(serde_json::from_str(t.lines().next().unwrap()).unwrap());
-        }
+        // A log being written may not have its header yet.
+        let header = std::fs::read_to_string(&log)
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| serde_json::from_str(l).ok()));
+        out.extend(header);
     }
     out
 }
@@ -149,11 +151,12 @@ fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_ref
     let run = workflow(&dir, &asked, &traced, COOKIE);
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
-    // The parent's tree shows where its first child runs: a part of the
-    // proxy agent naming the node and the child there.
+    // The parent's tree shows where its first published child runs: a
+    // part of the proxy agent naming the node and the child there.
     let tree = err.split("live actor tree:").nth(1).unwrap_or_default();
     assert!(
-        tree.contains("b/subagent/") && tree.contains("[remote-child]"),
+        tree.contains("[remote-child]")
+            && (tree.contains(" b/subagent/") || tree.contains(" c/subagent/")),
         "{err}"
     );
     let value: Value = serde_json::from_str(&out).unwrap();
@@ -212,21 +215,40 @@ fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_ref
     assert!(text(&unset.stderr).contains("$DSH_TEST_NO_SUCH_COOKIE is not set"));
 }
 
-/// A script whose every step runs a long command: a child on that node is
-/// mid-turn until it is cancelled or its node dies.
-fn hanging_script(dir: &Path) -> PathBuf {
-    let step = r#"{"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30", "description": "wait"}}]}"#;
+/// A script whose every step runs `sleep SECS`: a child on that node is
+/// mid-turn until it is cancelled or its node dies. Each test sleeps its
+/// own number of seconds, so [`sleeping`] counts only its children.
+fn hanging_script(dir: &Path, secs: &str) -> PathBuf {
+    let step = format!(
+        r#"{{"tool_calls": [{{"name": "bash", "arguments": {{"command": "sleep {secs}", "description": "wait"}}}}]}}"#
+    );
     let steps = vec![step; 16].join(",");
     let path = dir.join("hang.json");
     std::fs::write(&path, format!(r#"{{"steps": [{steps}]}}"#)).unwrap();
     path
 }
 
+/// Live `sleep SECS` processes (each a child's running command).
+fn sleeping(secs: &str) -> usize {
+    let want = format!("sleep\0{secs}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|p| {
+            let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'));
+            !zombie && std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == want.as_bytes())
+        })
+        .count()
+}
+
 #[test]
 fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on() {
     let bdir = fresh_dir("dsh-node").unwrap();
     std::fs::create_dir_all(bdir.join("sessions")).unwrap();
-    let script = hanging_script(&bdir);
+    let script = hanging_script(&bdir, "29.2");
     let script = script.to_str().unwrap();
     let mut b = Node::start_in("b", &["--script", script], bdir.clone());
     let c = Node::start("c", &["--demo-model"]);
@@ -267,6 +289,9 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
         completed += usize::from(line.ends_with(" completed"));
     }
     // b's children are mid-turn (their command sleeps): kill -9 the node.
+    super::until_blocking("b's children never ran their command", || {
+        sleeping("29.2") == 2
+    });
     b.child.kill().unwrap();
     let _ = b.child.wait();
 
@@ -309,7 +334,7 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
 fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     let bdir = fresh_dir("dsh-node").unwrap();
     std::fs::create_dir_all(bdir.join("sessions")).unwrap();
-    let script = hanging_script(&bdir);
+    let script = hanging_script(&bdir, "29.1");
     let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
     let dir = parent_dir();
     let args = serde_json::json!({ "topics": topics(3) }).to_string();
@@ -343,6 +368,9 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
         }
     }
     assert_eq!(started, 3);
+    super::until_blocking("b's children never ran their command", || {
+        sleeping("29.1") == 3
+    });
     // SIGTERM: the workflow is cancelled, each child's turn with it.
     let pid = parent.id().to_string();
     assert!(
@@ -363,7 +391,9 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     );
 
     // The parent ended only once b had closed its children (the close is
-    // awaited): each log on b is complete, its turn aborted.
+    // awaited): each log on b is complete, its turn aborted, its command
+    // gone.
+    assert_eq!(sleeping("29.1"), 0);
     let store = b.dir.join("sessions");
     let hs = b.headers();
     assert_eq!(hs.len(), 3, "{hs:?}");
@@ -385,12 +415,9 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
             .find(|e| e["type"] == "turn/end")
             .unwrap_or_else(|| panic!("no turn/end in {log}"));
         assert_eq!(end["data"]["reason"]["kind"], "aborted", "{log}");
-        // The log is whole: a command the child had started was cancelled
-        // and answered (the cancel may also land before its first call),
-        // and the turn's end is the last entry.
-        let calls = kinds.iter().filter(|k| *k == "tool/call").count();
-        let results = kinds.iter().filter(|k| *k == "tool/result").count();
-        assert_eq!(calls, results, "{kinds:?}");
+        // The log is whole: the running command was cancelled and
+        // answered, and the turn's end is the last entry.
+        assert!(kinds.iter().any(|k| k == "tool/result"), "{kinds:?}");
         assert_eq!(
             kinds.last().map(String::as_str),
             Some("turn/end"),
@@ -502,4 +529,49 @@ fn the_fan_out_bench_places_its_children_on_local_nodes_and_reports_their_cost()
     assert_eq!(peaks.len(), 2);
     assert!(peaks.iter().all(|p| p.as_u64().unwrap() > 0), "{r}");
     assert!(r["remote_us_per_child"].as_f64().unwrap() > 0.0, "{r}");
+}
+
+#[test]
+fn a_parent_node_that_dies_has_its_children_disposed_on_the_serving_node() {
+    let bdir = fresh_dir("dsh-node").unwrap();
+    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
+    let script = hanging_script(&bdir, "29.3");
+    let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
+    let dir = parent_dir();
+    let args = serde_json::json!({ "topics": topics(2) }).to_string();
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
+        .args(["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env(COOKIE_VAR, COOKIE)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    super::until_blocking("the children never ran their command", || {
+        sleeping("29.3") == 2
+    });
+    // The parent's process dies without a word: its session closes, and b
+    // disposes what it held for it (each child's turn ends aborted, its
+    // command killed).
+    parent.kill().unwrap();
+    let _ = parent.wait();
+    super::until_blocking("b kept the children of a node that left", || {
+        sleeping("29.3") == 0
+    });
+    let store = b.dir.join("sessions");
+    super::until_blocking("the children's logs were not completed", || {
+        let hs = b.headers();
+        hs.len() == 2
+            && hs.iter().all(|h| {
+                log_of(&store, h["id"].as_str().unwrap())
+                    .lines()
+                    .last()
+                    .is_some_and(|l| l.contains(r#""type":"turn/end""#))
+            })
+    });
 }

@@ -15,11 +15,13 @@
 //!   a scope left empty goes with its last child.
 //! - When a parent node leaves, its scopes are disposed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::{LlmRuntime, Message, TokenUsage};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::sandbox::Policy;
@@ -66,7 +68,47 @@ struct Hosted {
     settings: HostSettings,
     ctx: Context,
     children: Mutex<BTreeMap<String, Child>>,
+    /// Ids being opened, with their scope (reserved until their child is
+    /// in `children`: a scope with an open in flight is not dropped).
+    opening: Mutex<BTreeMap<String, (String, String)>>,
     scopes: Mutex<BTreeMap<(String, String), Fiber>>,
+    /// Parent nodes that left and did not come back: opens for them are
+    /// refused, and an open that finishes after its node left is undone.
+    left: Mutex<BTreeSet<String>>,
+}
+
+/// The largest answer a host sends (a child's final text, its result).
+const MAX_ANSWER: usize = wire::MAX_REQUEST;
+
+/// A reply port that answers `DROPPED` if it goes unanswered (a task that
+/// could not start, or was aborted), so no caller waits out its timeout.
+struct Reply(Option<RpcReplyPort<Vec<u8>>>);
+
+impl Reply {
+    fn send<T: serde::Serialize>(mut self, result: Result<T, WireError>) {
+        let mut bytes = wire::answer(result);
+        if bytes.len() > MAX_ANSWER {
+            bytes = wire::answer::<()>(Err(WireError::new(
+                "TOO_LARGE",
+                format!(
+                    "the answer is {} bytes; at most {MAX_ANSWER} are sent",
+                    bytes.len()
+                ),
+            )));
+        }
+        if let Some(port) = self.0.take() {
+            let _ = port.send(bytes);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(port) = self.0.take() {
+            let dropped = WireError::new("DROPPED", "the node dropped the request unanswered");
+            let _ = port.send(wire::answer::<()>(Err(dropped)));
+        }
+    }
 }
 
 /// Starts this node's host under the cluster's context.
@@ -76,10 +118,16 @@ pub async fn serve(cluster: &Arc<Cluster>, settings: HostSettings) -> Result<(),
         settings,
         ctx: cluster.context().clone(),
         children: Mutex::default(),
+        opening: Mutex::default(),
         scopes: Mutex::default(),
+        left: Mutex::default(),
     });
     let gone = hosted.clone();
     cluster.on_left(move |node| gone.node_left(node));
+    let back = hosted.clone();
+    cluster.on_joined(move |node| {
+        lock(&back.left).remove(node);
+    });
     cluster
         .context()
         .spawn(WorkerSpec::new(
@@ -115,14 +163,30 @@ impl Actor for Host {
         msg: HostMsg,
         hosted: &mut Arc<Hosted>,
     ) -> Result<(), ActorProcessingErr> {
+        // The handler never waits: what takes time (creating a child, a
+        // turn, a disposal) runs in a task child, so pings are answered at
+        // once however busy the node is.
         match msg {
-            HostMsg::Call { request, reply } => match Request::parse(&request) {
-                Err(e) => send(reply, Err::<(), _>(e)),
-                Ok(Request::Hello {}) => send(reply, Ok(hosted.hello())),
-                Ok(Request::Open(open)) => send(reply, hosted.open(*open).await),
-                Ok(Request::Turn { child, prompt }) => hosted.turn(&child, prompt, reply),
-                Ok(Request::Close { child }) => send(reply, hosted.close(&child).await),
-            },
+            HostMsg::Call { request, reply } => {
+                let reply = Reply(Some(reply));
+                match Request::parse(&request) {
+                    Err(e) => reply.send(Err::<(), _>(e)),
+                    Ok(Request::Hello {}) => reply.send(Ok(hosted.hello())),
+                    Ok(Request::Open(open)) => {
+                        let h = hosted.clone();
+                        hosted.task("open", &open.child.clone(), async move {
+                            reply.send(h.open(*open).await);
+                        });
+                    }
+                    Ok(Request::Turn { child, prompt }) => hosted.turn(&child, prompt, reply),
+                    Ok(Request::Close { child }) => {
+                        let h = hosted.clone();
+                        hosted.task("close", &child.clone(), async move {
+                            reply.send(h.close(&child).await);
+                        });
+                    }
+                }
+            }
             HostMsg::Cast { notice } => match Notice::parse(&notice) {
                 Err(e) => tracing::warn!("host: a notice was refused: {e}"),
                 Ok(Notice::Cancel { child }) => {
@@ -131,7 +195,10 @@ impl Actor for Host {
                     }
                 }
                 Ok(Notice::Close { child }) => {
-                    let _ = hosted.close(&child).await;
+                    let h = hosted.clone();
+                    hosted.task("close", &child.clone(), async move {
+                        let _ = h.close(&child).await;
+                    });
                 }
             },
         }
@@ -148,11 +215,21 @@ impl Actor for Host {
     }
 }
 
-fn send<T: serde::Serialize>(reply: RpcReplyPort<Vec<u8>>, result: Result<T, WireError>) {
-    let _ = reply.send(wire::answer(result));
-}
-
 impl Hosted {
+    /// Runs `work` as a task child of the host's context (its reply, if
+    /// any, answers `DROPPED` when the task cannot start).
+    fn task(
+        &self,
+        kind: &'static str,
+        child: &str,
+        work: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let spec = TaskSpec::new(kind, format!("{kind}/{}", crate::session::short(child)));
+        if let Err(e) = self.ctx.spawn_task(spec, move |_stop| work) {
+            tracing::warn!("host: cannot {kind} {child}: {e}");
+        }
+    }
+
     fn hello(&self) -> Hello {
         Hello {
             node: self.name.clone(),
@@ -168,6 +245,42 @@ impl Hosted {
     async fn open(&self, open: OpenChild) -> Result<Opened, WireError> {
         let bad = |m: String| WireError::new("BAD_REQUEST", m);
         super::valid_name(&open.parent_node).map_err(|e| bad(e.to_string()))?;
+        let id_ok = !open.child.is_empty()
+            && open.child.len() <= 64
+            && open
+                .child
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-');
+        if !id_ok {
+            return Err(bad(
+                "`child` must be an id (1 to 64 letters, digits or `-`)".into(),
+            ));
+        }
+        if lock(&self.left).contains(&open.parent_node) {
+            return Err(WireError::new(
+                "NODE_LEFT",
+                format!("node `{}` left this node", open.parent_node),
+            ));
+        }
+        let id = open.child.clone();
+        let key = (open.parent_node.clone(), open.parent.clone());
+        {
+            // Scopes first, as everywhere: a scope is dropped under this
+            // lock only when nothing uses or is opening in it.
+            let _scopes = lock(&self.scopes);
+            let mut opening = lock(&self.opening);
+            if lock(&self.children).contains_key(&id) || opening.contains_key(&id) {
+                return Err(bad(format!("a child `{id}` exists on this node")));
+            }
+            opening.insert(id.clone(), key);
+        }
+        let made = self.make(open).await;
+        lock(&self.opening).remove(&id);
+        made
+    }
+
+    async fn make(&self, open: OpenChild) -> Result<Opened, WireError> {
+        let bad = |m: String| WireError::new("BAD_REQUEST", m);
         if open.parent.is_empty() || open.parent.len() > 128 {
             return Err(bad("`parent` must be a session id (1 to 128 bytes)".into()));
         }
@@ -182,7 +295,8 @@ impl Hosted {
         {
             return Err(bad("`outputSchema` must be an object schema".into()));
         }
-        if lock(&self.children).len() >= self.settings.max_agents as usize {
+        let held = lock(&self.children).len() + lock(&self.opening).len() - 1;
+        if held >= self.settings.max_agents as usize {
             return Err(WireError::new(
                 "NODE_FULL",
                 format!(
@@ -195,8 +309,15 @@ impl Hosted {
         let scope = self.scope(&key).await?;
         let (provider, model) = self.route(open.route.as_ref());
         let mut spec = AgentSpec::new(&provider, &model, self.settings.cwd.clone());
-        let id = Message::new_id();
+        let id = open.child.clone();
         spec.id = Some(id.clone());
+        // A child never asks this node's human: what needs approval is
+        // refused, unless the parent's policy allows everything.
+        let approval = match open.approval {
+            ApprovalPolicy::Always => ApprovalPolicy::Always,
+            _ => ApprovalPolicy::Never,
+        };
+        spec.approval = Some(Arc::new(Approval::new(approval)));
         spec.name = Some(format!("subagent/{}", crate::session::short(&id)));
         spec.system = open
             .persona
@@ -222,6 +343,10 @@ impl Hosted {
             }),
         };
         spec.opening = vec![
+            EventData::Other {
+                kind: Arc::from("approval/policy"),
+                data: Arc::new(json!({"policy": approval, "source": "delegation"})),
+            },
             EventData::Other {
                 kind: Arc::from("sandbox/mode"),
                 data: Arc::new(
@@ -266,6 +391,15 @@ impl Hosted {
                 Some(slot)
             }
         };
+        // Its parent's node may have left while it was made.
+        if lock(&self.left).contains(&key.0) {
+            agent.dispose().await;
+            self.drop_scope_if_empty(&key).await;
+            return Err(WireError::new(
+                "NODE_LEFT",
+                format!("node `{}` left", key.0),
+            ));
+        }
         lock(&self.children).insert(
             id.clone(),
             Child {
@@ -291,7 +425,10 @@ impl Hosted {
     }
 
     async fn scope(&self, key: &(String, String)) -> Result<Fiber, WireError> {
-        if let Some(f) = lock(&self.scopes).get(key) {
+        if let Some(f) = lock(&self.scopes)
+            .get(key)
+            .filter(|f| !f.status().is_terminal())
+        {
             return Ok(f.clone());
         }
         let options = PluginOptions {
@@ -307,36 +444,39 @@ impl Hosted {
             .plugin_with(Group, (), options)
             .await
             .map_err(|e| WireError::new("START_FAILED", e.to_string()))?;
-        // Two opens for one parent may race here: the first scope stays.
-        let kept = lock(&self.scopes)
-            .entry(key.clone())
-            .or_insert(fiber.clone())
-            .clone();
+        // Two opens for one parent may race here: the first live scope stays.
+        let kept = {
+            let mut scopes = lock(&self.scopes);
+            match scopes.get(key) {
+                Some(f) if !f.status().is_terminal() => f.clone(),
+                _ => {
+                    scopes.insert(key.clone(), fiber.clone());
+                    fiber.clone()
+                }
+            }
+        };
         if kept.id() != fiber.id() {
             fiber.dispose().await;
         }
         Ok(kept)
     }
 
-    fn turn(self: &Arc<Self>, child: &str, prompt: String, reply: RpcReplyPort<Vec<u8>>) {
+    fn turn(self: &Arc<Self>, child: &str, prompt: String, reply: Reply) {
         let found = lock(&self.children)
             .get(child)
             .map(|c| (c.agent.clone(), c.capture.clone(), c.scope.clone()));
         let Some((agent, capture, key)) = found else {
-            return send(reply, Err::<(), _>(not_found(child)));
+            return reply.send(Err::<(), _>(not_found(child)));
         };
         let Some(scope) = lock(&self.scopes).get(&key).map(Fiber::context) else {
-            return send(reply, Err::<(), _>(not_found(child)));
+            return reply.send(Err::<(), _>(not_found(child)));
         };
         let spec = TaskSpec::new(
             "remote-turn",
             format!("turn/{}", crate::session::short(child)),
         );
         let started = scope.spawn_task(spec, move |stop| async move {
-            send(
-                reply,
-                run_turn(&agent, prompt, capture.as_ref(), stop).await,
-            );
+            reply.send(run_turn(&agent, prompt, capture.as_ref(), stop).await);
         });
         if let Err(e) = started {
             tracing::warn!("host: a turn could not start: {e}");
@@ -353,11 +493,15 @@ impl Hosted {
     }
 
     async fn drop_scope_if_empty(&self, key: &(String, String)) {
-        let used = lock(&self.children).values().any(|c| &c.scope == key);
-        if used {
-            return;
-        }
-        let fiber = lock(&self.scopes).remove(key);
+        let fiber = {
+            let mut scopes = lock(&self.scopes);
+            let used = lock(&self.children).values().any(|c| &c.scope == key)
+                || lock(&self.opening).values().any(|k| k == key);
+            if used {
+                return;
+            }
+            scopes.remove(key)
+        };
         if let Some(f) = fiber {
             f.dispose().await;
         }
@@ -366,6 +510,7 @@ impl Hosted {
     /// A parent node left: its children go, scope by scope (each in
     /// reverse start order), in a task of the host's context.
     fn node_left(self: &Arc<Self>, node: &str) {
+        lock(&self.left).insert(node.to_owned());
         let scopes: Vec<Fiber> = {
             let mut s = lock(&self.scopes);
             let keys: Vec<_> = s.keys().filter(|k| k.0 == node).cloned().collect();

@@ -25,7 +25,7 @@ pub mod remote;
 pub mod wire;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -175,6 +175,11 @@ impl RemoteHost {
         self.max_agents.saturating_sub(self.load())
     }
 
+    /// Counts a child opened there (until the next ping says how many).
+    pub fn opened(&self) {
+        self.agents.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Fires when the host is lost (its session closed or it stopped
     /// answering pings).
     pub fn lost(&self) -> &CancellationToken {
@@ -192,9 +197,23 @@ impl RemoteHost {
         if self.lost.is_cancelled() {
             return Err(down("is down"));
         }
+        let request = request.encode();
+        if request.len() > wire::MAX_REQUEST {
+            // Sent, it would be refused there, or drop the whole session
+            // past the transport's frame limit.
+            return Err(WireError::new(
+                "BAD_REQUEST",
+                format!(
+                    "the request to node `{}` is {} bytes; at most {} are sent",
+                    self.node,
+                    request.len(),
+                    wire::MAX_REQUEST
+                ),
+            ));
+        }
         let (tx, rx) = ractor::concurrency::oneshot();
         let msg = HostMsg::Call {
-            request: request.encode(),
+            request,
             reply: (tx, timeout).into(),
         };
         if self.actor.send_message(msg).is_err() {
@@ -222,17 +241,37 @@ impl RemoteHost {
 /// Told the name of a peer node that left.
 type OnLeft = Box<dyn Fn(&str) + Send + Sync>;
 
+/// A node session, as its events said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Session {
+    /// Authenticated and done with its state exchange: the peer's name
+    /// (as it said it in the challenge it passed) and its node id here.
+    Ready { name: String, node_id: u64 },
+    /// Closed; a close before ready is a refusal.
+    Closed,
+}
+
+/// The most closed sessions remembered (their entries only tell a waiting
+/// `connect` that it was refused).
+const CLOSED_KEPT: usize = 256;
+
 /// What the cluster's parts share.
 struct Shared {
     name: String,
     hosts: Mutex<BTreeMap<String, Arc<RemoteHost>>>,
-    /// Node sessions by peer address: `Some(name)` once ready, `None`
-    /// once closed (a close before ready is a refusal).
-    sessions: Mutex<BTreeMap<String, Option<String>>>,
+    /// Node sessions by peer address.
+    sessions: Mutex<BTreeMap<String, Session>>,
+    /// Host cells seen in the group before their session was ready.
+    pending: Mutex<Vec<ActorCell>>,
+    /// Hosts lost to pings while their session stays up: pinged again,
+    /// and known again once they answer.
+    suspects: Mutex<Vec<Arc<RemoteHost>>>,
     /// Bumped on every change of either.
     changed: tokio::sync::watch::Sender<u64>,
     /// Told when a peer node leaves (the host disposes its children).
     left: Mutex<Vec<OnLeft>>,
+    /// Told when a peer node's session is ready (it may place again).
+    joined: Mutex<Vec<OnLeft>>,
 }
 
 impl Shared {
@@ -240,16 +279,45 @@ impl Shared {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// The node's session closed: its host is lost and, as a parent, its
+    /// children elsewhere go.
     fn lose(&self, node: &str, why: &str) {
         let gone = lock(&self.hosts).remove(node);
         if let Some(h) = gone {
             tracing::warn!("cluster: node `{node}` is lost: {why}");
             h.lost.cancel();
         }
+        lock(&self.suspects).retain(|h| h.node != node);
         for f in lock(&self.left).iter() {
             f(node);
         }
         self.bump();
+    }
+
+    /// The host stopped answering while its session is up: in-flight calls
+    /// fail now, and it is pinged on as a suspect.
+    fn suspect(&self, host: &Arc<RemoteHost>, why: &str) {
+        let gone = {
+            let mut hosts = lock(&self.hosts);
+            match hosts.get(&host.node) {
+                Some(h) if Arc::ptr_eq(h, host) => hosts.remove(&host.node),
+                _ => None,
+            }
+        };
+        if let Some(h) = gone {
+            tracing::warn!("cluster: node `{}` is lost: {why}", h.node);
+            h.lost.cancel();
+            lock(&self.suspects).push(h);
+            self.bump();
+        }
+    }
+
+    /// The name of the ready session of `node_id`, if any.
+    fn ready_name(&self, node_id: u64) -> Option<String> {
+        lock(&self.sessions).values().find_map(|s| match s {
+            Session::Ready { name, node_id: id } if *id == node_id => Some(name.clone()),
+            _ => None,
+        })
     }
 }
 
@@ -320,8 +388,11 @@ impl Cluster {
             name: settings.name.clone(),
             hosts: Mutex::default(),
             sessions: Mutex::default(),
+            pending: Mutex::default(),
+            suspects: Mutex::default(),
             changed: tokio::sync::watch::Sender::new(0),
             left: Mutex::default(),
+            joined: Mutex::default(),
         });
         let watch = ctx
             .spawn(WorkerSpec::new(
@@ -382,31 +453,30 @@ impl Cluster {
             peer: peer.to_string(),
             why,
         };
-        let addr = peer
-            .addr
-            .to_socket_addrs()
-            .map_err(|e| failed(format!("`{}` does not resolve: {e}", peer.addr)))?
-            .next()
-            .ok_or_else(|| failed(format!("`{}` resolves to no address", peer.addr)))?;
-        let key = addr.to_string();
-        let mut changes = self.shared.changed.subscribe();
-        lock(&self.shared.sessions).remove(&key);
-        client_connect(self.server.actor(), addr)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
         let waited = tokio::time::timeout(timeout, async {
+            let addr = tokio::net::lookup_host(&peer.addr)
+                .await
+                .map_err(|e| failed(format!("`{}` does not resolve: {e}", peer.addr)))?
+                .next()
+                .ok_or_else(|| failed(format!("`{}` resolves to no address", peer.addr)))?;
+            let key = addr.to_string();
+            let mut changes = self.shared.changed.subscribe();
+            lock(&self.shared.sessions).remove(&key);
+            client_connect(self.server.actor(), addr)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
             loop {
                 if let Some(h) = self.host(&peer.name) {
                     return Ok(h);
                 }
                 match lock(&self.shared.sessions).get(&key) {
-                    Some(None) => {
+                    Some(Session::Closed) => {
                         return Err(failed(
                             "the peer closed the session before it was ready (a wrong cookie?)"
                                 .into(),
                         ));
                     }
-                    Some(Some(name)) if name != &peer.name => {
+                    Some(Session::Ready { name, .. }) if name != &peer.name => {
                         return Err(failed(format!("the node there is named `{name}`")));
                     }
                     _ => {}
@@ -458,6 +528,11 @@ impl Cluster {
     fn on_left(&self, f: impl Fn(&str) + Send + Sync + 'static) {
         lock(&self.shared.left).push(Box::new(f));
     }
+
+    /// Runs `f` with the name of each peer node whose session is ready.
+    fn on_joined(&self, f: impl Fn(&str) + Send + Sync + 'static) {
+        lock(&self.shared.joined).push(Box::new(f));
+    }
 }
 
 /// Where the `remote` provider starts a child.
@@ -504,9 +579,10 @@ impl NodeEventSubscription for Subscription {
     fn node_session_opened(&self, _ses: NodeServerSessionInformation) {}
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        // Not the name it claimed: a session that failed the challenge
+        // claimed it too. What it was is what it was when ready.
         let _ = self.watch.send_message(WatchMsg::Closed {
             addr: ses.peer_addr,
-            name: ses.peer_name.map(|n| node_of(&n.name)),
         });
     }
 
@@ -516,6 +592,7 @@ impl NodeEventSubscription for Subscription {
         let _ = self.watch.send_message(WatchMsg::Ready {
             addr: ses.peer_addr,
             name: ses.peer_name.map(|n| node_of(&n.name)).unwrap_or_default(),
+            node_id: ses.node_id,
         });
     }
 }
@@ -526,8 +603,14 @@ fn node_of(full: &str) -> String {
 }
 
 enum WatchMsg {
-    Ready { addr: String, name: String },
-    Closed { addr: String, name: Option<String> },
+    Ready {
+        addr: String,
+        name: String,
+        node_id: u64,
+    },
+    Closed {
+        addr: String,
+    },
 }
 
 // Local only: the watcher is never reached from another node.
@@ -569,15 +652,57 @@ impl Actor for Watch {
         shared: &mut Arc<Shared>,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            WatchMsg::Ready { addr, name } => {
-                lock(&shared.sessions).insert(addr, Some(name));
+            WatchMsg::Ready {
+                addr,
+                name,
+                node_id,
+            } => {
+                lock(&shared.sessions).insert(
+                    addr,
+                    Session::Ready {
+                        name: name.clone(),
+                        node_id,
+                    },
+                );
+                for f in lock(&shared.joined).iter() {
+                    f(&name);
+                }
+                // Hosts of this node seen before its session was ready.
+                let waiting: Vec<ActorCell> = {
+                    let mut p = lock(&shared.pending);
+                    let (mine, rest) = std::mem::take(&mut *p)
+                        .into_iter()
+                        .partition(|c| remote_node_id(c) == Some(node_id));
+                    *p = rest;
+                    mine
+                };
+                identify(shared, waiting).await;
                 shared.bump();
             }
-            WatchMsg::Closed { addr, name } => {
-                lock(&shared.sessions).insert(addr, None);
-                match name {
-                    Some(n) => shared.lose(&n, "its session closed"),
-                    None => shared.bump(),
+            WatchMsg::Closed { addr } => {
+                let was = {
+                    let mut sessions = lock(&shared.sessions);
+                    let was = sessions.insert(addr, Session::Closed);
+                    if sessions.len() > CLOSED_KEPT {
+                        sessions.retain(|_, s| s != &Session::Closed);
+                    }
+                    was
+                };
+                // Only a session that was ready stood for a node, and the
+                // node is gone only if no other ready session stands for it.
+                match was {
+                    Some(Session::Ready { name, node_id }) => {
+                        lock(&shared.pending).retain(|c| remote_node_id(c) != Some(node_id));
+                        let still = lock(&shared.sessions)
+                            .values()
+                            .any(|s| matches!(s, Session::Ready { name: n, .. } if n == &name));
+                        if still {
+                            shared.bump();
+                        } else {
+                            shared.lose(&name, "its session closed");
+                        }
+                    }
+                    _ => shared.bump(),
                 }
             }
         }
@@ -622,7 +747,17 @@ impl Actor for Watch {
     }
 }
 
-/// Asks each remote member who it is, and records it.
+/// The node id (here) of a remote actor's session.
+fn remote_node_id(cell: &ActorCell) -> Option<u64> {
+    match cell.get_id() {
+        ractor::ActorId::Remote { node_id, .. } => Some(node_id),
+        ractor::ActorId::Local(_) => None,
+    }
+}
+
+/// Asks each remote member who it is, and records it under the name its
+/// session proved (a host that names another node is ignored); a member
+/// whose session is not ready yet waits for it.
 async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
     for cell in cells.into_iter().filter(|c| !c.get_id().is_local()) {
         let known = lock(&shared.hosts)
@@ -631,6 +766,10 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
         if known {
             continue;
         }
+        let Some(session) = remote_node_id(&cell).and_then(|id| shared.ready_name(id)) else {
+            lock(&shared.pending).push(cell);
+            continue;
+        };
         let probe = RemoteHost {
             node: format!("{}", cell.get_id()),
             actor: ActorRef::from(cell),
@@ -646,9 +785,9 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
                 continue;
             }
         };
-        if valid_name(&hello.node).is_err() || hello.node == shared.name {
+        if hello.node != session || hello.node == shared.name {
             tracing::warn!(
-                "cluster: ignoring a host that calls itself `{}`",
+                "cluster: ignoring a host that calls itself `{}` on the session of `{session}`",
                 hello.node
             );
             continue;
@@ -683,10 +822,43 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
             let r: Result<Hello, _> = h.call(&Request::Hello {}, PING_TIMEOUT).await;
             (h, r)
         });
-        let answered = tokio::select! {
-            a = futures::future::join_all(pings) => a,
+        // Suspects are asked too (their own `lost` has fired: a fresh probe).
+        let suspects: Vec<Arc<RemoteHost>> = lock(&shared.suspects).clone();
+        let probes = suspects.iter().map(|h| async move {
+            let probe = RemoteHost {
+                node: h.node.clone(),
+                actor: h.actor.clone(),
+                max_agents: h.max_agents,
+                agents: AtomicU32::new(0),
+                misses: AtomicU32::new(0),
+                lost: CancellationToken::new(),
+            };
+            let r: Result<Hello, _> = probe.call(&Request::Hello {}, PING_TIMEOUT).await;
+            (h, probe, r)
+        });
+        let both = futures::future::join(
+            futures::future::join_all(pings),
+            futures::future::join_all(probes),
+        );
+        let (answered, back) = tokio::select! {
+            a = both => a,
             () = stop.cancelled() => return,
         };
+        for (old, probe, r) in back {
+            if let Ok(hello) = r
+                && hello.node == old.node
+            {
+                lock(&shared.suspects).retain(|h| !Arc::ptr_eq(h, old));
+                probe.agents.store(hello.agents, Ordering::Relaxed);
+                let mut hosts = lock(&shared.hosts);
+                if !hosts.contains_key(&old.node) {
+                    tracing::info!("cluster: node `{}` answers again", old.node);
+                    hosts.insert(old.node.clone(), Arc::new(probe));
+                }
+                drop(hosts);
+                shared.bump();
+            }
+        }
         for (h, r) in answered {
             match r {
                 Ok(hello) => {
@@ -696,7 +868,7 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
                 Err(e) => {
                     let missed = h.misses.fetch_add(1, Ordering::Relaxed) + 1;
                     if missed >= PING_MISSES {
-                        shared.lose(&h.node, &format!("{missed} pings unanswered ({e})"));
+                        shared.suspect(h, &format!("{missed} pings unanswered ({e})"));
                     }
                 }
             }

@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_services::approval::ApprovalPolicy;
 use dsh_services::llm::scripted::chunks_for;
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, code,
@@ -91,7 +92,9 @@ impl SubagentProvider for RemoteProvider {
                 })
             })?;
             let parent_spec = request.parent.spec();
+            let child = dsh_services::llm::Message::new_id();
             let open = OpenChild {
+                child: child.clone(),
                 parent_node: self.cluster.name().to_owned(),
                 parent: request.parent.id().to_owned(),
                 depth: spec.depth,
@@ -104,13 +107,34 @@ impl SubagentProvider for RemoteProvider {
                     .map(|r| r.deny.clone())
                     .unwrap_or_default(),
                 policy: spec.permission.unwrap_or_default(),
+                approval: spec
+                    .approval
+                    .as_ref()
+                    .map_or(ApprovalPolicy::Never, |a| a.policy()),
                 output_schema: request.output_schema.clone(),
                 route: Some((parent_spec.provider.clone(), parent_spec.model.clone())),
             };
-            let opened: Opened = host
-                .call(&Request::Open(Box::new(open)), OPEN_TIMEOUT)
-                .await
-                .map_err(|e| SubagentError::Start(format!("on node `{}`: {e}", host.node())))?;
+            // Until it is answered, a dropped, cancelled or timed-out open
+            // leaves a close behind it (the child may exist over there).
+            let pending = Unopened {
+                host: &host,
+                child: Some(child),
+            };
+            let asked = Request::Open(Box::new(open));
+            let opened: Opened = tokio::select! {
+                r = host.call(&asked, OPEN_TIMEOUT) => r,
+                () = request.cancel.cancelled() => return Err(SubagentError::Cancelled),
+            }
+            .map_err(|e| SubagentError::Start(format!("on node `{}`: {e}", host.node())))?;
+            if pending.child.as_deref() != Some(opened.child.as_str()) {
+                return Err(SubagentError::Start(format!(
+                    "node `{}` opened `{}`, not the child asked for",
+                    host.node(),
+                    opened.child
+                )));
+            }
+            pending.defuse();
+            host.opened();
             let close = {
                 let (host, child) = (host.clone(), opened.child.clone());
                 Box::pin(async move {
@@ -138,6 +162,27 @@ impl SubagentProvider for RemoteProvider {
                 close: Some(close),
             }))
         })
+    }
+}
+
+/// An open not yet answered: dropped before [`Unopened::defuse`], it asks
+/// the host to close the child it may have made.
+struct Unopened<'a> {
+    host: &'a RemoteHost,
+    child: Option<String>,
+}
+
+impl Unopened<'_> {
+    fn defuse(mut self) {
+        self.child = None;
+    }
+}
+
+impl Drop for Unopened<'_> {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            self.host.notify(&Notice::Close { child });
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use dsh_services::approval::ApprovalPolicy;
 use dsh_services::llm::TokenUsage;
 use dsh_services::sandbox::Policy;
 use dsh_services::session::TurnEndReason;
@@ -120,6 +121,9 @@ pub enum Notice {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OpenChild {
+    /// The child's session id, chosen by the parent's side (so a close can
+    /// follow an open whose answer was lost).
+    pub child: String,
     /// The node the parent runs on.
     pub parent_node: String,
     /// The parent's session id (the child's `parentSession`).
@@ -141,6 +145,9 @@ pub struct OpenChild {
     /// The parent's policy: the child gets at most this (and at most the
     /// node's own).
     pub policy: Policy,
+    /// The child's approval policy as its parent delegates it: `always`
+    /// passes on; anything else is `never` (a child never asks a human).
+    pub approval: ApprovalPolicy,
     /// A structured result's object schema (the child gets a `report` tool).
     #[serde(default)]
     pub output_schema: Option<Value>,

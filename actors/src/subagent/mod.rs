@@ -1236,14 +1236,15 @@ async fn compose(
 pub const REPORT: &str = "report";
 
 /// What a relaying child (one that runs elsewhere) is asked: the latest
-/// prompt of its proxy's request, skipping what the proxy's own runtime
-/// added (its runtime context, notices).
+/// user message of its proxy's request that the proxy's own runtime did not
+/// add (its runtime context is a `plugin` message): the prompt, or a
+/// continuable child's later message.
 pub(crate) fn relayed_prompt(request: &dsh_services::llm::LlmRequest) -> String {
     request
         .messages
         .iter()
         .rev()
-        .find(|m| m.role == dsh_services::llm::Role::User && m.source.kind == "user")
+        .find(|m| m.role == dsh_services::llm::Role::User && m.source.kind != "plugin")
         .map(|m| m.text())
         .unwrap_or_default()
 }
