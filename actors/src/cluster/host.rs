@@ -295,7 +295,9 @@ impl Hosted {
         {
             return Err(bad("`outputSchema` must be an object schema".into()));
         }
-        let held = lock(&self.children).len() + lock(&self.opening).len() - 1;
+        // One lock at a time (two are only ever held under `scopes`).
+        let children = lock(&self.children).len();
+        let held = children + lock(&self.opening).len() - 1;
         if held >= self.settings.max_agents as usize {
             return Err(WireError::new(
                 "NODE_FULL",

@@ -48,9 +48,20 @@ pub const NODE_DOWN: &str = "NODE_DOWN";
 
 /// How often each known host is pinged, and how long a ping may take.
 const PING_EVERY: Duration = Duration::from_secs(1);
-const PING_TIMEOUT: Duration = Duration::from_secs(2);
-/// Missed pings in a row after which a host is lost.
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// Missed pings in a row after which a host is lost. A ping that times out
+/// while other answers from that host arrived is no miss: a busy node (a
+/// thousand children on two cores) answers late, and is not lost.
 const PING_MISSES: u32 = 3;
+
+/// Milliseconds since the first call of this process (for "heard since").
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -156,6 +167,8 @@ pub struct RemoteHost {
     max_agents: u32,
     agents: AtomicU32,
     misses: AtomicU32,
+    /// When an answer from it last arrived ([`now_ms`]).
+    heard: std::sync::atomic::AtomicU64,
     lost: CancellationToken,
 }
 
@@ -221,7 +234,10 @@ impl RemoteHost {
         }
         let bytes = tokio::select! {
             r = tokio::time::timeout(timeout, rx) => match r {
-                Ok(Ok(bytes)) => bytes,
+                Ok(Ok(bytes)) => {
+                    self.heard.store(now_ms(), Ordering::Relaxed);
+                    bytes
+                }
                 Ok(Err(_)) => return Err(down("closed the connection mid-call")),
                 Err(_) => return Err(down(&format!("did not answer within {timeout:?}"))),
             },
@@ -776,6 +792,7 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
             max_agents: 0,
             agents: AtomicU32::new(0),
             misses: AtomicU32::new(0),
+            heard: std::sync::atomic::AtomicU64::new(now_ms()),
             lost: CancellationToken::new(),
         };
         let hello: Hello = match probe.call(&Request::Hello {}, PING_TIMEOUT).await {
@@ -798,6 +815,7 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
             max_agents: hello.max_agents,
             agents: AtomicU32::new(hello.agents),
             misses: AtomicU32::new(0),
+            heard: std::sync::atomic::AtomicU64::new(now_ms()),
             lost: CancellationToken::new(),
         });
         tracing::info!("cluster: node `{}` serves children", hello.node);
@@ -818,6 +836,7 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
             () = stop.cancelled() => return,
         }
         let hosts: Vec<Arc<RemoteHost>> = lock(&shared.hosts).values().cloned().collect();
+        let sent = now_ms();
         let pings = hosts.iter().map(|h| async move {
             let r: Result<Hello, _> = h.call(&Request::Hello {}, PING_TIMEOUT).await;
             (h, r)
@@ -831,6 +850,7 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
                 max_agents: h.max_agents,
                 agents: AtomicU32::new(0),
                 misses: AtomicU32::new(0),
+                heard: std::sync::atomic::AtomicU64::new(now_ms()),
                 lost: CancellationToken::new(),
             };
             let r: Result<Hello, _> = probe.call(&Request::Hello {}, PING_TIMEOUT).await;
@@ -864,6 +884,9 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
                 Ok(hello) => {
                     h.agents.store(hello.agents, Ordering::Relaxed);
                     h.misses.store(0, Ordering::Relaxed);
+                }
+                Err(_) if h.heard.load(Ordering::Relaxed) >= sent => {
+                    // Late, but it answered something else meanwhile.
                 }
                 Err(e) => {
                     let missed = h.misses.fetch_add(1, Ordering::Relaxed) + 1;
