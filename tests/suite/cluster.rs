@@ -119,18 +119,31 @@ fn parent_dir() -> PathBuf {
     dir
 }
 
-fn workflow(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Output {
-    let args = serde_json::json!({ "topics": topics }).to_string();
-    Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
-        .args(cluster)
+/// `dsh ARGS…` as the parent: in its workspace, with its store there and
+/// `cookie` in the cookie variable.
+fn parent(dir: &Path, args: &[&str], cookie: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dsh"));
+    c.args(args)
         .arg("--sessions-dir")
         .arg(dir.join("sessions"))
         .env(COOKIE_VAR, cookie)
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
         .env_remove("DSH_SESSIONS_DB")
-        .current_dir(dir)
+        .current_dir(dir);
+    c
+}
+
+/// `fan.js` over `topics`, with `cluster` options.
+fn fan(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Command {
+    let args = serde_json::json!({ "topics": topics }).to_string();
+    let mut all = vec!["workflow", "fan.js", "--demo-model", "--args", &args];
+    all.extend_from_slice(cluster);
+    parent(dir, &all, cookie)
+}
+
+fn workflow(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Output {
+    fan(dir, topics, cluster, cookie)
         .output()
         .expect("dsh workflow runs")
 }
@@ -254,20 +267,16 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
     let c = Node::start("c", &["--demo-model"]);
     let dir = parent_dir();
     let nodes = format!("{},{}", b.peer(), c.peer());
-    let args = serde_json::json!({ "topics": topics(4) }).to_string();
-    let mut parent = Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
-        .args(["--nodes", &nodes, "--cookie-env", COOKIE_VAR])
-        .arg("--sessions-dir")
-        .arg(dir.join("sessions"))
-        .env(COOKIE_VAR, COOKIE)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut parent = fan(
+        &dir,
+        &topics(4),
+        &["--nodes", &nodes, "--cookie-env", COOKIE_VAR],
+        COOKIE,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     // Once c's two children ended and b's two are running, kill b.
     let stderr = parent.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -337,27 +346,23 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     let script = hanging_script(&bdir, "29.1");
     let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
     let dir = parent_dir();
-    let args = serde_json::json!({ "topics": topics(3) }).to_string();
-    let mut parent = Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
-        .args([
+    let mut parent = fan(
+        &dir,
+        &topics(3),
+        &[
             "--nodes",
             &b.peer(),
             "--cookie-env",
             COOKIE_VAR,
             "--placement",
             "b",
-        ])
-        .arg("--sessions-dir")
-        .arg(dir.join("sessions"))
-        .env(COOKIE_VAR, COOKIE)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .current_dir(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+        COOKIE,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let stderr = parent.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
     let mut started = 0;
@@ -430,23 +435,19 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
 fn a_ralph_loop_runs_its_rounds_on_another_node_and_gets_their_handoffs() {
     let b = Node::start("b", &["--demo-model"]);
     let dir = parent_dir();
-    let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args([
-            "ralph",
-            "Write the notes.",
-            "--max-rounds",
-            "5",
-            "--demo-model",
-        ])
-        .args(["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
-        .arg("--sessions-dir")
-        .arg(dir.join("sessions"))
-        .env(COOKIE_VAR, COOKIE)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .current_dir(&dir)
-        .output()
-        .unwrap();
+    let peer = b.peer();
+    let args = [
+        "ralph",
+        "Write the notes.",
+        "--max-rounds",
+        "5",
+        "--demo-model",
+        "--nodes",
+        &peer,
+        "--cookie-env",
+        COOKIE_VAR,
+    ];
+    let run = parent(&dir, &args, COOKIE).output().unwrap();
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
     // The structured handoffs came back over the wire: the loop saw
@@ -481,26 +482,28 @@ fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
         ]}"#,
     )
     .unwrap();
-    let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["run", "Ask a node.", "--script", "delegate.json"])
-        .args(["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
-        .arg("--sessions-dir")
-        .arg(dir.join("sessions"))
-        .env(COOKIE_VAR, COOKIE)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .current_dir(&dir)
+    let peer = b.peer();
+    let args = [
+        "run",
+        "Ask a node.",
+        "--script",
+        "delegate.json",
+        "--nodes",
+        &peer,
+    ];
+    let run = parent(&dir, &args, COOKIE)
+        .args(["--cookie-env", COOKIE_VAR])
         .output()
         .unwrap();
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
     assert!(out.contains("The node answered."), "{out}");
-    let parent = headers(&dir.join("sessions"))
+    let session = headers(&dir.join("sessions"))
         .into_iter()
         .find(|h| h.get("parentSession").is_none())
         .unwrap();
     // The tool's result is the answer of the child on b.
-    let log = log_of(&dir.join("sessions"), parent["id"].as_str().unwrap());
+    let log = log_of(&dir.join("sessions"), session["id"].as_str().unwrap());
     let result = log
         .lines()
         .find(|l| l.contains(r#""type":"tool/result""#))
@@ -508,7 +511,7 @@ fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
     assert!(result.contains("actors:"), "{log}");
     let children = b.headers();
     assert_eq!(children.len(), 1, "{children:?}");
-    assert_eq!(children[0]["parentSession"], parent["id"]);
+    assert_eq!(children[0]["parentSession"], session["id"]);
 }
 
 #[test]
@@ -538,20 +541,16 @@ fn a_parent_node_that_dies_has_its_children_disposed_on_the_serving_node() {
     let script = hanging_script(&bdir, "29.3");
     let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
     let dir = parent_dir();
-    let args = serde_json::json!({ "topics": topics(2) }).to_string();
-    let mut parent = Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["workflow", "fan.js", "--demo-model", "--args", &args])
-        .args(["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
-        .arg("--sessions-dir")
-        .arg(dir.join("sessions"))
-        .env(COOKIE_VAR, COOKIE)
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .current_dir(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut parent = fan(
+        &dir,
+        &topics(2),
+        &["--nodes", &b.peer(), "--cookie-env", COOKIE_VAR],
+        COOKIE,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     super::until_blocking("the children never ran their command", || {
         sleeping("29.3") == 2
     });
