@@ -10,6 +10,8 @@ use dsh_services::approval::ApprovalPolicy;
 use dsh_services::llm::openai::ReasoningEffort;
 use dsh_services::sandbox::{BackendChoice, PermissionMode, Settings};
 
+use dsh_actors::cluster::{Peer, Placement};
+
 use crate::exit::{self, Exit};
 
 /// How each model setting is chosen, shown under `--help`.
@@ -308,6 +310,23 @@ impl PolicyArgs {
         }
         Ok(settings)
     }
+}
+
+/// How a command places children on other nodes.
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Cluster")]
+pub struct ClusterArgs {
+    /// Run children on these nodes, NAME@HOST:PORT (comma-separated); this
+    /// process joins them as a client
+    #[arg(long, value_name = "NAME@ADDR,…", value_delimiter = ',')]
+    pub nodes: Vec<Peer>,
+    /// The variable holding the cluster's cookie [required with --nodes]
+    #[arg(long = "cookie-env", value_name = "VAR", requires = "nodes")]
+    pub cookie_env: Option<String>,
+    /// Where children go: round-robin, least-loaded or a node's name
+    /// [default: round-robin]
+    #[arg(long, value_name = "PLACEMENT", requires = "nodes")]
+    pub placement: Option<Placement>,
 }
 
 /// Everything a command that creates agents takes to boot them: the model,

@@ -41,6 +41,17 @@ pub struct TreeArgs {
     pub json: bool,
 }
 
+/// `dsh tree`: a config's tree, or with `--nodes` a running cluster's.
+#[derive(clap::Args, Debug)]
+pub struct TreeCommand {
+    /// The config to boot (unless `--nodes` names a running cluster).
+    #[command(flatten)]
+    pub tree: TreeArgs,
+    /// A running cluster's nodes: print each one's tree instead.
+    #[command(flatten)]
+    pub cluster: crate::args::ClusterArgs,
+}
+
 /// `dsh mcp`: the subcommands.
 #[derive(clap::Args, Debug)]
 pub struct McpArgs {

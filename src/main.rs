@@ -33,8 +33,9 @@ struct Cli {
 enum Command {
     /// Validate a cordis.yml (and its patches) without starting anything.
     Check(config::CheckArgs),
-    /// Boot a cordis.yml, print the live supervision tree, shut down in order.
-    Tree(config::TreeArgs),
+    /// Boot a cordis.yml, print the live supervision tree, shut down in order;
+    /// with `--nodes`, print the tree of each node of a running cluster.
+    Tree(Box<config::TreeCommand>),
     /// Run one prompt through an agent; the answer streams to stdout, tool
     /// calls to stderr.
     Run(Box<run::RunArgs>),
@@ -102,7 +103,10 @@ fn main() -> ExitCode {
 async fn dispatch(command: Command) -> ExitCode {
     let (name, exit) = match command {
         Command::Check(args) => ("check", config::check(args)),
-        Command::Tree(args) => ("tree", config::tree(args).await),
+        Command::Tree(args) if !args.cluster.nodes.is_empty() => {
+            ("tree", node::trees(args.cluster, args.tree.json).await)
+        }
+        Command::Tree(args) => ("tree", config::tree(args.tree).await),
         Command::Run(args) => ("run", run::run(*args).await),
         Command::Sessions(args) => ("sessions", sessions::sessions(args)),
         Command::Replay(args) => ("replay", replay::replay(args).await),

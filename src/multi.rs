@@ -24,10 +24,10 @@ use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 
 use crate::args::{
-    AgentArgs, ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs, WorkspaceArgs,
+    AgentArgs, ClusterArgs, ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs,
+    WorkspaceArgs,
 };
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
-use crate::node::ClusterArgs;
 use crate::stage::{Route, route, store};
 
 /// A booted runtime with a coordinator agent.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use dsh_actors::cluster::host::{self, HostSettings};
 use dsh_actors::cluster::remote::RemoteProvider;
+use dsh_actors::cluster::wire::{Request, TreeView};
 use dsh_actors::cluster::{Cluster, ClusterSettings, Peer, Placement};
 use dsh_actors::subagent::Subagents;
 use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
@@ -19,7 +20,7 @@ use dsh_services::sandbox::Sandbox;
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::{Context, Group, PluginOptions, Runtime, RuntimeSettings};
 
-use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
+use crate::args::{AgentArgs, ClusterArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
 use crate::exit::{self, Exit};
 use crate::stage::{Route, route, store};
 
@@ -61,23 +62,6 @@ pub struct NodeArgs {
     /// Where children's sessions are stored.
     #[command(flatten)]
     pub store: StoreArgs,
-}
-
-/// How a command places children on other nodes.
-#[derive(clap::Args, Clone, Debug, Default)]
-#[command(next_help_heading = "Cluster")]
-pub struct ClusterArgs {
-    /// Run children on these nodes, NAME@HOST:PORT (comma-separated); this
-    /// process joins them as a client
-    #[arg(long, value_name = "NAME@ADDR,…", value_delimiter = ',')]
-    pub nodes: Vec<Peer>,
-    /// The variable holding the cluster's cookie [required with --nodes]
-    #[arg(long = "cookie-env", value_name = "VAR", requires = "nodes")]
-    pub cookie_env: Option<String>,
-    /// Where children go: round-robin, least-loaded or a node's name
-    /// [default: round-robin]
-    #[arg(long, value_name = "PLACEMENT", requires = "nodes")]
-    pub placement: Option<Placement>,
 }
 
 /// The cookie from `$var`: set and not empty.
@@ -252,6 +236,52 @@ pub async fn offer_remote(rt: &Runtime, args: &ClusterArgs) -> exit::Result<()> 
     tools
         .register(&root, Arc::new(tool))
         .map_err(|e| Exit::failed(e.to_string()))?;
+    Ok(())
+}
+
+/// `dsh tree --nodes …`: each node's supervision tree, as it is now.
+pub async fn trees(args: ClusterArgs, json: bool) -> Exit {
+    let rt = match Runtime::start(RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+    };
+    let exit = Exit::from(print_trees(&rt, &args, json).await);
+    let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
+    exit
+}
+
+async fn print_trees(rt: &Runtime, args: &ClusterArgs, json: bool) -> exit::Result<()> {
+    let var = args.cookie_env.as_deref().ok_or_else(|| {
+        Exit::usage("--nodes needs --cookie-env VAR (the variable holding the cookie)")
+    })?;
+    let ctx = cluster_fiber(rt).await?;
+    let settings = ClusterSettings {
+        name: format!("client-{}", uuid_short()),
+        cookie: cookie(var)?,
+        listen: None,
+    };
+    let cluster = Cluster::start(&ctx, settings)
+        .await
+        .map_err(|e| Exit::failed(e.to_string()))?;
+    let mut all = serde_json::Map::new();
+    for peer in &args.nodes {
+        let host = cluster
+            .connect(peer, JOIN_TIMEOUT)
+            .await
+            .map_err(|e| Exit::failed(e.to_string()))?;
+        let view: TreeView = host
+            .call(&Request::Tree {}, JOIN_TIMEOUT)
+            .await
+            .map_err(|e| Exit::failed(format!("the tree of {peer}: {e}")))?;
+        if json {
+            all.insert(view.node, view.nodes);
+        } else {
+            crate::outln!("node {peer}:\n{}", view.text);
+        }
+    }
+    if json {
+        crate::outln!("{}", serde_json::Value::Object(all));
+    }
     Ok(())
 }
 

@@ -55,7 +55,7 @@ pub struct RunArgs {
     pub store: StoreArgs,
     /// Nodes the agent may delegate to (its `subagent_remote` tool).
     #[command(flatten)]
-    pub cluster: crate::node::ClusterArgs,
+    pub cluster: crate::args::ClusterArgs,
 }
 
 /// Where the session is written, and what it continues: a resumed session

@@ -376,6 +376,20 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     super::until_blocking("b's children never ran their command", || {
         sleeping("29.1") == 3
     });
+    // A running cluster's tree: b holds a scope for the parent, with its
+    // three children in it, mid-turn.
+    let tree = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["tree", "--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
+        .env(COOKIE_VAR, COOKIE)
+        .output()
+        .unwrap();
+    let shown = text(&tree.stdout);
+    assert!(tree.status.success(), "{}", text(&tree.stderr));
+    assert!(shown.starts_with("node b@"), "{shown}");
+    assert!(shown.contains("host/b [node-host]"), "{shown}");
+    assert!(shown.contains("parent/client-"), "{shown}");
+    assert_eq!(shown.matches("driver/").count(), 3, "{shown}");
+    assert_eq!(shown.matches("[remote-turn]").count(), 3, "{shown}");
     // SIGTERM: the workflow is cancelled, each child's turn with it.
     let pid = parent.id().to_string();
     assert!(

@@ -31,7 +31,9 @@ use dsh_supervisors::{Context, Fiber, Group, PluginOptions, TaskSpec, WorkerSpec
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 
-use super::wire::{self, Hello, HostMsg, Notice, OpenChild, Opened, Request, TurnDone, WireError};
+use super::wire::{
+    self, Hello, HostMsg, Notice, OpenChild, Opened, Request, TreeView, TurnDone, WireError,
+};
 use super::{Cluster, ClusterError, HOSTS_GROUP, lock};
 use crate::agent::{Agent, AgentSpec};
 
@@ -172,6 +174,7 @@ impl Actor for Host {
                 match Request::parse(&request) {
                     Err(e) => reply.send(Err::<(), _>(e)),
                     Ok(Request::Hello {}) => reply.send(Ok(hosted.hello())),
+                    Ok(Request::Tree {}) => reply.send(Ok(hosted.tree())),
                     Ok(Request::Open(open)) => {
                         let h = hosted.clone();
                         hosted.task("open", &open.child.clone(), async move {
@@ -235,6 +238,15 @@ impl Hosted {
             node: self.name.clone(),
             max_agents: self.settings.max_agents,
             agents: lock(&self.children).len() as u32,
+        }
+    }
+
+    fn tree(&self) -> TreeView {
+        let nodes = self.ctx.runtime().tree().snapshot();
+        TreeView {
+            node: self.name.clone(),
+            text: dsh_supervisors::tree::render(&nodes),
+            nodes: serde_json::to_value(&nodes).unwrap_or_default(),
         }
     }
 

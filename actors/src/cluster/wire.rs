@@ -94,6 +94,8 @@ pub enum Request {
         /// The user message.
         prompt: String,
     },
+    /// The node's whole supervision tree, as it is now.
+    Tree {},
     /// Dispose a child (ordered teardown of its subtree); answered when done.
     Close {
         /// The child's session id.
@@ -166,6 +168,18 @@ pub struct Hello {
     pub max_agents: u32,
     /// How many it holds now.
     pub agents: u32,
+}
+
+/// A node's tree.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TreeView {
+    /// The node's name.
+    pub node: String,
+    /// The tree as `dsh tree` prints it.
+    pub text: String,
+    /// The tree's nodes, as the API serves them.
+    pub nodes: Value,
 }
 
 /// A child was created.
