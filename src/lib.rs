@@ -17,13 +17,13 @@
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
 //! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent
 //!   per session (on a model, or on a recording).
-//! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
 //! - [`compare`]: `dsh bench compare` — our W1/W2/W3 beside the AutoAgents
 //!   harness in interleaved processes, with ratios.
 //! - [`bench`](mod@bench): `dsh bench …` workloads, printing per-operation
 //!   costs and ratios.
 //! - [`node`]: `dsh node` — join a cluster and serve children to other
 //!   nodes; the `--nodes` options that place a command's children there.
+//! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
 //!

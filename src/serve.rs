@@ -24,6 +24,10 @@ pub struct ServeArgs {
     /// The model, policy and plugin tree.
     #[command(flatten)]
     pub agents: AgentArgs,
+    /// Nodes the served agents may delegate to (their `subagent_remote`
+    /// tool).
+    #[command(flatten)]
+    pub cluster: crate::args::ClusterArgs,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -40,6 +44,9 @@ pub async fn serve(args: ServeArgs) -> Exit {
 async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
     // No model configured is fine: the API serves the tree without one.
     boot(rt, &args.agents, Purpose::Serve).await?;
+    if !args.cluster.nodes.is_empty() {
+        crate::node::offer_remote(rt, &args.cluster).await?;
+    }
     let root = rt.root();
     // A config's own `web` entry serves; else one from the flags.
     let web = match root.get::<WebServer>(WebServer::SERVICE) {

@@ -10,11 +10,11 @@ use std::time::Duration;
 use dsh::kernel::scratch::fresh_dir;
 use serde_json::Value;
 
-const COOKIE_VAR: &str = "DSH_TEST_CLUSTER_COOKIE";
-const COOKIE: &str = "loopback-only-secret";
+pub(super) const COOKIE_VAR: &str = "DSH_TEST_CLUSTER_COOKIE";
+pub(super) const COOKIE: &str = "loopback-only-secret";
 
 /// A `dsh node` process, killed when dropped.
-struct Node {
+pub(super) struct Node {
     child: Child,
     addr: String,
     name: String,
@@ -31,7 +31,7 @@ impl Drop for Node {
 impl Node {
     /// Starts `dsh node --name NAME` with `model` flags in a fresh
     /// workspace; returns once it says where it listens.
-    fn start(name: &str, model: &[&str]) -> Node {
+    pub(super) fn start(name: &str, model: &[&str]) -> Node {
         let dir = fresh_dir("dsh-node").unwrap();
         std::fs::create_dir_all(dir.join("sessions")).unwrap();
         Node::start_in(name, model, dir)
@@ -75,7 +75,7 @@ impl Node {
         }
     }
 
-    fn peer(&self) -> String {
+    pub(super) fn peer(&self) -> String {
         format!("{}@{}", self.name, self.addr)
     }
 
@@ -526,6 +526,21 @@ fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
     let children = b.headers();
     assert_eq!(children.len(), 1, "{children:?}");
     assert_eq!(children[0]["parentSession"], session["id"]);
+    // What the child spent on b is the proxy's spend here: the demo model
+    // reports 12 output tokens for its one step.
+    let store = dir.join("sessions");
+    let proxy = headers(&store)
+        .into_iter()
+        .find(|h| h["parentSession"] == session["id"])
+        .unwrap();
+    let message = log_of(&store, proxy["id"].as_str().unwrap())
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "assistant/message")
+        .unwrap();
+    let usage = &message["data"]["usage"];
+    assert_eq!(usage["outputTokens"], 12, "{message}");
+    assert!(usage["inputTokens"].as_u64().unwrap() > 0, "{message}");
 }
 
 #[test]

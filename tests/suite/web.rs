@@ -1067,3 +1067,35 @@ async fn an_idle_agent_is_compacted_through_the_api() {
     assert_eq!(again["compacted"], false, "{again}");
     rt.shutdown().await;
 }
+
+/// `dsh serve --nodes`: the server joins the nodes before it serves; its
+/// tree shows the cluster's parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_joins_the_nodes_it_is_given() {
+    use super::cluster::{COOKIE, COOKIE_VAR, Node};
+    let b = Node::start("b", &["--demo-model"]);
+    let args: Vec<String> = [
+        "--bind",
+        "127.0.0.1:0",
+        "--demo-model",
+        "--nodes",
+        &b.peer(),
+        "--cookie-env",
+        COOKIE_VAR,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (child, base) = dsh_serve(&args, &[(COOKIE_VAR, COOKIE)]).await;
+    let c = client();
+    let tree = get_json(&c, format!("{base}/api/tree")).await;
+    let kinds: Vec<&str> = tree
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"node-server"), "{tree}");
+    assert!(kinds.contains(&"cluster-watch"), "{tree}");
+    assert!(terminate(child).await.success());
+}

@@ -550,6 +550,18 @@ impl Hosted {
     }
 }
 
+fn add(sum: &mut TokenUsage, u: &TokenUsage) {
+    let opt = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    };
+    sum.input_tokens += u.input_tokens;
+    sum.output_tokens += u.output_tokens;
+    sum.cache_read_tokens = opt(sum.cache_read_tokens, u.cache_read_tokens);
+    sum.cache_write_tokens = opt(sum.cache_write_tokens, u.cache_write_tokens);
+    sum.reasoning_tokens = opt(sum.reasoning_tokens, u.reasoning_tokens);
+}
+
 fn not_found(child: &str) -> WireError {
     WireError::new("NOT_FOUND", format!("no child `{child}` on this node"))
 }
@@ -577,10 +589,26 @@ async fn run_turn(
         .filter(|t| Some(t.turn) != before)
         .ok_or_else(|| WireError::new("TURN_FAILED", "the child ran no turn"))?;
     let structured = capture.and_then(|slot| lock(slot).take());
+    // What the turn's model calls spent, for the parent's accounting.
+    let usage = agent.session().with_log(|log| {
+        let mut sum = TokenUsage::default();
+        for e in log.events() {
+            if let EventData::AssistantMessage {
+                turn,
+                usage: Some(u),
+                ..
+            } = &e.data
+                && *turn == summary.turn
+            {
+                add(&mut sum, u);
+            }
+        }
+        sum
+    });
     Ok(TurnDone {
         text: summary.text,
         reason: summary.reason,
-        usage: TokenUsage::default(),
+        usage,
         structured,
     })
 }
