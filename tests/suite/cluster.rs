@@ -37,6 +37,14 @@ impl Node {
         Node::start_in(name, model, dir)
     }
 
+    /// A node whose children all run `sleep SECS` ([`hanging_script`]).
+    fn hanging(name: &str, secs: &str) -> Node {
+        let dir = fresh_dir("dsh-node").unwrap();
+        std::fs::create_dir_all(dir.join("sessions")).unwrap();
+        let script = hanging_script(&dir, secs);
+        Node::start_in(name, &["--script", script.to_str().unwrap()], dir)
+    }
+
     fn start_in(name: &str, model: &[&str], dir: PathBuf) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
             .args(["node", "--name", name, "--cookie-env", COOKIE_VAR])
@@ -259,11 +267,8 @@ fn sleeping(secs: &str) -> usize {
 
 #[test]
 fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on() {
-    let bdir = fresh_dir("dsh-node").unwrap();
-    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
-    let script = hanging_script(&bdir, "29.2");
-    let script = script.to_str().unwrap();
-    let mut b = Node::start_in("b", &["--script", script], bdir.clone());
+    let mut b = Node::hanging("b", "29.2");
+    let bdir = b.dir.clone();
     let c = Node::start("c", &["--demo-model"]);
     let dir = parent_dir();
     let nodes = format!("{},{}", b.peer(), c.peer());
@@ -341,10 +346,7 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
 
 #[test]
 fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
-    let bdir = fresh_dir("dsh-node").unwrap();
-    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
-    let script = hanging_script(&bdir, "29.1");
-    let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
+    let b = Node::hanging("b", "29.1");
     let dir = parent_dir();
     let mut parent = fan(
         &dir,
@@ -565,10 +567,7 @@ fn the_fan_out_bench_places_its_children_on_local_nodes_and_reports_their_cost()
 
 #[test]
 fn a_parent_node_that_dies_has_its_children_disposed_on_the_serving_node() {
-    let bdir = fresh_dir("dsh-node").unwrap();
-    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
-    let script = hanging_script(&bdir, "29.3");
-    let b = Node::start_in("b", &["--script", script.to_str().unwrap()], bdir);
+    let b = Node::hanging("b", "29.3");
     let dir = parent_dir();
     let mut parent = fan(
         &dir,
