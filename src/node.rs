@@ -274,7 +274,8 @@ async fn print_trees(rt: &Runtime, args: &ClusterArgs, json: bool) -> exit::Resu
             .await
             .map_err(|e| Exit::failed(format!("the tree of {peer}: {e}")))?;
         if json {
-            all.insert(view.node, view.nodes);
+            let both = serde_json::json!({"nodes": view.nodes, "stopped": view.stopped});
+            all.insert(view.node, both);
         } else {
             crate::outln!("node {peer}:\n{}", view.text);
         }

@@ -602,3 +602,60 @@ fn a_parent_node_that_dies_has_its_children_disposed_on_the_serving_node() {
             })
     });
 }
+
+#[test]
+fn a_parent_torn_down_stops_its_children_on_the_node_in_reverse_start_order() {
+    let b = Node::hanging("b", "29.4");
+    let dir = parent_dir();
+    // Three background children, one a step (so their start order is
+    // known), each left running its command on b; then the run ends and
+    // its agent is torn down with them.
+    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
+    let script = format!(r#"{{"steps": [{start}, {start}, {start}, {{"text": "started"}}]}}"#);
+    std::fs::write(dir.join("three.json"), script).unwrap();
+    let peer = b.peer();
+    let args = [
+        "run",
+        "Start three.",
+        "--script",
+        "three.json",
+        "--nodes",
+        &peer,
+    ];
+    let run = parent(&dir, &args, COOKIE)
+        .args(["--cookie-env", COOKIE_VAR])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert_eq!(sleeping("29.4"), 0, "b still runs the children's commands");
+    // b's own record of the stops: its child scopes, by start (their ids
+    // grow) against the global stop sequence.
+    let tree = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args([
+            "tree",
+            "--nodes",
+            &peer,
+            "--cookie-env",
+            COOKIE_VAR,
+            "--json",
+        ])
+        .env(COOKIE_VAR, COOKIE)
+        .output()
+        .unwrap();
+    assert!(tree.status.success(), "{}", text(&tree.stderr));
+    let view: Value = serde_json::from_slice(&tree.stdout).unwrap();
+    let mut children: Vec<(u64, u64)> = view["b"]["stopped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["kind"] == "scope" && n["name"].as_str().unwrap_or("").contains("subagent/"))
+        .map(|n| (n["id"].as_u64().unwrap(), n["stop_seq"].as_u64().unwrap()))
+        .collect();
+    children.sort();
+    assert_eq!(children.len(), 3, "{view}");
+    let seqs: Vec<u64> = children.iter().map(|c| c.1).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] > w[1]),
+        "started {children:?}: not stopped last-first"
+    );
+}

@@ -242,11 +242,13 @@ impl Hosted {
     }
 
     fn tree(&self) -> TreeView {
-        let nodes = self.ctx.runtime().tree().snapshot();
+        let tree = self.ctx.runtime().tree();
+        let nodes = tree.snapshot();
         TreeView {
             node: self.name.clone(),
             text: dsh_supervisors::tree::render(&nodes),
             nodes: serde_json::to_value(&nodes).unwrap_or_default(),
+            stopped: serde_json::to_value(tree.stopped_nodes()).unwrap_or_default(),
         }
     }
 

@@ -180,6 +180,9 @@ pub struct TreeView {
     pub text: String,
     /// The tree's nodes, as the API serves them.
     pub nodes: Value,
+    /// The nodes stopped lately, each with its global stop sequence number.
+    #[serde(default)]
+    pub stopped: Value,
 }
 
 /// A child was created.
