@@ -188,10 +188,6 @@ impl ClusterArgs {
         if self.nodes.is_empty() {
             return Ok(false);
         }
-        let var = self.cookie_env.as_deref().ok_or_else(|| {
-            Exit::usage("--nodes needs --cookie-env VAR (the variable holding the cookie)")
-        })?;
-        let cookie = cookie(var)?;
         if let Some(Placement::Node(n)) = &self.placement
             && !self.nodes.iter().any(|p| &p.name == n)
         {
@@ -199,16 +195,7 @@ impl ClusterArgs {
                 "--placement {n}: no node of that name is in --nodes"
             )));
         }
-        let ctx = cluster_fiber(rt).await?;
-        let name = format!("client-{}", &uuid_short());
-        let settings = ClusterSettings {
-            name,
-            cookie,
-            listen: None,
-        };
-        let cluster = Cluster::start(&ctx, settings)
-            .await
-            .map_err(|e| Exit::failed(e.to_string()))?;
+        let (ctx, cluster) = self.client(rt).await?;
         join_all(&cluster, &self.nodes).await?;
         let placement = self.placement.clone().unwrap_or(Placement::RoundRobin);
         let provider = RemoteProvider::new(cluster, placement);
@@ -216,6 +203,26 @@ impl ClusterArgs {
             .register(&ctx, Arc::new(provider))
             .map_err(|e| Exit::failed(e.to_string()))?;
         Ok(true)
+    }
+
+    /// A client-only node under `rt` (its cookie from `--cookie-env`),
+    /// joined to nothing yet; and the context its parts live under.
+    async fn client(&self, rt: &Runtime) -> exit::Result<(Context, Arc<Cluster>)> {
+        let var = self.cookie_env.as_deref().ok_or_else(|| {
+            Exit::usage("--nodes needs --cookie-env VAR (the variable holding the cookie)")
+        })?;
+        let cookie = cookie(var)?;
+        let ctx = cluster_fiber(rt).await?;
+        let id = dsh_services::llm::Message::new_id();
+        let settings = ClusterSettings {
+            name: format!("client-{}", dsh_actors::session::short(&id)),
+            cookie,
+            listen: None,
+        };
+        let cluster = Cluster::start(&ctx, settings)
+            .await
+            .map_err(|e| Exit::failed(e.to_string()))?;
+        Ok((ctx, cluster))
     }
 }
 
@@ -251,18 +258,7 @@ pub async fn trees(args: ClusterArgs, json: bool) -> Exit {
 }
 
 async fn print_trees(rt: &Runtime, args: &ClusterArgs, json: bool) -> exit::Result<()> {
-    let var = args.cookie_env.as_deref().ok_or_else(|| {
-        Exit::usage("--nodes needs --cookie-env VAR (the variable holding the cookie)")
-    })?;
-    let ctx = cluster_fiber(rt).await?;
-    let settings = ClusterSettings {
-        name: format!("client-{}", uuid_short()),
-        cookie: cookie(var)?,
-        listen: None,
-    };
-    let cluster = Cluster::start(&ctx, settings)
-        .await
-        .map_err(|e| Exit::failed(e.to_string()))?;
+    let (_, cluster) = args.client(rt).await?;
     let mut all = serde_json::Map::new();
     for peer in &args.nodes {
         let host = cluster
@@ -288,11 +284,3 @@ async fn print_trees(rt: &Runtime, args: &ClusterArgs, json: bool) -> exit::Resu
 
 /// The delegation tool `--nodes` adds to `dsh run`.
 pub const REMOTE_TOOL: &str = "subagent_remote";
-
-fn uuid_short() -> String {
-    let id = dsh_services::llm::Message::new_id();
-    id.chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(8)
-        .collect()
-}

@@ -142,6 +142,16 @@ fn parent(dir: &Path, args: &[&str], cookie: &str) -> Command {
     c
 }
 
+/// `dsh run PROMPT --script SCRIPT` delegating to `node`.
+fn run_on(dir: &Path, prompt: &str, script: &str, node: &Node) -> Output {
+    let peer = node.peer();
+    let args = ["run", prompt, "--script", script, "--nodes", &peer];
+    parent(dir, &args, COOKIE)
+        .args(["--cookie-env", COOKIE_VAR])
+        .output()
+        .unwrap()
+}
+
 /// `fan.js` over `topics`, with `cluster` options.
 fn fan(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Command {
     let args = serde_json::json!({ "topics": topics }).to_string();
@@ -498,19 +508,7 @@ fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
         ]}"#,
     )
     .unwrap();
-    let peer = b.peer();
-    let args = [
-        "run",
-        "Ask a node.",
-        "--script",
-        "delegate.json",
-        "--nodes",
-        &peer,
-    ];
-    let run = parent(&dir, &args, COOKIE)
-        .args(["--cookie-env", COOKIE_VAR])
-        .output()
-        .unwrap();
+    let run = run_on(&dir, "Ask a node.", "delegate.json", &b);
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
     assert!(out.contains("The node answered."), "{out}");
@@ -613,19 +611,8 @@ fn a_parent_torn_down_stops_its_children_on_the_node_in_reverse_start_order() {
     let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
     let script = format!(r#"{{"steps": [{start}, {start}, {start}, {{"text": "started"}}]}}"#);
     std::fs::write(dir.join("three.json"), script).unwrap();
+    let run = run_on(&dir, "Start three.", "three.json", &b);
     let peer = b.peer();
-    let args = [
-        "run",
-        "Start three.",
-        "--script",
-        "three.json",
-        "--nodes",
-        &peer,
-    ];
-    let run = parent(&dir, &args, COOKIE)
-        .args(["--cookie-env", COOKIE_VAR])
-        .output()
-        .unwrap();
     assert!(run.status.success(), "{}", text(&run.stderr));
     assert_eq!(sleeping("29.4"), 0, "b still runs the children's commands");
     // b's own record of the stops: its child scopes, by start (their ids

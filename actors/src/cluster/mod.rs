@@ -173,6 +173,18 @@ pub struct RemoteHost {
 }
 
 impl RemoteHost {
+    fn new(node: String, actor: ActorRef<HostMsg>, max_agents: u32, agents: u32) -> RemoteHost {
+        RemoteHost {
+            node,
+            actor,
+            max_agents,
+            agents: AtomicU32::new(agents),
+            misses: AtomicU32::new(0),
+            heard: std::sync::atomic::AtomicU64::new(now_ms()),
+            lost: CancellationToken::new(),
+        }
+    }
+
     /// The node's name.
     pub fn node(&self) -> &str {
         &self.node
@@ -282,7 +294,7 @@ struct Shared {
     /// Hosts lost to pings while their session stays up: pinged again,
     /// and known again once they answer.
     suspects: Mutex<Vec<Arc<RemoteHost>>>,
-    /// Bumped on every change of either.
+    /// Bumped on every change of the hosts or the sessions.
     changed: tokio::sync::watch::Sender<u64>,
     /// Told when a peer node leaves (the host disposes its children).
     left: Mutex<Vec<OnLeft>>,
@@ -786,15 +798,7 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
             lock(&shared.pending).push(cell);
             continue;
         };
-        let probe = RemoteHost {
-            node: format!("{}", cell.get_id()),
-            actor: ActorRef::from(cell),
-            max_agents: 0,
-            agents: AtomicU32::new(0),
-            misses: AtomicU32::new(0),
-            heard: std::sync::atomic::AtomicU64::new(now_ms()),
-            lost: CancellationToken::new(),
-        };
+        let probe = RemoteHost::new(cell.get_id().to_string(), ActorRef::from(cell), 0, 0);
         let hello: Hello = match probe.call(&Request::Hello {}, PING_TIMEOUT).await {
             Ok(h) => h,
             Err(e) => {
@@ -809,15 +813,12 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
             );
             continue;
         }
-        let host = Arc::new(RemoteHost {
-            node: hello.node.clone(),
-            actor: probe.actor,
-            max_agents: hello.max_agents,
-            agents: AtomicU32::new(hello.agents),
-            misses: AtomicU32::new(0),
-            heard: std::sync::atomic::AtomicU64::new(now_ms()),
-            lost: CancellationToken::new(),
-        });
+        let host = Arc::new(RemoteHost::new(
+            hello.node.clone(),
+            probe.actor,
+            hello.max_agents,
+            hello.agents,
+        ));
         tracing::info!("cluster: node `{}` serves children", hello.node);
         let replaced = lock(&shared.hosts).insert(hello.node, host);
         if let Some(old) = replaced {
@@ -844,15 +845,7 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
         // Suspects are asked too (their own `lost` has fired: a fresh probe).
         let suspects: Vec<Arc<RemoteHost>> = lock(&shared.suspects).clone();
         let probes = suspects.iter().map(|h| async move {
-            let probe = RemoteHost {
-                node: h.node.clone(),
-                actor: h.actor.clone(),
-                max_agents: h.max_agents,
-                agents: AtomicU32::new(0),
-                misses: AtomicU32::new(0),
-                heard: std::sync::atomic::AtomicU64::new(now_ms()),
-                lost: CancellationToken::new(),
-            };
+            let probe = RemoteHost::new(h.node.clone(), h.actor.clone(), h.max_agents, 0);
             let r: Result<Hello, _> = probe.call(&Request::Hello {}, PING_TIMEOUT).await;
             (h, probe, r)
         });

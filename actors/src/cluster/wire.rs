@@ -241,16 +241,7 @@ impl Request {
     /// Reads a request; a payload that is too large or does not parse is
     /// refused with what was wrong.
     pub fn parse(bytes: &[u8]) -> Result<Request, WireError> {
-        if bytes.len() > MAX_REQUEST {
-            return Err(WireError::new(
-                "BAD_REQUEST",
-                format!(
-                    "the request is {} bytes; at most {MAX_REQUEST} are read",
-                    bytes.len()
-                ),
-            ));
-        }
-        serde_json::from_slice(bytes).map_err(|e| WireError::new("BAD_REQUEST", e.to_string()))
+        read("request", bytes)
     }
 
     /// The request as bytes.
@@ -262,16 +253,29 @@ impl Request {
 impl Notice {
     /// Reads a notice.
     pub fn parse(bytes: &[u8]) -> Result<Notice, WireError> {
-        if bytes.len() > MAX_REQUEST {
-            return Err(WireError::new("BAD_REQUEST", "the notice is too large"));
-        }
-        serde_json::from_slice(bytes).map_err(|e| WireError::new("BAD_REQUEST", e.to_string()))
+        read("notice", bytes)
     }
 
     /// The notice as bytes.
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
+}
+
+/// A peer's `what` (a request or a notice): at most [`MAX_REQUEST`] bytes of
+/// JSON of its shape, else `BAD_REQUEST` saying which.
+fn read<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, WireError> {
+    if bytes.len() > MAX_REQUEST {
+        return Err(WireError::new(
+            "BAD_REQUEST",
+            format!(
+                "the {what} is {} bytes; at most {MAX_REQUEST} are read",
+                bytes.len()
+            ),
+        ));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| WireError::new("BAD_REQUEST", format!("the {what}: {e}")))
 }
 
 /// An answer as bytes.
