@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentSpec};
+use dsh_actors::cluster::Cluster;
 use dsh_actors::multi_agent::{MultiAgentConfig, install};
 use dsh_actors::ralph::{self, RalphOutcome, RalphRequest};
 use dsh_actors::subagent::{SubagentStart, Subagents};
@@ -36,8 +37,55 @@ struct Stage {
     coordinator: Agent,
     subagents: Arc<Subagents>,
     store: Arc<dyn SessionPersistence>,
-    /// Children run on other nodes (`--nodes`).
-    remote: bool,
+    /// The cluster children run in (`--nodes`), if any.
+    cluster: Option<Arc<Cluster>>,
+}
+
+/// How long a printed tree waits for the subtrees of children on other
+/// nodes to arrive.
+const MIRROR_WAIT: Duration = Duration::from_secs(5);
+
+/// The live tree, printed on stderr once it is due: at once when children
+/// run here; with children on other nodes, from the run's own flow once
+/// their subtrees are shown here ([`Cluster::mirrored`], at most
+/// [`MIRROR_WAIT`] later).
+struct TreePrint {
+    rt: Runtime,
+    cluster: Option<Arc<Cluster>>,
+    due: tokio::sync::Notify,
+}
+
+impl TreePrint {
+    fn new(stage: &Stage) -> Arc<TreePrint> {
+        Arc::new(TreePrint {
+            rt: stage.rt.clone(),
+            cluster: stage.cluster.clone(),
+            due: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The tree is due (called from a listener, which cannot wait).
+    fn due(&self) {
+        match &self.cluster {
+            None => self.print(),
+            Some(_) => self.due.notify_one(),
+        }
+    }
+
+    fn print(&self) {
+        crate::errln!("live actor tree:\n{}", render(&self.rt.tree().snapshot()));
+    }
+
+    /// Prints the tree when it is due and the mirrors are in; never ends
+    /// (raced against the run).
+    async fn printing(&self) -> std::convert::Infallible {
+        if let Some(cluster) = &self.cluster {
+            self.due.notified().await;
+            cluster.mirrored(MIRROR_WAIT).await;
+            self.print();
+        }
+        std::future::pending().await
+    }
 }
 
 async fn stage(
@@ -55,20 +103,20 @@ async fn stage(
     let staged = async {
         let (coordinator, subagents, store) =
             coordinate(&rt, agents, store_args, cwd, resume, name).await?;
-        let remote = cluster.join(&rt, &subagents).await?;
-        Ok::<_, Exit>((coordinator, subagents, store, remote))
+        let cluster = cluster.join(&rt, &subagents).await?;
+        Ok::<_, Exit>((coordinator, subagents, store, cluster))
     }
     .await;
     if staged.is_err() {
         let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
     }
-    let (coordinator, subagents, store, remote) = staged?;
+    let (coordinator, subagents, store, cluster) = staged?;
     Ok(Stage {
         rt,
         coordinator,
         subagents,
         store,
-        remote,
+        cluster,
     })
 }
 
@@ -257,7 +305,8 @@ async fn run_workflow(
         return Err(Exit::failed("no workflow engine is provided"));
     };
     let started = Arc::new(AtomicU32::new(0));
-    let rt = stage.rt.clone();
+    let printer = TreePrint::new(stage);
+    let shown = printer.clone();
     let count = started.clone();
     let show_at = if tree { tree_at.max(1) } else { tree_at };
     let listener = root.on(move |u: &WorkflowUpdate| match u.kind {
@@ -281,7 +330,7 @@ async fn run_workflow(
                 u.data["child"].as_str().unwrap_or_default()
             );
             if show_at > 0 && n == show_at {
-                crate::errln!("live actor tree:\n{}", render(&rt.tree().snapshot()));
+                shown.due();
             }
         }
         "workflow/agent-end" => crate::errln!(
@@ -294,7 +343,7 @@ async fn run_workflow(
     });
     let mut request = WorkflowRequest::new(&stage.coordinator, script, meta);
     request.args = args;
-    if stage.remote {
+    if stage.cluster.is_some() {
         request.provider = Some("remote".into());
     }
     let cancel = request.cancel.clone();
@@ -309,6 +358,7 @@ async fn run_workflow(
     tokio::pin!(settled);
     let result = tokio::select! {
         r = &mut settled => r,
+        never = printer.printing() => match never {},
         stop = crate::exit::stop_signal() => {
             stopped = Some(stop);
             cancel.cancel();
@@ -442,7 +492,8 @@ async fn run_ralph(
     resume: Option<ralph::Resume>,
     tree_at_round: Option<u32>,
 ) -> Exit {
-    let rt = stage.rt.clone();
+    let printer = TreePrint::new(stage);
+    let shown = printer.clone();
     let listener = stage.rt.root().on(move |s: &SubagentStart| {
         let label = s.info.label.clone().unwrap_or_default();
         if !label.starts_with("ralph round") {
@@ -450,11 +501,11 @@ async fn run_ralph(
         }
         crate::errln!("{label}: worker session {}", s.info.child);
         if tree_at_round.is_some_and(|n| label == format!("ralph round {n}")) {
-            crate::errln!("live actor tree:\n{}", render(&rt.tree().snapshot()));
+            shown.due();
         }
     });
     let mut request = RalphRequest::new(&stage.coordinator, objective);
-    if stage.remote {
+    if stage.cluster.is_some() {
         request.provider = "remote".into();
     }
     request.max_rounds = Some(max_rounds);
@@ -464,6 +515,7 @@ async fn run_ralph(
     let mut stopped = None;
     let result = tokio::select! {
         r = &mut run => r,
+        never = printer.printing() => match never {},
         stop = crate::exit::stop_signal() => {
             stopped = Some(stop);
             cancel.cancel();

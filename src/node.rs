@@ -183,10 +183,14 @@ async fn serve_node(rt: &Runtime, args: &NodeArgs, cookie: String) -> exit::Resu
 
 impl ClusterArgs {
     /// With `--nodes`: joins them as a client-only node and registers the
-    /// `remote` subagent provider; returns whether children go remote.
-    pub async fn join(&self, rt: &Runtime, subagents: &Arc<Subagents>) -> exit::Result<bool> {
+    /// `remote` subagent provider; returns the cluster children go to.
+    pub async fn join(
+        &self,
+        rt: &Runtime,
+        subagents: &Arc<Subagents>,
+    ) -> exit::Result<Option<Arc<Cluster>>> {
         if self.nodes.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         if let Some(Placement::Node(n)) = &self.placement
             && !self.nodes.iter().any(|p| &p.name == n)
@@ -198,11 +202,11 @@ impl ClusterArgs {
         let (ctx, cluster) = self.client(rt).await?;
         join_all(&cluster, &self.nodes).await?;
         let placement = self.placement.clone().unwrap_or(Placement::RoundRobin);
-        let provider = RemoteProvider::new(cluster, placement);
+        let provider = RemoteProvider::new(cluster.clone(), placement);
         subagents
             .register(&ctx, Arc::new(provider))
             .map_err(|e| Exit::failed(e.to_string()))?;
-        Ok(true)
+        Ok(Some(cluster))
     }
 
     /// A client-only node under `rt` (its cookie from `--cookie-env`),

@@ -182,12 +182,11 @@ fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_ref
     let run = workflow(&dir, &asked, &traced, COOKIE);
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
-    // The parent's tree shows where its first published child runs: a
-    // part of the proxy agent naming the node and the child there.
+    // The parent's tree follows the nodes its children went to (what it
+    // shows of them: see the cancel test, whose children stay).
     let tree = err.split("live actor tree:").nth(1).unwrap_or_default();
     assert!(
-        tree.contains("[remote-child]")
-            && (tree.contains(" b/subagent/") || tree.contains(" c/subagent/")),
+        tree.contains("mirror/b [mirror]") || tree.contains("mirror/c [mirror]"),
         "{err}"
     );
     let value: Value = serde_json::from_str(&out).unwrap();
@@ -368,6 +367,7 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
             COOKIE_VAR,
             "--placement",
             "b",
+            "--tree",
         ],
         COOKIE,
     )
@@ -377,14 +377,52 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     .unwrap();
     let stderr = parent.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
-    let mut started = 0;
+    let (mut started, mut tree, mut in_tree, mut printed) = (0, Vec::new(), false, false);
     for line in lines.by_ref() {
-        started += usize::from(line.contains("started:"));
-        if started == 3 {
+        if in_tree {
+            in_tree = !line.is_empty();
+            printed = line.is_empty();
+            tree.push(line);
+        } else {
+            in_tree = line.starts_with("live actor tree:");
+            started += usize::from(line.contains("started:"));
+        }
+        if started == 3 && printed {
             break;
         }
     }
     assert_eq!(started, 3);
+    // The parent's tree shows each child's subtree on b under the part
+    // that stands for it: the child's scope there, its driver in it, each
+    // marked with the node it runs on.
+    let parts: Vec<usize> = (0..tree.len())
+        .filter(|i| tree[*i].contains("[remote-child]"))
+        .collect();
+    assert!(!parts.is_empty(), "{tree:#?}");
+    for i in parts {
+        let line = &tree[i];
+        let depth = line.len() - line.trim_start().len();
+        let name = line.trim_start().split(' ').next().unwrap_or_default();
+        let short = name
+            .strip_prefix("b/subagent/")
+            .unwrap_or_else(|| panic!("{line}"));
+        let below = &tree[i + 1];
+        assert!(
+            below.len() - below.trim_start().len() > depth
+                && below
+                    .trim_start()
+                    .starts_with(&format!("scope/subagent/{short} [scope] active"))
+                && below.ends_with("fiber on b"),
+            "{tree:#?}"
+        );
+        let driver = format!("driver/{short} [agent] active");
+        assert!(
+            tree[i + 2..]
+                .iter()
+                .any(|l| l.contains(&driver) && l.ends_with("task on b")),
+            "{tree:#?}"
+        );
+    }
     super::until_blocking("b's children never ran their command", || {
         sleeping("29.1") == 3
     });

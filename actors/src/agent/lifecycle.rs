@@ -197,11 +197,10 @@ impl Agent {
         let _ = awake
             .settled
             .set((fiber.effect_count(), fiber.child_count()));
-        awake
-            .ctx
-            .runtime()
-            .tree()
-            .set_summary_fn(fiber.id(), self.summary_fn());
+        let tree = awake.ctx.runtime().tree();
+        tree.set_summary_fn(fiber.id(), self.summary_fn());
+        // A viewer that read the scope before it had a summary learns it.
+        tree.summary_changed(fiber.id());
         Ok(awake)
     }
 

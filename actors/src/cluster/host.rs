@@ -13,9 +13,11 @@
 //! - `close` disposes a child (its subtree in order) inside the host's
 //!   handler, so closes sent in an order are carried out in that order;
 //!   a scope left empty goes with its last child.
+//! - `watch` answers what changed in the asking node's children's
+//!   subtrees ([`super::mirror`]), so its tree can show them.
 //! - When a parent node leaves, its scopes are disposed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -31,6 +33,7 @@ use dsh_supervisors::{Context, Fiber, Group, PluginOptions, TaskSpec, WorkerSpec
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
 
+use super::mirror::Watcher;
 use super::wire::{
     self, Hello, HostMsg, Notice, OpenChild, Opened, Request, TreeView, TurnDone, WireError,
 };
@@ -77,6 +80,9 @@ struct Hosted {
     /// Parent nodes that left and did not come back: opens for them are
     /// refused, and an open that finishes after its node left is undone.
     left: Mutex<BTreeSet<String>>,
+    /// What each parent node watching its children's subtrees is sent (a
+    /// watch waits its turn behind the one before it).
+    watchers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Watcher>>>>,
 }
 
 /// The largest answer a host sends (a child's final text, its result).
@@ -123,6 +129,7 @@ pub async fn serve(cluster: &Arc<Cluster>, settings: HostSettings) -> Result<(),
         opening: Mutex::default(),
         scopes: Mutex::default(),
         left: Mutex::default(),
+        watchers: Mutex::default(),
     });
     let gone = hosted.clone();
     cluster.on_left(move |node| gone.node_left(node));
@@ -182,6 +189,7 @@ impl Actor for Host {
                         });
                     }
                     Ok(Request::Turn { child, prompt }) => hosted.turn(&child, prompt, reply),
+                    Ok(Request::Watch { node, cursor }) => hosted.watch(node, cursor, reply),
                     Ok(Request::Close { child }) => {
                         let h = hosted.clone();
                         hosted.task("close", &child.clone(), async move {
@@ -249,6 +257,31 @@ impl Hosted {
             text: dsh_supervisors::tree::render(&nodes),
             nodes: serde_json::to_value(&nodes).unwrap_or_default(),
             stopped: serde_json::to_value(tree.stopped_nodes()).unwrap_or_default(),
+        }
+    }
+
+    /// Answers `node`'s watch of its children's subtrees in a task child
+    /// (it may wait for a change).
+    fn watch(&self, node: String, cursor: Option<u64>, reply: Reply) {
+        if let Err(e) = super::valid_name(&node) {
+            return reply.send(Err::<(), _>(WireError::new("BAD_REQUEST", e.to_string())));
+        }
+        let tree = self.ctx.runtime().tree().clone();
+        let watcher = lock(&self.watchers)
+            .entry(node.clone())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Watcher::new(&tree, &node))))
+            .clone();
+        let spec = TaskSpec::new("watch", format!("watch/{node}"));
+        let started = self.ctx.spawn_task(spec, move |stop| async move {
+            let mut watcher = tokio::select! {
+                w = watcher.lock() => w,
+                () = stop.cancelled() => return,
+            };
+            let changes = watcher.next(&tree, cursor, &stop).await;
+            reply.send(Ok(changes));
+        });
+        if let Err(e) = started {
+            tracing::warn!("host: a watch could not start: {e}");
         }
     }
 
@@ -527,6 +560,7 @@ impl Hosted {
     /// reverse start order), in a task of the host's context.
     fn node_left(self: &Arc<Self>, node: &str) {
         lock(&self.left).insert(node.to_owned());
+        lock(&self.watchers).remove(node);
         let scopes: Vec<Fiber> = {
             let mut s = lock(&self.scopes);
             let keys: Vec<_> = s.keys().filter(|k| k.0 == node).cloned().collect();

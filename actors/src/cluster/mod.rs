@@ -21,6 +21,7 @@
 //! gets more than its parent's policy nor more than the serving node's.
 
 pub mod host;
+mod mirror;
 pub mod remote;
 pub mod wire;
 
@@ -170,18 +171,21 @@ pub struct RemoteHost {
     /// When an answer from it last arrived ([`now_ms`]).
     heard: std::sync::atomic::AtomicU64,
     lost: CancellationToken,
+    /// Its children's subtrees, as this node's tree shows them.
+    mirror: mirror::Mirror,
 }
 
 impl RemoteHost {
     fn new(node: String, actor: ActorRef<HostMsg>, max_agents: u32, agents: u32) -> RemoteHost {
         RemoteHost {
-            node,
             actor,
             max_agents,
             agents: AtomicU32::new(agents),
             misses: AtomicU32::new(0),
             heard: std::sync::atomic::AtomicU64::new(now_ms()),
             lost: CancellationToken::new(),
+            mirror: mirror::Mirror::new(&node),
+            node,
         }
     }
 
@@ -550,6 +554,37 @@ impl Cluster {
                 hosts.get(n % hosts.len()).cloned()
             }
         }
+    }
+
+    /// Shows the subtrees of this node's children on `host` in this
+    /// process's tree, from now until the host is lost (they are then
+    /// marked `lost`) or the cluster stops: a `mirror/<node>` task, started
+    /// once per host.
+    pub(crate) fn follow(&self, host: &Arc<RemoteHost>) {
+        if !host.mirror.start(self.ctx.runtime().tree()) {
+            return;
+        }
+        let (watched, me) = (host.clone(), self.name().to_owned());
+        let spec = TaskSpec::new("mirror", format!("mirror/{}", host.node()));
+        if let Err(e) = self
+            .ctx
+            .spawn_task(spec, move |stop| mirror::follow(watched, me, stop))
+        {
+            tracing::warn!("cluster: cannot mirror node `{}`: {e}", host.node());
+        }
+    }
+
+    /// Waits, up to `timeout`, until every child placed on another node
+    /// shows its own node in this process's tree (or its node is lost);
+    /// whether all do.
+    pub async fn mirrored(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for host in self.hosts() {
+            if !host.mirror.rooted_by(deadline).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// Runs `f` with the name of each peer node that leaves.

@@ -135,17 +135,21 @@ impl SubagentProvider for RemoteProvider {
             }
             pending.defuse();
             host.opened();
+            self.cluster.follow(&host);
             let close = {
                 let (host, child) = (host.clone(), opened.child.clone());
                 Box::pin(async move {
                     // Answered once the child's subtree is down over there.
-                    let r: Result<(), WireError> =
-                        host.call(&Request::Close { child }, CLOSE_TIMEOUT).await;
+                    let close = Request::Close {
+                        child: child.clone(),
+                    };
+                    let r: Result<(), WireError> = host.call(&close, CLOSE_TIMEOUT).await;
                     if let Err(e) = &r
                         && e.code != NODE_DOWN
                     {
                         tracing::warn!("remote: closing a child on `{}`: {e}", host.node());
                     }
+                    host.mirror.forget(&child);
                 }) as BoxFuture<'static, ()>
             };
             let place = format!(
@@ -153,8 +157,13 @@ impl SubagentProvider for RemoteProvider {
                 host.node(),
                 crate::session::short(&opened.child)
             );
+            let placed = {
+                let (host, child) = (host.clone(), opened.child.clone());
+                Box::new(move |part| host.mirror.placed(&child, part)) as Box<_>
+            };
             Ok(Some(RemoteLink {
                 place: Some(place),
+                placed: Some(placed),
                 adapter: Arc::new(RemoteChild {
                     host,
                     child: opened.child,
@@ -208,6 +217,7 @@ impl Drop for RemoteChild {
     fn drop(&mut self) {
         // The backstop of the awaited close: the proxy is gone, so is the
         // child (a child already closed is not found, and that is all).
+        self.host.mirror.forget(&self.child);
         self.host.notify(&Notice::Close {
             child: std::mem::take(&mut self.child),
         });

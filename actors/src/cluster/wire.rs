@@ -96,6 +96,17 @@ pub enum Request {
     },
     /// The node's whole supervision tree, as it is now.
     Tree {},
+    /// What changed in the subtrees of the asking node's children since
+    /// the answer numbered `cursor` (none, or not the last one sent: all of
+    /// it, afresh); answered at once when something did, else within
+    /// `WATCH_HOLD`.
+    Watch {
+        /// The asking node's name (whose children's subtrees are sent).
+        node: String,
+        /// The number of the last answer it applied.
+        #[serde(default)]
+        cursor: Option<u64>,
+    },
     /// Dispose a child (ordered teardown of its subtree); answered when done.
     Close {
         /// The child's session id.
@@ -183,6 +194,71 @@ pub struct TreeView {
     /// The nodes stopped lately, each with its global stop sequence number.
     #[serde(default)]
     pub stopped: Value,
+}
+
+/// How long a host holds a [`Request::Watch`] when nothing changes.
+pub const WATCH_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The subtrees of a parent node's children on a host, as they changed
+/// (the answer to [`Request::Watch`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Changes {
+    /// This answer's number (the next watch names it).
+    pub cursor: u64,
+    /// Everything follows afresh: nodes seen before and not sent again
+    /// (in this answer or the ones that follow while `more` is set) are gone.
+    #[serde(default)]
+    pub reset: bool,
+    /// More changes are queued; the next watch is answered at once.
+    #[serde(default)]
+    pub more: bool,
+    /// Nodes that appeared or changed, parents before children, each as it
+    /// is now.
+    #[serde(default)]
+    pub nodes: Vec<MirrorNode>,
+    /// Nodes that stopped, in stop order.
+    #[serde(default)]
+    pub stopped: Vec<MirrorStop>,
+}
+
+/// A node of a child's subtree, as the host's tree has it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorNode {
+    /// Its id on the host.
+    pub id: u64,
+    /// Its parent's id on the host; `None` for a child's own node (an agent
+    /// scope, or its parked node), which `child` names.
+    pub parent: Option<u64>,
+    /// The child whose node it is (the session id), set on a child's own node.
+    #[serde(default)]
+    pub child: Option<String>,
+    /// What runs behind it.
+    pub form: dsh_supervisors::tree::Form,
+    /// Kind.
+    pub kind: String,
+    /// Name.
+    pub name: String,
+    /// Status.
+    pub status: dsh_supervisors::Status,
+    /// Start time, ms since epoch.
+    pub started_ms: u64,
+    /// Kind-specific summary.
+    #[serde(default)]
+    pub summary: Value,
+}
+
+/// A node that stopped on the host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorStop {
+    /// Its id on the host.
+    pub id: u64,
+    /// Its final status.
+    pub status: dsh_supervisors::Status,
+    /// Why.
+    pub reason: String,
 }
 
 /// A child was created.

@@ -118,6 +118,7 @@ impl SubagentProvider for AcpProvider {
                 adapter: Arc::new(child),
                 close: None,
                 place: None,
+                placed: None,
             }))
         })
     }

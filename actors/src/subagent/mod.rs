@@ -97,6 +97,9 @@ pub struct RemoteLink {
     /// Where the child runs, shown as a part of the agent here in the tree
     /// (`b/subagent/3496f7ef`: its node, its name there).
     pub place: Option<String>,
+    /// Told the id of that part once it is in the tree (the child's
+    /// subtree over there is shown under it).
+    pub placed: Option<Box<dyn FnOnce(u64) + Send>>,
 }
 
 /// `spawn`: a fresh child with an empty conversation.
@@ -1178,6 +1181,7 @@ async fn compose(
         adapter,
         close,
         place,
+        placed,
     }) = remote
     {
         // Registered for the child's lifetime: disposing it ends the process.
@@ -1191,8 +1195,12 @@ async fn compose(
                 llm.register(&ctx, &[route.as_str()], adapter)
                     .map_err(SubagentError::from)?;
                 if let Some(place) = place {
-                    ctx.part("remote-child", place)
+                    let part = ctx
+                        .part("remote-child", place)
                         .map_err(|e| SubagentError::Start(e.to_string()))?;
+                    if let Some(placed) = placed {
+                        placed(part);
+                    }
                 }
                 match close {
                     Some(close) => ctx

@@ -280,6 +280,7 @@ mod tests {
             name: Arc::from(format!("n{id}")),
             parent,
             started_ms: 0,
+            node: None,
         }
     }
 

@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dashmap::DashMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use feed::{RecvError, Subscription, TryRecvError};
 pub use follow::Follower;
 
 /// Lifecycle status of a node, shared by fibers and workers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[repr(u8)]
 pub enum Status {
@@ -40,6 +40,9 @@ pub enum Status {
     /// A parked node: its actors stopped, and it comes back under the same
     /// name when needed (a hibernated agent).
     Hibernated = 6,
+    /// A node on another machine that can no longer be reached (its
+    /// machine died or stopped answering), or the part that stood for it.
+    Lost = 7,
 }
 
 impl Status {
@@ -51,6 +54,7 @@ impl Status {
             3 => Status::Unloading,
             4 => Status::Disposed,
             6 => Status::Hibernated,
+            7 => Status::Lost,
             _ => Status::Failed,
         }
     }
@@ -70,13 +74,41 @@ impl Status {
             Status::Disposed => "disposed",
             Status::Failed => "failed",
             Status::Hibernated => "hibernated",
+            Status::Lost => "lost",
         }
     }
 }
 
-/// The first id of a parked node (see [`Tree::park`]): 2^50, far above any
-/// actor id and below 2^53 so browsers read it exactly.
+/// The first id of a parked node (see [`Tree::park`]) or a mirrored one
+/// ([`Tree::mirror`]): 2^50, far above any actor id and below 2^53 so
+/// browsers read it exactly.
 pub const PARKED_IDS: u64 = 1 << 50;
+
+/// A fresh id for a node that holds no actor of this process.
+fn outside_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(PARKED_IDS);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A node that runs on another machine, as this tree shows it
+/// ([`Tree::mirror`]): what that machine's tree said of it.
+#[derive(Clone, Debug)]
+pub struct Mirrored {
+    /// The cluster node it runs on.
+    pub node: Arc<str>,
+    /// What runs behind it there.
+    pub form: Form,
+    /// Its kind there.
+    pub kind: String,
+    /// Its name there.
+    pub name: String,
+    /// Its status there.
+    pub status: Status,
+    /// When it started there, ms since epoch.
+    pub started_ms: u64,
+    /// Its summary there.
+    pub summary: serde_json::Value,
+}
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -158,11 +190,14 @@ pub struct NodeInfo {
     pub parent: Option<u64>,
     /// Start time, ms since epoch.
     pub started_ms: u64,
+    /// The cluster node it runs on, when that is another machine (a
+    /// mirrored node, see [`Tree::mirror`]); `None` for this process's.
+    pub node: Option<Arc<str>>,
 }
 
 /// What runs behind a node (ARCHITECTURE.md, "What is an actor, what is a
 /// task child").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Form {
     /// A fiber: a plugin instance or a scope, run by an actor.
@@ -216,11 +251,14 @@ impl Node {
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut node = serializer.serialize_struct("NodeSnapshot", 10)?;
+        let mut node = serializer.serialize_struct("NodeSnapshot", 11)?;
         node.serialize_field("id", &self.info.id)?;
         node.serialize_field("form", &self.info.form)?;
         node.serialize_field("kind", &*self.info.kind)?;
         node.serialize_field("name", &*self.info.name)?;
+        if let Some(on) = &self.info.node {
+            node.serialize_field("node", &**on)?;
+        }
         node.serialize_field("parent", &self.info.parent)?;
         node.serialize_field("status", &status)?;
         node.serialize_field("started_ms", &self.info.started_ms)?;
@@ -303,6 +341,9 @@ pub struct NodeSnapshot {
     pub kind: String,
     /// Readable name.
     pub name: String,
+    /// The cluster node it runs on, for a mirrored node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Parent id.
     pub parent: Option<u64>,
     /// Status.
@@ -608,8 +649,7 @@ impl Tree {
         parent: Option<u64>,
         summary: Arc<SummaryFn>,
     ) -> u64 {
-        static NEXT: AtomicU64 = AtomicU64::new(PARKED_IDS);
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let id = outside_id();
         self.insert_with(
             NodeInfo {
                 id,
@@ -618,6 +658,7 @@ impl Tree {
                 name,
                 parent,
                 started_ms: now_ms(),
+                node: None,
             },
             Status::Hibernated,
             Summary::Computed(summary),
@@ -633,6 +674,73 @@ impl Tree {
             return None;
         }
         self.stopped(id, status, reason)
+    }
+
+    /// Adds a mirror of a node that runs on another machine (see
+    /// [`Mirrored`]) under `parent`, a node of this tree. Returns its id
+    /// here, from the range of parked nodes (actor ids never reach it).
+    pub fn mirror(&self, parent: u64, node: Mirrored) -> u64 {
+        let id = outside_id();
+        self.insert_with(
+            NodeInfo {
+                id,
+                form: node.form,
+                kind: node.kind.into(),
+                name: node.name.into(),
+                parent: Some(parent),
+                started_ms: node.started_ms,
+                node: Some(node.node),
+            },
+            node.status,
+            Summary::Value(node.summary),
+        );
+        id
+    }
+
+    /// Updates a mirrored node's status and summary, publishing what
+    /// changed; does nothing for a node that is not a mirror.
+    pub fn update_mirror(&self, id: u64, status: Status, summary: serde_json::Value) {
+        let Some(node) = self.mirrored(id) else {
+            return;
+        };
+        self.set_status(&node, status);
+        let same = match node.summary.lock().as_deref() {
+            Ok(Summary::Value(v)) => *v == summary,
+            _ => false,
+        };
+        if !same {
+            self.set_summary(id, summary);
+        }
+    }
+
+    /// Removes a mirrored node (it stopped over there, or its machine's
+    /// view here ended) as any stop is; `None` for a node that is not a
+    /// mirror or stopped already.
+    pub fn unmirror(&self, id: u64, status: Status, reason: &str) -> Option<u64> {
+        self.mirrored(id)?;
+        self.stopped(id, status, reason)
+    }
+
+    /// Marks a node [`Status::Lost`]: a mirrored node, or a passive part
+    /// (the local stand-in of a child on another machine). The status of a
+    /// node that runs here is the kernel's, so any other node is left as
+    /// it is; returns whether the node was marked.
+    pub fn lose(&self, id: u64) -> bool {
+        let Some(node) = self.live.get(&id).map(|n| n.clone()) else {
+            return false;
+        };
+        if node.info.node.is_none() && node.info.form != Form::Part {
+            return false;
+        }
+        self.set_status(&node, Status::Lost);
+        true
+    }
+
+    fn mirrored(&self, id: u64) -> Option<Arc<Node>> {
+        self.live
+            .get(&id)
+            .map(|n| n.clone())
+            .filter(|n| n.info.node.is_some())
     }
 
     /// The live node with this id.
@@ -754,6 +862,7 @@ fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) 
         form: node.info.form,
         kind: node.info.kind.to_string(),
         name: node.info.name.to_string(),
+        node: node.info.node.as_deref().map(str::to_owned),
         parent: node.info.parent,
         status: node.stats.status(),
         started_ms: node.info.started_ms,
@@ -786,10 +895,11 @@ pub fn render(nodes: &[NodeSnapshot]) -> String {
         };
         for n in list {
             out.push_str(&"  ".repeat(depth));
-            let runs = if n.form.has_mailbox() {
-                format!("mailbox={}", n.mailbox_depth)
-            } else {
-                n.form.as_str().to_owned()
+            // A mirrored node's mailbox is not counted here.
+            let runs = match &n.node {
+                Some(on) => format!("{} on {on}", n.form.as_str()),
+                None if n.form.has_mailbox() => format!("mailbox={}", n.mailbox_depth),
+                None => n.form.as_str().to_owned(),
             };
             out.push_str(&format!(
                 "{} [{}] {} #{} {runs}\n",
@@ -819,6 +929,7 @@ mod tests {
             name: Arc::from("agent/\"quoted\""),
             parent: Some(3),
             started_ms: 12,
+            node: None,
         };
         let node = tree.insert(info, Status::Loading);
         tree.set_summary(7, serde_json::json!({ "turn": 2 }));
@@ -834,5 +945,60 @@ mod tests {
         assert_eq!(spawned, serde_json::to_string(&snapshot).unwrap());
         assert!(spawned.contains(r#""summary":{"turn":2}"#), "{spawned}");
         assert!(spawned.contains(r#""mailbox_depth":1"#), "{spawned}");
+    }
+
+    #[test]
+    fn a_mirrored_node_names_its_machine_and_only_mirrors_take_its_updates() {
+        let tree = Tree::new(TreeLimits::default());
+        let part = tree.park(
+            "remote-child",
+            Arc::from("b/x"),
+            None,
+            Arc::new(|| serde_json::Value::Null),
+        );
+        let id = tree.mirror(
+            part,
+            Mirrored {
+                node: Arc::from("b"),
+                form: Form::Task,
+                kind: "tool".into(),
+                name: "bash/1".into(),
+                status: Status::Active,
+                started_ms: 5,
+                summary: serde_json::json!({"n": 1}),
+            },
+        );
+        let node = tree.live.get(&id).map(|n| n.clone()).unwrap();
+        let live = serde_json::to_string(&*node).unwrap();
+        assert_eq!(live, serde_json::to_string(&node.snapshot()).unwrap());
+        assert!(
+            live.contains(r#""name":"bash/1","node":"b","parent""#),
+            "{live}"
+        );
+        let mut feed = tree.subscribe();
+        tree.update_mirror(id, Status::Active, serde_json::json!({"n": 1}));
+        assert!(feed.is_empty(), "nothing changed, nothing is sent");
+        tree.update_mirror(id, Status::Unloading, serde_json::json!({"n": 2}));
+        assert!(matches!(
+            feed.try_recv(),
+            Ok(TreeChange::Status {
+                status: Status::Unloading,
+                ..
+            })
+        ));
+        assert!(matches!(feed.try_recv(), Ok(TreeChange::Summary { .. })));
+        assert_eq!(
+            tree.get(id).map(|n| n.summary),
+            Some(serde_json::json!({"n": 2}))
+        );
+        assert!(tree.lose(id));
+        assert_eq!(tree.get(id).map(|n| n.status), Some(Status::Lost));
+        let text = render(&tree.snapshot());
+        assert!(text.contains("bash/1 [tool] lost #"), "{text}");
+        assert!(text.contains("task on b"), "{text}");
+        // The part is no mirror: unmirror leaves it.
+        assert_eq!(tree.unmirror(part, Status::Disposed, "x"), None);
+        assert!(tree.unmirror(id, Status::Disposed, "closed").is_some());
+        assert!(tree.get(id).is_none());
     }
 }

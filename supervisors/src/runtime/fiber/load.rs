@@ -125,6 +125,7 @@ pub(crate) async fn spawn_fiber(
             name: Arc::from(name),
             parent: parent.map(|p| p.id),
             started_ms: now_ms(),
+            node: None,
         },
         status,
     );

@@ -233,6 +233,7 @@ impl FiberShared {
                 name: Arc::from(name),
                 parent: Some(self.id),
                 started_ms: now_ms(),
+                node: None,
             },
             status,
         )
