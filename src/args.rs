@@ -327,6 +327,10 @@ pub struct ClusterArgs {
     /// [default: round-robin]
     #[arg(long, value_name = "PLACEMENT", requires = "nodes")]
     pub placement: Option<Placement>,
+    /// Dial the nodes over TLS, trusting the certificates this PEM file
+    /// vouches for (the nodes run with --tls-cert)
+    #[arg(long, value_name = "FILE", requires = "nodes")]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 /// Everything a command that creates agents takes to boot them: the model,

@@ -1158,6 +1158,7 @@ pub mod workloads {
             name: "bench".into(),
             cookie,
             listen: None,
+            tls: None,
         };
         let cluster = Cluster::start(&ctx, settings).await?;
         for n in &started {

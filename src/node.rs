@@ -7,11 +7,13 @@
 //! starts.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dsh_actors::cluster::host::{self, HostSettings};
 use dsh_actors::cluster::remote::RemoteProvider;
+use dsh_actors::cluster::tls::Tls;
 use dsh_actors::cluster::wire::{Request, TreeView};
 use dsh_actors::cluster::{Cluster, ClusterSettings, Peer, Placement};
 use dsh_actors::subagent::Subagents;
@@ -53,6 +55,16 @@ pub struct NodeArgs {
     /// (for `dsh bench w2 --local-nodes`).
     #[arg(long, hide = true)]
     pub bench_worker: bool,
+    /// Accept peers over TLS only, with this PEM certificate chain
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Trust the peers this PEM file vouches for when dialling them
+    /// (--connect) [default: the node's own --tls-cert]
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_ca: Option<PathBuf>,
     /// The model, policy and plugin tree children run with.
     #[command(flatten)]
     pub agents: AgentArgs,
@@ -145,10 +157,17 @@ async fn serve_node(rt: &Runtime, args: &NodeArgs, cookie: String) -> exit::Resu
         .map(|s| s.settings().defaults)
         .unwrap_or_default();
     let ctx = cluster_fiber(rt).await?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            Tls::node(cert, key, args.tls_ca.as_deref()).map_err(|e| Exit::usage(e.to_string()))?,
+        ),
+        _ => None,
+    };
     let settings = ClusterSettings {
         name: args.name.clone(),
         cookie,
         listen: Some(args.listen),
+        tls,
     };
     let cluster = Cluster::start(&ctx, settings)
         .await
@@ -218,10 +237,15 @@ impl ClusterArgs {
         let cookie = cookie(var)?;
         let ctx = cluster_fiber(rt).await?;
         let id = dsh_services::llm::Message::new_id();
+        let tls = match &self.tls_ca {
+            Some(ca) => Some(Tls::client(ca).map_err(|e| Exit::usage(e.to_string()))?),
+            None => None,
+        };
         let settings = ClusterSettings {
             name: format!("client-{}", dsh_actors::session::short(&id)),
             cookie,
             listen: None,
+            tls,
         };
         let cluster = Cluster::start(&ctx, settings)
             .await

@@ -684,3 +684,77 @@ fn a_parent_torn_down_stops_its_children_on_the_node_in_reverse_start_order() {
         "started {children:?}: not stopped last-first"
     );
 }
+
+/// A self-signed certificate for 127.0.0.1 and its key, made by openssl in
+/// `dir`.
+fn certificate(dir: &Path, name: &str) -> (String, String) {
+    let cert = dir.join(format!("{name}.pem"));
+    let key = dir.join(format!("{name}.key"));
+    let made = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:P-256", "-nodes", "-days", "1"])
+        .args(["-subj", &format!("/CN={name}")])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let path = |p: PathBuf| p.to_str().unwrap().to_owned();
+    (path(cert), path(key))
+}
+
+#[test]
+fn a_tls_node_takes_only_peers_that_trust_its_certificate_and_a_silent_peer_stalls_nobody() {
+    let dir = parent_dir();
+    let (cert, key) = certificate(&dir, "b");
+    let (stranger, _) = certificate(&dir, "stranger");
+    let b = Node::start(
+        "b",
+        &["--demo-model", "--tls-cert", &cert, "--tls-key", &key],
+    );
+    // Peers that connect and never finish a handshake (one silent, one
+    // sending junk) hold no one else up.
+    let _silent = std::net::TcpStream::connect(&b.addr).unwrap();
+    let mut junk = std::net::TcpStream::connect(&b.addr).unwrap();
+    std::io::Write::write_all(&mut junk, b"\x16\x03\x01\xff\xffnot a hello").unwrap();
+    let peer = b.peer();
+    let cluster = ["--nodes", &peer, "--cookie-env", COOKIE_VAR];
+    let trusted = [&cluster[..], &["--tls-ca", &cert]].concat();
+    let run = workflow(&dir, &topics(2), &trusted, COOKIE);
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    let value: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        value["r"][1].as_str().map(|a| a.starts_with("topic1:")),
+        Some(true)
+    );
+    assert_eq!(b.headers().len(), 2, "both children ran on b");
+
+    // In plain TCP, the node does not answer the cookie challenge.
+    let plain = workflow(&dir, &topics(1), &cluster, COOKIE);
+    assert_eq!(plain.status.code(), Some(1), "{}", text(&plain.stdout));
+    let err = text(&plain.stderr);
+    assert!(
+        err.contains("cannot join b@") && err.contains("TLS only"),
+        "{err}"
+    );
+    // A client that trusts another certificate refuses the node.
+    let doubting = [&cluster[..], &["--tls-ca", &stranger]].concat();
+    let refused = workflow(&dir, &topics(1), &doubting, COOKIE);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = text(&refused.stderr);
+    assert!(
+        err.contains("cannot join b@") && err.contains("certificate"),
+        "{err}"
+    );
+    // A file that is no certificate is a usage error naming it.
+    let junk_ca = dir.join("fan.js");
+    let bad = [&cluster[..], &["--tls-ca", junk_ca.to_str().unwrap()]].concat();
+    let usage = workflow(&dir, &topics(1), &bad, COOKIE);
+    assert_eq!(usage.status.code(), Some(2));
+    assert!(text(&usage.stderr).contains("fan.js: holds no CERTIFICATE block"));
+    assert_eq!(b.headers().len(), 2, "nothing else ran on b");
+}

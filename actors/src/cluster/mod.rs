@@ -23,6 +23,7 @@
 pub mod host;
 mod mirror;
 pub mod remote;
+pub mod tls;
 pub mod wire;
 
 use std::collections::BTreeMap;
@@ -34,9 +35,9 @@ use std::time::Duration;
 
 use dsh_supervisors::{Context, TaskSpec, WorkerRef, WorkerSpec};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
-use ractor_cluster::client_connect;
 use ractor_cluster::node::NodeServerSessionInformation;
 use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage};
+use ractor_cluster::{client_connect, client_connect_enc};
 use tokio_util::sync::CancellationToken;
 
 use self::wire::{Hello, HostMsg, Request, WireError};
@@ -159,6 +160,9 @@ pub struct ClusterSettings {
     /// Where to accept peers (`None`: a client-only node, on a loopback
     /// port nobody is told of).
     pub listen: Option<SocketAddr>,
+    /// TLS: with a certificate, peers are accepted over TLS only; with a
+    /// trust anchor, peers are dialled over TLS (`None`: plain TCP).
+    pub tls: Option<tls::Tls>,
 }
 
 /// A host on another node, as this node knows it.
@@ -358,6 +362,7 @@ pub struct Cluster {
     shared: Arc<Shared>,
     server: WorkerRef<NodeServerMessage>,
     listen: Option<SocketAddr>,
+    tls: Option<tls::Tls>,
     ctx: Context,
     next: AtomicU32,
 }
@@ -374,33 +379,51 @@ impl Cluster {
         settings: ClusterSettings,
     ) -> Result<Arc<Cluster>, ClusterError> {
         valid_name(&settings.name).map_err(|e| ClusterError::Supervise(e.to_string()))?;
-        let listen = match settings.listen {
-            Some(a) if a.port() == 0 => Some(free_port(a).map_err(|why| ClusterError::Listen {
-                name: settings.name.clone(),
-                addr: a.to_string(),
-                why,
-            })?),
-            other => other,
+        let cannot = |addr: String, why: String| ClusterError::Listen {
+            name: settings.name.clone(),
+            addr,
+            why,
         };
-        // A client-only node still runs a listener (ractor_cluster has no
-        // other mode): a free loopback port it never announces.
-        let bind = match listen {
-            Some(a) => a,
-            None => free_port(SocketAddr::from(([127, 0, 0, 1], 0))).map_err(|why| {
-                ClusterError::Listen {
-                    name: settings.name.clone(),
-                    addr: "127.0.0.1:0".into(),
-                    why,
-                }
-            })?,
+        let tls = settings.tls.clone();
+        // A TLS node accepts on its own listener (see `tls`).
+        let front = match (&tls, settings.listen) {
+            (Some(t), Some(a)) if t.accepts() => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|e| cannot(a.to_string(), e.to_string()))?,
+            ),
+            _ => None,
         };
+        let listen = match (&front, settings.listen) {
+            (Some(l), _) => Some(
+                l.local_addr()
+                    .map_err(|e| cannot("?".into(), e.to_string()))?,
+            ),
+            (None, Some(a)) if a.port() == 0 => {
+                Some(free_port(a).map_err(|why| cannot(a.to_string(), why))?)
+            }
+            (None, other) => other,
+        };
+        // A client-only node, and the node server behind a TLS listener,
+        // still run a listener (ractor_cluster has no other mode): a free
+        // loopback port never announced.
+        let bind = match (listen, &front) {
+            (Some(a), None) => a,
+            _ => free_port(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .map_err(|why| cannot("127.0.0.1:0".into(), why))?,
+        };
+        // Over TLS, peers are only the ones dialled: a peer's peers are
+        // known by that hidden port, and would be dialled in plain TCP.
+        let mode = tls
+            .as_ref()
+            .map(|_| ractor_cluster::node::NodeConnectionMode::Isolated);
         let server = NodeServer::new(
             bind.port(),
             settings.cookie.clone(),
             settings.name.clone(),
             bind.ip().to_string(),
             None,
-            None,
+            mode,
         )
         .with_listen_addr(bind.ip());
         let server = ctx
@@ -449,10 +472,19 @@ impl Cluster {
             heartbeat(beat, stop)
         })
         .map_err(|e| ClusterError::Supervise(e.to_string()))?;
+        if let (Some(front), Some(t), Some(addr)) = (front, tls.clone(), listen) {
+            let (actor, owner) = (server.actor().clone(), ctx.clone());
+            ctx.spawn_task(
+                TaskSpec::new("tls-listener", format!("tls/{addr}")),
+                move |stop| tls::accept(front, t, actor, owner, stop),
+            )
+            .map_err(|e| ClusterError::Supervise(e.to_string()))?;
+        }
         Ok(Arc::new(Cluster {
             shared,
             server,
             listen,
+            tls,
             ctx: ctx.clone(),
             next: AtomicU32::new(0),
         }))
@@ -494,9 +526,21 @@ impl Cluster {
             let key = addr.to_string();
             let mut changes = self.shared.changed.subscribe();
             lock(&self.shared.sessions).remove(&key);
-            client_connect(self.server.actor(), addr)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
+            match &self.tls {
+                None => client_connect(self.server.actor(), addr).await,
+                Some(t) => {
+                    let name = tls::server_name(&peer.addr).map_err(&failed)?;
+                    client_connect_enc(self.server.actor(), addr, t.connector().clone(), name).await
+                }
+            }
+            .map_err(|e| {
+                failed(match e {
+                    ractor_cluster::ClientConnectErr::Encryption(e) => {
+                        format!("the TLS handshake failed: {e}")
+                    }
+                    other => other.to_string(),
+                })
+            })?;
             loop {
                 if let Some(h) = self.host(&peer.name) {
                     return Ok(h);
@@ -504,7 +548,8 @@ impl Cluster {
                 match lock(&self.shared.sessions).get(&key) {
                     Some(Session::Closed) => {
                         return Err(failed(
-                            "the peer closed the session before it was ready (a wrong cookie?)"
+                            "the peer closed the session before it was ready (a wrong cookie? \
+                             a node that takes TLS only, dialled without --tls-ca?)"
                                 .into(),
                         ));
                     }
