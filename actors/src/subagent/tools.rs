@@ -234,7 +234,7 @@ impl Tool for SubagentTool {
             parent.adopt_for_step(run.agent().clone());
             let result = run.result().await;
             if result.stop_reason != StopReason::Completed {
-                let mut message = format!("Error: {}", result.stop_reason.as_str());
+                let mut message = format!("the subagent stopped: {}", result.stop_reason.as_str());
                 if let Some(d) = &result.diagnostic {
                     message.push_str(&format!("\n{d}"));
                 }

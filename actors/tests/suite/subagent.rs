@@ -228,7 +228,7 @@ async fn a_child_failing_after_publication_is_an_error_result_and_the_parent_goe
     let r = results(&parent);
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].1.as_deref(), Some("SUBAGENT_FAILED"));
-    assert!(r[0].2.contains("Error: error"), "{}", r[0].2);
+    assert!(r[0].2.contains("the subagent stopped: error"), "{}", r[0].2);
     assert!(r[0].2.contains("OVERLOADED"), "{}", r[0].2);
     h.rt.shutdown().await;
 }
