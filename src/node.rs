@@ -14,7 +14,7 @@ use std::time::Duration;
 use dsh_actors::cluster::host::{self, HostSettings};
 use dsh_actors::cluster::remote::RemoteProvider;
 use dsh_actors::cluster::tls::Tls;
-use dsh_actors::cluster::wire::{Request, TreeView};
+use dsh_actors::cluster::wire::{Hello, Request, TreeView};
 use dsh_actors::cluster::{Cluster, ClusterSettings, Peer, Placement};
 use dsh_actors::subagent::Subagents;
 use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
@@ -297,11 +297,24 @@ async fn print_trees(rt: &Runtime, args: &ClusterArgs, json: bool) -> exit::Resu
             .call(&Request::Tree {}, JOIN_TIMEOUT)
             .await
             .map_err(|e| Exit::failed(format!("the tree of {peer}: {e}")))?;
+        let hello: Hello = host
+            .call(&Request::Hello {}, JOIN_TIMEOUT)
+            .await
+            .map_err(|e| Exit::failed(format!("the capacity of {peer}: {e}")))?;
         if json {
-            let both = serde_json::json!({"nodes": view.nodes, "stopped": view.stopped});
+            let both = serde_json::json!({
+                "nodes": view.nodes,
+                "stopped": view.stopped,
+                "capacity": {"maxAgents": hello.max_agents, "agents": hello.agents},
+            });
             all.insert(view.node, both);
         } else {
-            crate::outln!("node {peer}:\n{}", view.text);
+            crate::outln!(
+                "node {peer} (holds {} of {} children):\n{}",
+                hello.agents,
+                hello.max_agents,
+                view.text
+            );
         }
     }
     if json {

@@ -436,6 +436,7 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     let shown = text(&tree.stdout);
     assert!(tree.status.success(), "{}", text(&tree.stderr));
     assert!(shown.starts_with("node b@"), "{shown}");
+    assert!(shown.contains("(holds 3 of 64 children)"), "{shown}");
     assert!(shown.contains("host/b [node-host]"), "{shown}");
     assert!(shown.contains("parent/client-"), "{shown}");
     assert_eq!(shown.matches("driver/").count(), 3, "{shown}");
@@ -757,4 +758,150 @@ fn a_tls_node_takes_only_peers_that_trust_its_certificate_and_a_silent_peer_stal
     assert_eq!(usage.status.code(), Some(2));
     assert!(text(&usage.stderr).contains("fan.js: holds no CERTIFICATE block"));
     assert_eq!(b.headers().len(), 2, "nothing else ran on b");
+}
+
+#[test]
+fn a_node_that_leaves_cleanly_ends_its_childrens_turns_before_it_goes() {
+    let mut b = Node::hanging("b", "29.5");
+    let dir = parent_dir();
+    let peer = b.peer();
+    let parent = fan(
+        &dir,
+        &topics(2),
+        &["--nodes", &peer, "--cookie-env", COOKIE_VAR],
+        COOKIE,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    super::until_blocking("b's children never ran their command", || {
+        sleeping("29.5") == 2
+    });
+    // SIGTERM: b drains its children, then leaves.
+    let pid = b.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = b.child.wait().unwrap();
+    assert!(status.code().is_some(), "b ended by itself: {status:?}");
+    // Before it went, each child's command was stopped and its log ended
+    // with its turn, aborted.
+    assert_eq!(sleeping("29.5"), 0);
+    let store = b.dir.join("sessions");
+    let hs = b.headers();
+    assert_eq!(hs.len(), 2, "{hs:?}");
+    for h in &hs {
+        let log = log_of(&store, h["id"].as_str().unwrap());
+        let last: Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+        assert_eq!(last["type"], "turn/end", "{log}");
+        assert_eq!(last["data"]["reason"]["kind"], "aborted", "{log}");
+    }
+    // The parent did not hang on the node that left: both children failed
+    // and the workflow answered.
+    let out = parent.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let value: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        value["r"].as_array().unwrap().iter().all(Value::is_null),
+        "{value}\n{err}"
+    );
+}
+
+#[test]
+fn a_prompt_too_large_for_the_wire_fails_its_child_and_the_node_serves_on() {
+    let b = Node::start("b", &["--demo-model"]);
+    let dir = parent_dir();
+    let huge = "x".repeat(4_300_000);
+    let call = |prompt: &str| serde_json::json!({"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "d", "prompt": prompt}}]});
+    let script = serde_json::json!({"steps": [call(&huge), call("Write one line about actors."), {"text": "done"}]});
+    std::fs::write(dir.join("huge.json"), script.to_string()).unwrap();
+    let run = run_on(&dir, "Delegate twice.", "huge.json", &b);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let session = headers(&dir.join("sessions"))
+        .into_iter()
+        .find(|h| h.get("parentSession").is_none())
+        .unwrap();
+    let log = log_of(&dir.join("sessions"), session["id"].as_str().unwrap());
+    let results: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "tool/result")
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    // Refused before it was sent, saying why; the next child is answered.
+    let first = results[0].to_string();
+    assert!(
+        first.contains("BAD_REQUEST") && first.contains("at most 4194304"),
+        "{first}"
+    );
+    assert_eq!(results[0]["data"]["message"]["content"][0]["isError"], true);
+    let second = results[1].to_string();
+    assert!(
+        results[1]["data"]["message"]["content"][0]["isError"] == false
+            && second.contains("actors: "),
+        "{second}"
+    );
+    // Nothing that large reached b: its first child never ran a turn.
+    let store = b.dir.join("sessions");
+    let sizes: Vec<usize> = b
+        .headers()
+        .iter()
+        .map(|h| log_of(&store, h["id"].as_str().unwrap()).len())
+        .collect();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(sizes.iter().all(|s| *s < 1 << 20), "{sizes:?}");
+}
+
+#[test]
+fn a_full_node_leaves_the_room_group_and_round_robin_passes_it_by() {
+    let dir = parent_dir();
+    let bdir = fresh_dir("dsh-node").unwrap();
+    std::fs::create_dir_all(bdir.join("sessions")).unwrap();
+    let script = hanging_script(&bdir, "29.6");
+    let script = script.to_str().unwrap();
+    let b = Node::start_in(
+        "b",
+        &["--script", script, "--max-agents", "1"],
+        bdir.clone(),
+    );
+    let c = Node::hanging("c", "29.6");
+    // Three background children, one a step: b takes the first and is
+    // full; the third would be b's turn, and goes to c.
+    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
+    let steps = format!(r#"{{"steps": [{start}, {start}, {start}, {{"text": "started"}}]}}"#);
+    std::fs::write(dir.join("three.json"), steps).unwrap();
+    let nodes = format!("{},{}", b.peer(), c.peer());
+    let args = [
+        "run",
+        "Start three.",
+        "--script",
+        "three.json",
+        "--nodes",
+        &nodes,
+    ];
+    let run = parent(&dir, &args, COOKIE)
+        .args(["--cookie-env", COOKIE_VAR])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let session = headers(&dir.join("sessions"))
+        .into_iter()
+        .find(|h| h.get("parentSession").is_none())
+        .unwrap();
+    let log = log_of(&dir.join("sessions"), session["id"].as_str().unwrap());
+    let errors = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "tool/result")
+        .filter(|e| e["data"]["message"]["content"][0]["isError"] == true)
+        .count();
+    assert_eq!(errors, 0, "{log}");
+    assert_eq!(b.headers().len(), 1, "b holds one child at most");
+    assert_eq!(c.headers().len(), 2);
 }

@@ -15,6 +15,8 @@
 //!   a scope left empty goes with its last child.
 //! - `watch` answers what changed in the asking node's children's
 //!   subtrees ([`super::mirror`]), so its tree can show them.
+//! - While it holds fewer children than its maximum, the host is in the
+//!   [`ROOM_GROUP`] process group too: parents place only on hosts there.
 //! - When a parent node leaves, its scopes are disposed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -37,7 +39,7 @@ use super::mirror::Watcher;
 use super::wire::{
     self, Hello, HostMsg, Notice, OpenChild, Opened, Request, TreeView, TurnDone, WireError,
 };
-use super::{Cluster, ClusterError, HOSTS_GROUP, lock};
+use super::{Cluster, ClusterError, HOSTS_GROUP, ROOM_GROUP, lock};
 use crate::agent::{Agent, AgentSpec};
 
 /// The longest label and persona a host takes.
@@ -83,6 +85,11 @@ struct Hosted {
     /// What each parent node watching its children's subtrees is sent (a
     /// watch waits its turn behind the one before it).
     watchers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Watcher>>>>,
+    /// The host actor, once started.
+    me: std::sync::OnceLock<ractor::ActorCell>,
+    /// Whether it is in [`ROOM_GROUP`] (taken before `children` and
+    /// `opening`, and never inside another lock).
+    roomy: Mutex<bool>,
 }
 
 /// The largest answer a host sends (a child's final text, its result).
@@ -130,6 +137,8 @@ pub async fn serve(cluster: &Arc<Cluster>, settings: HostSettings) -> Result<(),
         scopes: Mutex::default(),
         left: Mutex::default(),
         watchers: Mutex::default(),
+        me: std::sync::OnceLock::new(),
+        roomy: Mutex::new(false),
     });
     let gone = hosted.clone();
     cluster.on_left(move |node| gone.node_left(node));
@@ -163,6 +172,8 @@ impl Actor for Host {
         hosted: Arc<Hosted>,
     ) -> Result<Arc<Hosted>, ActorProcessingErr> {
         ractor::pg::join(HOSTS_GROUP.into(), vec![me.get_cell()]);
+        let _ = hosted.me.set(me.get_cell());
+        hosted.advertise();
         Ok(hosted)
     }
 
@@ -222,6 +233,7 @@ impl Actor for Host {
         _hosted: &mut Arc<Hosted>,
     ) -> Result<(), ActorProcessingErr> {
         ractor::pg::leave(HOSTS_GROUP.into(), vec![me.get_cell()]);
+        ractor::pg::leave(ROOM_GROUP.into(), vec![me.get_cell()]);
         Ok(())
     }
 }
@@ -239,6 +251,24 @@ impl Hosted {
         if let Err(e) = self.ctx.spawn_task(spec, move |_stop| work) {
             tracing::warn!("host: cannot {kind} {child}: {e}");
         }
+    }
+
+    /// Keeps the host in [`ROOM_GROUP`] exactly while it has room for a
+    /// child (joined and left on the change only).
+    fn advertise(&self) {
+        let mut roomy = lock(&self.roomy);
+        let held = lock(&self.children).len() + lock(&self.opening).len();
+        let room = held < self.settings.max_agents as usize;
+        if *roomy == room {
+            return;
+        }
+        let Some(me) = self.me.get() else { return };
+        if room {
+            ractor::pg::join(ROOM_GROUP.into(), vec![me.clone()]);
+        } else {
+            ractor::pg::leave(ROOM_GROUP.into(), vec![me.clone()]);
+        }
+        *roomy = room;
     }
 
     fn hello(&self) -> Hello {
@@ -321,8 +351,10 @@ impl Hosted {
             }
             opening.insert(id.clone(), key);
         }
+        self.advertise();
         let made = self.make(open).await;
         lock(&self.opening).remove(&id);
+        self.advertise();
         made
     }
 
@@ -536,6 +568,7 @@ impl Hosted {
         let Some(c) = lock(&self.children).remove(child) else {
             return Err(not_found(child));
         };
+        self.advertise();
         c.agent.dispose().await;
         self.drop_scope_if_empty(&c.scope).await;
         Ok(())
@@ -570,6 +603,7 @@ impl Hosted {
             return;
         }
         lock(&self.children).retain(|_, c| c.scope.0 != node);
+        self.advertise();
         tracing::warn!(
             "host: node `{node}` left; disposing its {} scope(s)",
             scopes.len()

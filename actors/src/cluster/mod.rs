@@ -45,6 +45,11 @@ use self::wire::{Hello, HostMsg, Request, WireError};
 /// The process group every serving host joins.
 pub const HOSTS_GROUP: &str = "dsh.hosts";
 
+/// The process group a host is in while it has room for another child (it
+/// leaves it when full and joins again when a child goes): its free slots,
+/// as every node sees them without asking.
+pub const ROOM_GROUP: &str = "dsh.hosts.room";
+
 /// The failure code of a child whose node died or cannot be reached.
 pub const NODE_DOWN: &str = "NODE_DOWN";
 
@@ -206,6 +211,14 @@ impl RemoteHost {
     /// Room left, as of the last ping.
     pub fn free(&self) -> u32 {
         self.max_agents.saturating_sub(self.load())
+    }
+
+    /// Whether it advertises room for a child ([`ROOM_GROUP`]).
+    pub fn has_room(&self) -> bool {
+        let id = self.actor.get_id();
+        ractor::pg::get_members(&ROOM_GROUP.to_owned())
+            .iter()
+            .any(|c| c.get_id() == id)
     }
 
     /// Counts a child opened there (until the next ping says how many).
@@ -586,17 +599,19 @@ impl Cluster {
     pub fn place(&self, placement: &Placement) -> Option<Arc<RemoteHost>> {
         let hosts = self.hosts();
         match placement {
+            // A named node is asked even when full: it says so.
             Placement::Node(name) => hosts.into_iter().find(|h| &h.node == name),
             Placement::LeastLoaded => hosts
                 .into_iter()
-                .filter(|h| h.free() > 0)
+                .filter(|h| h.free() > 0 && h.has_room())
                 .min_by_key(|h| (h.load(), h.node.clone())),
             Placement::RoundRobin => {
-                if hosts.is_empty() {
+                let roomy: Vec<_> = hosts.into_iter().filter(|h| h.has_room()).collect();
+                if roomy.is_empty() {
                     return None;
                 }
                 let n = self.next.fetch_add(1, Ordering::Relaxed) as usize;
-                hosts.get(n % hosts.len()).cloned()
+                roomy.get(n % roomy.len()).cloned()
             }
         }
     }
