@@ -18,7 +18,7 @@ pub(super) struct Node {
     child: Child,
     addr: String,
     name: String,
-    dir: PathBuf,
+    pub(super) dir: PathBuf,
 }
 
 impl Drop for Node {
@@ -88,7 +88,7 @@ impl Node {
     }
 
     /// The headers of the sessions stored on this node.
-    fn headers(&self) -> Vec<Value> {
+    pub(super) fn headers(&self) -> Vec<Value> {
         headers(&self.dir.join("sessions"))
     }
 }
@@ -106,7 +106,7 @@ fn headers(store: &Path) -> Vec<Value> {
     out
 }
 
-fn log_of(store: &Path, id: &str) -> String {
+pub(super) fn log_of(store: &Path, id: &str) -> String {
     std::fs::read_to_string(store.join(id).join("session.jsonl")).unwrap_or_default()
 }
 

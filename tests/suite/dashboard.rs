@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsh::actors::agent::{Agent, AgentSpec};
-use dsh::kernel::{Runtime, RuntimeSettings};
+use dsh::kernel::{Runtime, RuntimeSettings, Status};
 use dsh::services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, LlmRuntime, ToolSchema,
 };
@@ -258,5 +258,63 @@ async fn the_page_shows_a_pending_approval_and_answers_it() {
             e.kind() == "tool/result" && e.to_line().contains("approved-from-the-page\\n")
         });
     assert!(ran, "the approved call ran");
+    rt.shutdown().await;
+}
+
+/// Nodes of another machine, as a parent's tree mirrors them: the page
+/// names their node, marks a lost one, and shows a hostile kind as text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_mirrored_nodes_with_their_node_and_a_hostile_kind_as_text() {
+    use dsh::kernel::tree::{Form, Mirrored};
+    let peers = super::peers::peers();
+    let (rt, base) = serve_page("board", Arc::new(Board)).await;
+    let tree = rt.tree();
+    let part = tree.park(
+        "remote-child",
+        "b/subagent/m1".into(),
+        Some(rt.root().fiber().id()),
+        Arc::new(|| serde_json::Value::Null),
+    );
+    let mirrored = |kind: &str, name: &str, form| Mirrored {
+        node: "b".into(),
+        form,
+        kind: kind.into(),
+        name: name.into(),
+        status: Status::Active,
+        started_ms: 0,
+        summary: serde_json::json!({"agent": "m1"}),
+    };
+    let hostile = "<img src=x onerror=\"window.pwned=1\">";
+    let scope = tree.mirror(part, mirrored(hostile, "scope/subagent/m1", Form::Fiber));
+    let driver = tree.mirror(scope, mirrored("agent", "driver/m1", Form::Task));
+    assert!(tree.lose(driver));
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser/mirror.cjs");
+    let out = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(&base)
+        .env(
+            "PLAYWRIGHT_CORE",
+            peers.join("npm/node_modules/playwright-core"),
+        )
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(WAIT, out).await.unwrap().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser script failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let scope_row = seen["scope"].as_str().unwrap();
+    assert!(scope_row.contains(hostile), "shown as text: {scope_row}");
+    assert!(scope_row.contains("fiber on b"), "{scope_row}");
+    let driver_row = seen["driver"].as_str().unwrap();
+    assert!(
+        driver_row.contains("lost") && driver_row.contains("task on b"),
+        "{driver_row}"
+    );
+    assert_eq!(seen["injected"], 0, "the hostile kind ran");
     rt.shutdown().await;
 }

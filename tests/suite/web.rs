@@ -1099,3 +1099,112 @@ async fn serve_joins_the_nodes_it_is_given() {
     assert!(kinds.contains(&"cluster-watch"), "{tree}");
     assert!(terminate(child).await.success());
 }
+
+/// The child of `parent` on node `b`, continued: the API's tree shows its
+/// subtree there (marked with the node) while it lives, and a later
+/// message is its next turn on that node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows_in_the_api_tree() {
+    use super::cluster::{COOKIE, Node, log_of};
+    use dsh::actors::cluster::remote::RemoteProvider;
+    use dsh::actors::cluster::{Cluster, ClusterSettings, Placement};
+    use dsh::actors::subagent::{StartRequest, Subagents};
+    let b = Node::start("b", &["--demo-model"]);
+    let (rt, base) = serve_agents(true).await;
+    let root = rt.root();
+    let settings = ClusterSettings {
+        name: "a".into(),
+        cookie: COOKIE.into(),
+        listen: None,
+        tls: None,
+    };
+    let cluster = Cluster::start(&root, settings).await.unwrap();
+    let peer = b.peer().parse().unwrap();
+    cluster.connect(&peer, WAIT).await.unwrap();
+    let subagents = root.get::<Subagents>(Subagents::SERVICE).unwrap();
+    let provider = RemoteProvider::new(cluster.clone(), Placement::RoundRobin);
+    subagents.register(&root, Arc::new(provider)).unwrap();
+    let c = client();
+    let (parent_id, parent) = created_idle(&c, &base, &rt, "Write one line about parents.").await;
+
+    let request = StartRequest::new(
+        &parent,
+        "Write one line about actors.",
+        tokio_util::sync::CancellationToken::new(),
+    );
+    let id = subagents
+        .start_continuable("remote", "helper", request)
+        .await
+        .unwrap();
+    let proxy = agent(&rt, &id);
+    super::until("the child's first turn never ended", || {
+        proxy.last_turn().is_some_and(|t| t.turn == 1)
+    })
+    .await;
+    assert!(proxy.last_turn().unwrap().text.starts_with("actors:"));
+    // The API's tree: under the proxy's part, the child's scope on b.
+    let part = "b/subagent/";
+    let mut tree = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        tree = get_json(&c, format!("{base}/api/tree"))
+            .await
+            .as_array()
+            .unwrap()
+            .clone();
+        if tree
+            .iter()
+            .any(|n| n["node"] == "b" && n["kind"] == "scope")
+        {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let the_part = tree
+        .iter()
+        .find(|n| n["kind"] == "remote-child" && n["name"].as_str().unwrap().starts_with(part))
+        .unwrap_or_else(|| panic!("{tree:#?}"));
+    let scope = tree
+        .iter()
+        .find(|n| n["node"] == "b" && n["kind"] == "scope")
+        .unwrap_or_else(|| panic!("{tree:#?}"));
+    assert_eq!(scope["parent"], the_part["id"], "{tree:#?}");
+    assert!(scope["id"].as_u64().unwrap() >= dsh::kernel::tree::PARKED_IDS);
+    assert!(
+        tree.iter()
+            .any(|n| n["node"] == "b" && n["parent"] == scope["id"] && n["kind"] == "session"),
+        "{tree:#?}"
+    );
+
+    // A later message is the child's next turn, on b, in the same session.
+    subagents
+        .send(&parent, &id, "Write one line about nodes.")
+        .await
+        .unwrap();
+    super::until("the child's second turn never ended", || {
+        proxy.last_turn().is_some_and(|t| t.turn == 2)
+    })
+    .await;
+    assert!(proxy.last_turn().unwrap().text.starts_with("nodes:"));
+    // b's store has it once b's writer flushed (a batch window later).
+    let store = b.dir.join("sessions");
+    let turns = || {
+        b.headers()
+            .first()
+            .map(|h| log_of(&store, h["id"].as_str().unwrap()))
+            .map_or(0, |log| log.matches(r#""type":"turn/end""#).count())
+    };
+    super::until("b's log never held both turns", || turns() == 2).await;
+    let hs = b.headers();
+    assert_eq!(hs.len(), 1, "{hs:?}");
+    assert_eq!(hs[0]["parentSession"], parent_id.as_str());
+
+    // Disposed, the child leaves b, and its nodes leave the parent's tree.
+    proxy.dispose().await;
+    let tree = get_json(&c, format!("{base}/api/tree")).await;
+    assert!(
+        !tree.as_array().unwrap().iter().any(|n| n["node"] == "b"),
+        "{tree:#}"
+    );
+    rt.shutdown().await;
+}
