@@ -905,3 +905,56 @@ fn a_full_node_leaves_the_room_group_and_round_robin_passes_it_by() {
     assert_eq!(b.headers().len(), 1, "b holds one child at most");
     assert_eq!(c.headers().len(), 2);
 }
+
+#[test]
+fn least_loaded_placement_goes_to_the_node_holding_the_fewest_children() {
+    let b = Node::hanging("b", "29.7");
+    let c = Node::hanging("c", "29.7");
+    // Another parent holds two children on b.
+    let dir = parent_dir();
+    let mut holder = fan(
+        &dir,
+        &topics(2),
+        &[
+            "--nodes",
+            &b.peer(),
+            "--cookie-env",
+            COOKIE_VAR,
+            "--placement",
+            "b",
+        ],
+        COOKIE,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    super::until_blocking("the holder's children never ran", || sleeping("29.7") == 2);
+    // Two more children, least-loaded: both go to c (0, then 1, against 2).
+    let other = parent_dir();
+    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
+    let steps = format!(r#"{{"steps": [{start}, {start}, {{"text": "started"}}]}}"#);
+    std::fs::write(other.join("two.json"), steps).unwrap();
+    let nodes = format!("{},{}", b.peer(), c.peer());
+    let args = [
+        "run",
+        "Start two.",
+        "--script",
+        "two.json",
+        "--nodes",
+        &nodes,
+    ];
+    let run = parent(&other, &args, COOKIE)
+        .args(["--cookie-env", COOKIE_VAR, "--placement", "least-loaded"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert_eq!(c.headers().len(), 2, "both went to c");
+    // (b's logs are stored once its writer's batch window passed.)
+    super::until_blocking("b never stored the holder's children", || {
+        b.headers().len() >= 2
+    });
+    assert_eq!(b.headers().len(), 2, "b holds only the holder's");
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
