@@ -152,6 +152,17 @@ fn run_on(dir: &Path, prompt: &str, script: &str, node: &Node) -> Output {
         .unwrap()
 }
 
+/// A script in `dir/name` that starts `n` background children through
+/// `subagent_remote`, one a step (so their start order is known), and ends
+/// its turn.
+fn background(dir: &Path, name: &str, n: usize) {
+    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
+    let mut steps = vec![start; n];
+    steps.push(r#"{"text": "started"}"#);
+    let script = format!(r#"{{"steps": [{}]}}"#, steps.join(", "));
+    std::fs::write(dir.join(name), script).unwrap();
+}
+
 /// `fan.js` over `topics`, with `cluster` options.
 fn fan(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Command {
     let args = serde_json::json!({ "topics": topics }).to_string();
@@ -647,9 +658,7 @@ fn a_parent_torn_down_stops_its_children_on_the_node_in_reverse_start_order() {
     // Three background children, one a step (so their start order is
     // known), each left running its command on b; then the run ends and
     // its agent is torn down with them.
-    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
-    let script = format!(r#"{{"steps": [{start}, {start}, {start}, {{"text": "started"}}]}}"#);
-    std::fs::write(dir.join("three.json"), script).unwrap();
+    background(&dir, "three.json", 3);
     let run = run_on(&dir, "Start three.", "three.json", &b);
     let peer = b.peer();
     assert!(run.status.success(), "{}", text(&run.stderr));
@@ -873,9 +882,7 @@ fn a_full_node_leaves_the_room_group_and_round_robin_passes_it_by() {
     let c = Node::hanging("c", "29.6");
     // Three background children, one a step: b takes the first and is
     // full; the third would be b's turn, and goes to c.
-    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
-    let steps = format!(r#"{{"steps": [{start}, {start}, {start}, {{"text": "started"}}]}}"#);
-    std::fs::write(dir.join("three.json"), steps).unwrap();
+    background(&dir, "three.json", 3);
     let nodes = format!("{},{}", b.peer(), c.peer());
     let args = [
         "run",
@@ -932,9 +939,7 @@ fn least_loaded_placement_goes_to_the_node_holding_the_fewest_children() {
     super::until_blocking("the holder's children never ran", || sleeping("29.7") == 2);
     // Two more children, least-loaded: both go to c (0, then 1, against 2).
     let other = parent_dir();
-    let start = r#"{"tool_calls": [{"name": "subagent_remote", "arguments": {"description": "wait", "prompt": "Wait.", "run_in_background": true}}]}"#;
-    let steps = format!(r#"{{"steps": [{start}, {start}, {{"text": "started"}}]}}"#);
-    std::fs::write(other.join("two.json"), steps).unwrap();
+    background(&other, "two.json", 2);
     let nodes = format!("{},{}", b.peer(), c.peer());
     let args = [
         "run",

@@ -305,18 +305,7 @@ impl Mirror {
         let Some(tree) = self.tree.get() else { return };
         let mut view = lock(&self.view);
         view.parts.remove(child);
-        let mut gone: Vec<(u64, u64)> = view
-            .shown
-            .iter()
-            .filter(|(_, s)| &*s.child == child)
-            .map(|(id, s)| (s.local, *id))
-            .collect();
-        // Children before their parents (they were shown after them).
-        gone.sort_unstable_by(|a, b| b.cmp(a));
-        for (local, id) in gone {
-            view.shown.remove(&id);
-            tree.unmirror(local, Status::Disposed, "closed with its proxy");
-        }
+        view.remove(tree, "closed with its proxy", |_, s| &*s.child == child);
     }
 
     /// The host is lost: everything shown of it, and the parts, are marked.
@@ -359,17 +348,9 @@ impl Mirror {
         if !changes.more
             && let Some(fresh) = view.fresh.take()
         {
-            let mut gone: Vec<(u64, u64)> = view
-                .shown
-                .iter()
-                .filter(|(id, _)| !fresh.contains(id))
-                .map(|(id, s)| (s.local, *id))
-                .collect();
-            gone.sort_unstable_by(|a, b| b.cmp(a));
-            for (local, id) in gone {
-                view.shown.remove(&id);
-                tree.unmirror(local, Status::Disposed, "gone from its node's tree");
-            }
+            view.remove(tree, "gone from its node's tree", |id, _| {
+                !fresh.contains(id)
+            });
         }
         drop(view);
         self.applied.send_modify(|n| *n += 1);
@@ -407,6 +388,22 @@ impl Mirror {
 }
 
 impl View {
+    /// Stops showing the nodes `which` picks, children before their
+    /// parents (they were shown after them).
+    fn remove(&mut self, tree: &Tree, reason: &str, which: impl Fn(&u64, &Shown) -> bool) {
+        let mut gone: Vec<(u64, u64)> = self
+            .shown
+            .iter()
+            .filter(|(id, s)| which(id, s))
+            .map(|(id, s)| (s.local, *id))
+            .collect();
+        gone.sort_unstable_by(|a, b| b.cmp(a));
+        for (local, id) in gone {
+            self.shown.remove(&id);
+            tree.unmirror(local, Status::Disposed, reason);
+        }
+    }
+
     /// Shows `n` (or updates it); waits when its parent is not known.
     fn upsert(&mut self, tree: &Tree, node: &Arc<str>, n: MirrorNode) {
         if let Some(s) = self.shown.get(&n.id) {
