@@ -90,7 +90,12 @@ struct Hosted {
     /// Whether it is in [`ROOM_GROUP`] (taken before `children` and
     /// `opening`, and never inside another lock).
     roomy: Mutex<bool>,
+    /// Whether a node of that name has a session with this one now.
+    connected: Box<dyn Fn(&str) -> bool + Send + Sync>,
 }
+
+/// The most parent nodes watching one host at once.
+const MAX_WATCHERS: usize = 256;
 
 /// The largest answer a host sends (a child's final text, its result).
 const MAX_ANSWER: usize = wire::MAX_REQUEST;
@@ -139,6 +144,11 @@ pub async fn serve(cluster: &Arc<Cluster>, settings: HostSettings) -> Result<(),
         watchers: Mutex::default(),
         me: std::sync::OnceLock::new(),
         roomy: Mutex::new(false),
+        connected: {
+            // Weak: the cluster's callbacks hold this host.
+            let shared = Arc::downgrade(&cluster.shared);
+            Box::new(move |node| shared.upgrade().is_some_and(|s| s.is_connected(node)))
+        },
     });
     let gone = hosted.clone();
     cluster.on_left(move |node| gone.node_left(node));
@@ -257,7 +267,10 @@ impl Hosted {
     /// child (joined and left on the change only).
     fn advertise(&self) {
         let mut roomy = lock(&self.roomy);
-        let held = lock(&self.children).len() + lock(&self.opening).len();
+        // One lock at a time (`open` holds `opening` while it takes
+        // `children`).
+        let children = lock(&self.children).len();
+        let held = children + lock(&self.opening).len();
         let room = held < self.settings.max_agents as usize;
         if *roomy == room {
             return;
@@ -296,15 +309,40 @@ impl Hosted {
         if let Err(e) = super::valid_name(&node) {
             return reply.send(Err::<(), _>(WireError::new("BAD_REQUEST", e.to_string())));
         }
+        // Only a node connected now, by the name it proved (a watcher
+        // follows the whole tree feed: none for names made up).
+        if !(self.connected)(&node) || lock(&self.left).contains(&node) {
+            return reply.send(Err::<(), _>(WireError::new(
+                "NOT_CONNECTED",
+                format!("node `{node}` has no session with this node"),
+            )));
+        }
         let tree = self.ctx.runtime().tree().clone();
-        let watcher = lock(&self.watchers)
-            .entry(node.clone())
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Watcher::new(&tree, &node))))
-            .clone();
+        let watcher = {
+            let mut watchers = lock(&self.watchers);
+            if !watchers.contains_key(&node) && watchers.len() >= MAX_WATCHERS {
+                return reply.send(Err::<(), _>(WireError::new(
+                    "BUSY",
+                    format!("{MAX_WATCHERS} nodes watch this node already"),
+                )));
+            }
+            watchers
+                .entry(node.clone())
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Watcher::new(&tree, &node))))
+                .clone()
+        };
         let spec = TaskSpec::new("watch", format!("watch/{node}"));
         let started = self.ctx.spawn_task(spec, move |stop| async move {
+            // The watch before it ends within its hold.
+            let wait = wire::WATCH_HOLD + Duration::from_secs(5);
             let mut watcher = tokio::select! {
-                w = watcher.lock() => w,
+                w = tokio::time::timeout(wait, watcher.lock()) => match w {
+                    Ok(w) => w,
+                    Err(_) => return reply.send(Err::<(), _>(WireError::new(
+                        "BUSY",
+                        "another watch of this node is still being answered",
+                    ))),
+                },
                 () = stop.cancelled() => return,
             };
             let changes = watcher.next(&tree, cursor, &stop).await;

@@ -16,10 +16,12 @@
 //!   their proxies are disposed.
 //!
 //! Nothing read from a host is trusted beyond what it shows: names and
-//! kinds are cut to a bound, and a node whose parent is unknown waits
-//! (bounded by the host's subtree) until its parent arrives or it stops.
+//! kinds are cut to a bound and cleaned of control characters, summaries
+//! are bounded, a node whose parent is unknown waits (indexed by what it
+//! waits for) until its parent arrives or it stops, and one host's shown
+//! and waiting nodes are at most [`MAX_SHOWN`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -39,6 +41,10 @@ const MAX_NODES: usize = 2000;
 const MAX_STOPS: usize = 10_000;
 /// The longest name, kind or stop reason shown for a mirrored node.
 const MAX_TEXT: usize = 200;
+/// The largest summary shown for a mirrored node, as JSON.
+const MAX_SUMMARY: usize = 16 << 10;
+/// The most nodes of one host shown (or waiting to be) here.
+const MAX_SHOWN: usize = 100_000;
 /// How long a watch may take beyond the host's hold.
 const WATCH_SLACK: Duration = Duration::from_secs(20);
 /// The longest pause after a watch failed (it doubles from one second).
@@ -183,7 +189,12 @@ impl Watcher {
                 r = self.feed.recv() => match r {
                     Ok(change) => self.absorb(change),
                     Err(RecvError::Lagged(_)) => self.rebase(tree),
-                    Err(RecvError::Closed) => break,
+                    // The tree is going (the node stops): hold on, so the
+                    // parent does not ask again at once.
+                    Err(RecvError::Closed) => tokio::select! {
+                        () = &mut hold => break,
+                        () = stop.cancelled() => break,
+                    },
                 },
                 () = &mut hold => break,
                 () = stop.cancelled() => break,
@@ -246,6 +257,27 @@ struct Shown {
     root: bool,
 }
 
+/// What a waiting node waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Wait {
+    /// Its parent, by id on the host.
+    Parent(u64),
+    /// The part of its child.
+    Part(String),
+    /// Its child's name (a child's own node that has not said whose).
+    Name,
+}
+
+impl Wait {
+    fn of(n: &MirrorNode) -> Wait {
+        match (&n.parent, &n.child) {
+            (Some(p), _) => Wait::Parent(*p),
+            (None, Some(c)) => Wait::Part(c.clone()),
+            (None, None) => Wait::Name,
+        }
+    }
+}
+
 /// This node's view of one host's subtrees (see the module docs).
 #[derive(Default)]
 struct View {
@@ -254,7 +286,11 @@ struct View {
     /// Host node id → the node shown here.
     shown: HashMap<u64, Shown>,
     /// Nodes whose parent (or child's part) is not known yet.
-    waiting: BTreeMap<u64, MirrorNode>,
+    waiting: HashMap<u64, MirrorNode>,
+    /// The waiting nodes by what they wait for.
+    blocked: HashMap<Wait, Vec<u64>>,
+    /// Whether the bound on nodes shown was reached (said once).
+    full: bool,
     /// While a fresh start is read: the host nodes it sent.
     fresh: Option<HashSet<u64>>,
     lost: bool,
@@ -297,7 +333,9 @@ impl Mirror {
         if view.lost {
             tree.lose(part);
         }
-        view.settle(tree, &self.node);
+        view.release(tree, &self.node, Wait::Part(child.to_owned()));
+        drop(view);
+        self.applied.send_modify(|n| *n += 1);
     }
 
     /// The child `child` was closed: what is shown of it goes.
@@ -306,6 +344,8 @@ impl Mirror {
         let mut view = lock(&self.view);
         view.parts.remove(child);
         view.remove(tree, "closed with its proxy", |_, s| &*s.child == child);
+        drop(view);
+        self.applied.send_modify(|n| *n += 1);
     }
 
     /// The host is lost: everything shown of it, and the parts, are marked.
@@ -331,18 +371,21 @@ impl Mirror {
         if changes.reset {
             view.fresh = Some(HashSet::new());
             view.waiting.clear();
+            view.blocked.clear();
         }
         for n in changes.nodes {
+            let id = n.id;
             if let Some(fresh) = &mut view.fresh {
-                fresh.insert(n.id);
+                fresh.insert(id);
             }
-            view.upsert(tree, node, n);
+            if view.upsert(tree, node, n) {
+                view.release(tree, node, Wait::Parent(id));
+            }
         }
-        view.settle(tree, node);
         for s in changes.stopped {
-            view.waiting.remove(&s.id);
+            view.unwait(s.id);
             if let Some(shown) = view.shown.remove(&s.id) {
-                tree.unmirror(shown.local, s.status, cut(&s.reason));
+                tree.unmirror(shown.local, s.status, &clean(&s.reason));
             }
         }
         if !changes.more
@@ -405,31 +448,48 @@ impl View {
     }
 
     /// Shows `n` (or updates it); waits when its parent is not known.
-    fn upsert(&mut self, tree: &Tree, node: &Arc<str>, n: MirrorNode) {
+    /// Shown and waiting nodes of one host are at most [`MAX_SHOWN`].
+    /// Whether it is newly shown (what waits for it may follow: see
+    /// [`View::release`]).
+    fn upsert(&mut self, tree: &Tree, node: &Arc<str>, mut n: MirrorNode) -> bool {
+        n.summary = bounded(n.summary);
         if let Some(s) = self.shown.get(&n.id) {
             tree.update_mirror(s.local, n.status, n.summary);
-            return;
+            return false;
         }
-        let at = match (&n.parent, &n.child) {
-            (None, Some(child)) => self
+        self.unwait(n.id);
+        let at = match Wait::of(&n) {
+            Wait::Part(child) => self
                 .parts
-                .get(child)
+                .get(&child)
                 .map(|part| (*part, Arc::<str>::from(child.as_str()), true)),
-            (Some(p), _) => self.shown.get(p).map(|s| (s.local, s.child.clone(), false)),
-            (None, None) => None,
+            Wait::Parent(p) => self
+                .shown
+                .get(&p)
+                .map(|s| (s.local, s.child.clone(), false)),
+            Wait::Name => None,
         };
+        if self.shown.len() + self.waiting.len() >= MAX_SHOWN {
+            if !std::mem::replace(&mut self.full, true) {
+                tracing::warn!(
+                    "mirror: node `{node}` sent more than {MAX_SHOWN} nodes; no more are shown"
+                );
+            }
+            return false;
+        }
         let Some((parent, child, root)) = at else {
+            self.blocked.entry(Wait::of(&n)).or_default().push(n.id);
             self.waiting.insert(n.id, n);
-            return;
+            return false;
         };
-        self.waiting.remove(&n.id);
+        let id = n.id;
         let local = tree.mirror(
             parent,
             Mirrored {
                 node: node.clone(),
                 form: n.form,
-                kind: cut(&n.kind).to_owned(),
-                name: cut(&n.name).to_owned(),
+                kind: clean(&n.kind),
+                name: clean(&n.name),
                 status: n.status,
                 started_ms: n.started_ms,
                 summary: n.summary,
@@ -438,44 +498,63 @@ impl View {
         if self.lost {
             tree.lose(local);
         }
-        self.shown.insert(n.id, Shown { local, child, root });
+        self.shown.insert(id, Shown { local, child, root });
+        true
     }
 
-    /// Shows the waiting nodes whose parent has arrived, until none has.
-    fn settle(&mut self, tree: &Tree, node: &Arc<str>) {
-        loop {
-            let ready: Vec<u64> = self
-                .waiting
-                .iter()
-                .filter(|(_, n)| match (&n.parent, &n.child) {
-                    (None, Some(c)) => self.parts.contains_key(c),
-                    (Some(p), _) => self.shown.contains_key(p),
-                    (None, None) => false,
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            if ready.is_empty() {
-                return;
+    /// Ends the wait of node `id`, if it waits.
+    fn unwait(&mut self, id: u64) {
+        let Some(n) = self.waiting.remove(&id) else {
+            return;
+        };
+        let key = Wait::of(&n);
+        if let Some(ids) = self.blocked.get_mut(&key) {
+            ids.retain(|w| *w != id);
+            if ids.is_empty() {
+                self.blocked.remove(&key);
             }
-            for id in ready {
-                if let Some(n) = self.waiting.remove(&id) {
-                    self.upsert(tree, node, n);
+        }
+    }
+
+    /// Shows the nodes that waited for `what`, and in turn the ones that
+    /// waited for those (a loop, not a recursion: a chain may be long).
+    fn release(&mut self, tree: &Tree, node: &Arc<str>, what: Wait) {
+        let mut next = vec![what];
+        while let Some(what) = next.pop() {
+            for id in self.blocked.remove(&what).unwrap_or_default() {
+                if let Some(n) = self.waiting.remove(&id)
+                    && self.upsert(tree, node, n)
+                {
+                    next.push(Wait::Parent(id));
                 }
             }
         }
     }
 }
 
-/// At most [`MAX_TEXT`] bytes of `s`, cut at a character boundary.
-fn cut(s: &str) -> &str {
-    if s.len() <= MAX_TEXT {
-        return s;
-    }
-    let mut end = MAX_TEXT;
+/// At most [`MAX_TEXT`] bytes of `s`, cut at a character boundary, with
+/// control characters (newlines, terminal escapes) replaced: a host's
+/// names are shown in this node's terminal and page.
+fn clean(s: &str) -> String {
+    let mut end = s.len().min(MAX_TEXT);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    &s[..end]
+    s[..end]
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
+/// A summary of at most [`MAX_SUMMARY`] bytes as JSON; a larger one is
+/// replaced by a note of its size.
+fn bounded(summary: Value) -> Value {
+    let len = serde_json::to_vec(&summary).map_or(0, |v| v.len());
+    if len <= MAX_SUMMARY {
+        summary
+    } else {
+        serde_json::json!({ "omitted": format!("a summary of {len} bytes") })
+    }
 }
 
 /// The `mirror/<host>` task: asks `host` for what changed in the subtrees
@@ -499,7 +578,9 @@ pub(super) async fn follow(host: Arc<RemoteHost>, me: String, stop: Cancellation
                 backoff = Duration::from_secs(1);
                 host.mirror.apply(changes);
             }
-            Err(e) if e.code == NODE_DOWN => {
+            // Lost, as the cluster says (a watch that timed out alone is
+            // not: it is asked again).
+            Err(e) if e.code == NODE_DOWN && host.lost().is_cancelled() => {
                 host.mirror.lose();
                 return;
             }
@@ -713,5 +794,65 @@ mod tests {
             Some(Status::Hibernated)
         );
         assert_eq!(parent.unmirror(local, Status::Failed, "no"), None);
+    }
+
+    #[tokio::test]
+    async fn a_long_chain_sent_leaves_first_is_shown_without_recursion_and_text_is_cleaned() {
+        let parent = Arc::new(Tree::new(TreeLimits::default()));
+        let part = parent.park(
+            "remote-child",
+            "b/subagent/c1".into(),
+            None,
+            summary(Value::Null),
+        );
+        let mirror = Mirror::new("b");
+        mirror.start(&parent);
+        mirror.placed("c1", part);
+        let depth = 20_000u64;
+        let node = |id: u64, parent: Option<u64>| MirrorNode {
+            id,
+            parent,
+            child: parent.is_none().then(|| "c1".to_owned()),
+            form: dsh_supervisors::tree::Form::Task,
+            kind: "k".into(),
+            name: format!("n{id}\n\u{1b}[2Jforged"),
+            status: Status::Active,
+            started_ms: 0,
+            // One summary too large to show (the root's).
+            summary: match parent {
+                None => serde_json::json!({"blob": "x".repeat(MAX_SUMMARY)}),
+                Some(_) => Value::Null,
+            },
+        };
+        // Deepest first: each waits for its parent, until the root comes.
+        let mut nodes: Vec<MirrorNode> =
+            (1..depth).rev().map(|id| node(id + 1, Some(id))).collect();
+        nodes.push(node(1, None));
+        mirror.apply(Changes {
+            cursor: 1,
+            nodes,
+            ..Changes::default()
+        });
+        let shown: Vec<NodeSnapshot> = parent
+            .snapshot()
+            .into_iter()
+            .filter(|n| n.node.is_some())
+            .collect();
+        assert_eq!(shown.len() as u64, depth);
+        assert!(lock(&mirror.view).waiting.is_empty());
+        assert!(lock(&mirror.view).blocked.is_empty());
+        let root = shown.iter().find(|n| n.parent == Some(part)).unwrap();
+        assert!(!root.name.chars().any(char::is_control), "{:?}", root.name);
+        assert!(
+            root.name.starts_with("n1\u{fffd}\u{fffd}[2Jforged"),
+            "{:?}",
+            root.name
+        );
+        let omitted = root.summary["omitted"].as_str();
+        assert!(
+            omitted.is_some_and(|s| s.contains("bytes")),
+            "{:?}",
+            root.summary
+        );
     }
 }

@@ -361,6 +361,12 @@ impl Shared {
         }
     }
 
+    fn is_connected(&self, node: &str) -> bool {
+        lock(&self.sessions)
+            .values()
+            .any(|s| matches!(s, Session::Ready { name, .. } if name == node))
+    }
+
     /// The name of the ready session of `node_id`, if any.
     fn ready_name(&self, node_id: u64) -> Option<String> {
         lock(&self.sessions).values().find_map(|s| match s {
@@ -583,6 +589,11 @@ impl Cluster {
                 peer.name
             )))
         })
+    }
+
+    /// Whether a peer named `node` has a ready session with this node.
+    pub fn is_connected(&self, node: &str) -> bool {
+        self.shared.is_connected(node)
     }
 
     /// The known host of `node`.
