@@ -333,6 +333,24 @@ pub struct ClusterArgs {
     pub tls_ca: Option<std::path::PathBuf>,
 }
 
+/// The live dashboard beside a run (`--dashboard[=ADDR]`, `--hold`).
+#[derive(clap::Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Dashboard")]
+pub struct DashboardArgs {
+    /// Serve the live dashboard of this run: alone, on a free loopback
+    /// port; `--dashboard=ADDR` picks the address (off loopback it needs
+    /// --dashboard-token-env)
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, require_equals = true,
+          default_missing_value = "127.0.0.1:0")]
+    pub dashboard: Option<String>,
+    /// The variable holding the dashboard's bearer token
+    #[arg(long, value_name = "VAR", requires = "dashboard")]
+    pub dashboard_token_env: Option<String>,
+    /// Keep the process, and the page, up after the run ends, until Ctrl-C
+    #[arg(long, requires = "dashboard")]
+    pub hold: bool,
+}
+
 /// Everything a command that creates agents takes to boot them: the model,
 /// the policy, and optionally a plugin tree serving both.
 #[derive(clap::Args, Clone, Debug, Default)]

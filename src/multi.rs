@@ -25,8 +25,8 @@ use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 
 use crate::args::{
-    AgentArgs, ClusterArgs, ConfigArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs, StoreArgs,
-    WorkspaceArgs,
+    AgentArgs, ClusterArgs, ConfigArgs, DashboardArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs,
+    StoreArgs, WorkspaceArgs,
 };
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
 use crate::stage::{Route, route, store};
@@ -214,6 +214,9 @@ pub struct WorkflowArgs {
     /// Which nodes run the children.
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// The live dashboard beside the run.
+    #[command(flatten)]
+    pub dashboard: DashboardArgs,
 }
 
 fn parse_json(what: &str, text: &str) -> exit::Result<Value> {
@@ -273,6 +276,10 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
         Ok(s) => s,
         Err(e) => return e,
     };
+    if let Err(e) = crate::serve::dashboard(&stage.rt, &opts.dashboard).await {
+        let _ = finish(stage).await;
+        return e;
+    }
     let exit = match run_workflow(&stage, script, meta, args, opts.tree, 0).await {
         Ok((value, _)) => {
             crate::outln!(
@@ -284,6 +291,7 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
         Err(e) => e,
     };
     report_logs(&stage, "workflow");
+    crate::serve::hold(&opts.dashboard).await;
     match finish(stage).await {
         Some(m) if exit.is_ok() => Exit::failed(m),
         _ => exit,
@@ -415,6 +423,9 @@ pub struct RalphArgs {
     /// Which nodes run the children.
     #[command(flatten)]
     pub cluster: ClusterArgs,
+    /// The live dashboard beside the run.
+    #[command(flatten)]
+    pub dashboard: DashboardArgs,
 }
 
 /// `dsh ralph "<objective>" --max-rounds N` / `dsh ralph --resume ID`.
@@ -471,8 +482,13 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
         let _ = finish(stage).await;
         return Exit::usage("give the objective, or --resume ID");
     }
+    if let Err(e) = crate::serve::dashboard(&stage.rt, &opts.dashboard).await {
+        let _ = finish(stage).await;
+        return e;
+    }
     let exit = run_ralph(&stage, &objective, opts.max_rounds, resume, None).await;
     report_logs(&stage, "ralph");
+    crate::serve::hold(&opts.dashboard).await;
     if exit.is_ok() {
         crate::errln!(
             "resume a cut loop with: dsh ralph --resume {}",

@@ -56,6 +56,9 @@ pub struct RunArgs {
     /// Nodes the agent may delegate to (its `subagent_remote` tool).
     #[command(flatten)]
     pub cluster: crate::args::ClusterArgs,
+    /// The live dashboard beside the run.
+    #[command(flatten)]
+    pub dashboard: crate::args::DashboardArgs,
 }
 
 /// Where the session is written, and what it continues: a resumed session
@@ -264,6 +267,7 @@ pub async fn run(args: RunArgs) -> Exit {
         Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
     };
     let exit = Exit::from(drive(&rt, &args, cwd).await);
+    crate::serve::hold(&args.dashboard).await;
     if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
         .await
         .is_err()
@@ -288,6 +292,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     if !args.cluster.nodes.is_empty() {
         crate::node::offer_remote(rt, &args.cluster).await?;
     }
+    crate::serve::dashboard(rt, &args.dashboard).await?;
     let agent = Agent::create(&root, spec)
         .await
         .map_err(|e| Exit::failed(format!("cannot create the agent: {e}")))?;

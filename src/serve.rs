@@ -3,7 +3,9 @@
 
 use dsh_supervisors::{Error, Runtime, RuntimeSettings};
 
-use crate::args::{AgentArgs, MODEL_PRECEDENCE};
+use std::sync::Arc;
+
+use crate::args::{AgentArgs, DashboardArgs, MODEL_PRECEDENCE};
 use crate::exit::{self, Exit};
 use crate::stage::{Purpose, boot};
 use crate::web::{Web, WebConfig, WebServer};
@@ -47,27 +49,61 @@ async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
     if !args.cluster.nodes.is_empty() {
         crate::node::offer_remote(rt, &args.cluster).await?;
     }
-    let root = rt.root();
-    // A config's own `web` entry serves; else one from the flags.
-    let web = match root.get::<WebServer>(WebServer::SERVICE) {
-        Some(w) => w,
-        None => {
-            let config = WebConfig {
-                bind: args.bind,
-                token_env: args.token_env,
-                mutations: args.mutations,
-            };
-            root.plugin(Web, config).await.map_err(|e| match e {
-                Error::PluginFailed { reason, .. } => Exit::usage(reason),
-                other => Exit::failed(other.to_string()),
-            })?;
-            root.get::<WebServer>(WebServer::SERVICE)
-                .ok_or_else(|| Exit::failed("the web plugin provided no server"))?
-        }
+    let config = WebConfig {
+        bind: args.bind,
+        token_env: args.token_env,
+        mutations: args.mutations,
     };
+    let web = web(rt, config).await?;
     // One line on stdout: where to connect (tests and scripts read it).
     crate::outln!("dsh serve: listening on http://{}", web.local_addr());
     // Ctrl-C, SIGTERM or SIGHUP: the normal end of a server (exit 0).
     let _ = crate::exit::stop_signal().await;
     Ok(())
+}
+
+/// The runtime's web server: a config's own `web` entry, else one started
+/// with `config`.
+async fn web(rt: &Runtime, config: WebConfig) -> exit::Result<Arc<WebServer>> {
+    let root = rt.root();
+    if let Some(w) = root.get::<WebServer>(WebServer::SERVICE) {
+        return Ok(w);
+    }
+    root.plugin(Web, config).await.map_err(|e| match e {
+        Error::PluginFailed { reason, .. } => Exit::usage(reason),
+        other => Exit::failed(other.to_string()),
+    })?;
+    root.get::<WebServer>(WebServer::SERVICE)
+        .ok_or_else(|| Exit::failed("the web plugin provided no server"))
+}
+
+/// With `--dashboard`: serves the page of `rt` (its tree, its agents; the
+/// page may cancel and steer them), and says where on stderr.
+pub async fn dashboard(rt: &Runtime, args: &DashboardArgs) -> exit::Result<()> {
+    let Some(bind) = &args.dashboard else {
+        return Ok(());
+    };
+    let config = WebConfig {
+        bind: bind.clone(),
+        token_env: args.dashboard_token_env.clone(),
+        mutations: true,
+    };
+    let web = web(rt, config).await?;
+    let token = args
+        .dashboard_token_env
+        .as_deref()
+        .and_then(|var| std::env::var(var).ok())
+        .map(|t| format!("?token={t}"))
+        .unwrap_or_default();
+    crate::errln!("dsh: dashboard at http://{}/{token}", web.local_addr());
+    Ok(())
+}
+
+/// With `--hold`: keeps the process, and the page, up until Ctrl-C,
+/// SIGTERM or SIGHUP.
+pub async fn hold(args: &DashboardArgs) {
+    if args.hold && args.dashboard.is_some() {
+        crate::errln!("dsh: the run ended; the dashboard stays up until Ctrl-C");
+        let _ = crate::exit::stop_signal().await;
+    }
 }

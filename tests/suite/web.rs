@@ -1208,3 +1208,70 @@ async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows
     );
     rt.shutdown().await;
 }
+
+/// `dsh workflow … --dashboard --hold`: the page of the run's own runtime,
+/// kept up after the run until SIGTERM; its API saw the children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-dashboard-run").unwrap();
+    std::fs::write(
+        dir.join("fan.js"),
+        "const r = await Promise.all(['a','b','c'].map(t => agent('Write one line about ' + t + '.')));\nreturn {r};\n",
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args([
+            "workflow",
+            "fan.js",
+            "--demo-model",
+            "--dashboard",
+            "--hold",
+        ])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut base = None;
+    loop {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("the workflow narrates")
+            .unwrap()
+            .expect("a line before the hold");
+        if let Some(url) = line.strip_prefix("dsh: dashboard at ") {
+            base = Some(url.trim_end_matches('/').to_owned());
+        }
+        if line.contains("the dashboard stays up") {
+            break;
+        }
+    }
+    let base = base.expect("the URL was printed");
+    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    // The run is over and the page is still served, with what it ran.
+    let c = client();
+    let page = c.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let stopped = get_json(&c, format!("{base}/api/tree/stopped")).await;
+    let children = stopped
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| {
+            n["name"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("scope/subagent/")
+        })
+        .count();
+    assert_eq!(children, 3, "{stopped:#}");
+    // SIGTERM ends the hold; the run's own result stands.
+    assert!(terminate(child).await.success());
+}
