@@ -93,7 +93,8 @@ pub async fn dashboard(rt: &Runtime, args: &DashboardArgs) -> exit::Result<()> {
         .dashboard_token_env
         .as_deref()
         .and_then(|var| std::env::var(var).ok())
-        .map(|t| format!("?token={t}"))
+        // The page reads its token from the fragment, which is never sent.
+        .map(|t| format!("#token={t}"))
         .unwrap_or_default();
     crate::errln!("dsh: dashboard at http://{}/{token}", web.local_addr());
     Ok(())

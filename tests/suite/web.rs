@@ -1275,3 +1275,54 @@ async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
     // SIGTERM ends the hold; the run's own result stands.
     assert!(terminate(child).await.success());
 }
+
+/// A run's dashboard with a token: the URL printed carries it in the
+/// fragment, and a request without it, or with another, is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_dashboard_with_a_token_refuses_requests_without_it() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-dashboard-token").unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["run", "Write one line about tokens.", "--demo-model"])
+        .args([
+            "--dashboard=127.0.0.1:0",
+            "--dashboard-token-env",
+            "DSH_TEST_DASH_TOKEN",
+            "--hold",
+        ])
+        .arg("--sessions-dir")
+        .arg(dir.join("sessions"))
+        .env("DSH_TEST_DASH_TOKEN", "s3cret")
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("the run narrates")
+            .unwrap()
+            .expect("the dashboard line");
+        if let Some(url) = line.strip_prefix("dsh: dashboard at ") {
+            break url.to_owned();
+        }
+    };
+    let (base, token) = url
+        .split_once("/#token=")
+        .expect("the token in the fragment");
+    assert_eq!(token, "s3cret");
+    let c = client();
+    let tree = format!("{base}/api/tree");
+    let bare = c.get(&tree).send().await.unwrap();
+    assert_eq!(bare.status(), 401);
+    let forged = c.get(&tree).bearer_auth("guess").send().await.unwrap();
+    assert_eq!(forged.status(), 401);
+    let good = c.get(&tree).bearer_auth(token).send().await.unwrap();
+    assert_eq!(good.status(), 200);
+    assert!(terminate(child).await.success());
+}
