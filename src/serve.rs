@@ -103,7 +103,7 @@ pub async fn dashboard(rt: &Runtime, args: &DashboardArgs) -> exit::Result<()> {
 /// With `--hold`: keeps the process, and the page, up until Ctrl-C,
 /// SIGTERM or SIGHUP.
 pub async fn hold(args: &DashboardArgs) {
-    if args.hold && args.dashboard.is_some() {
+    if args.hold {
         crate::errln!("dsh: the run ended; the dashboard stays up until Ctrl-C");
         let _ = crate::exit::stop_signal().await;
     }

@@ -223,30 +223,7 @@ async fn the_page_shows_a_pending_approval_and_answers_it() {
     agent
         .followup(dsh::services::llm::Message::user_text("go"))
         .unwrap();
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser/approvals.cjs");
-    let out = tokio::time::timeout(
-        WAIT,
-        tokio::process::Command::new("node")
-            .arg(&script)
-            .arg(&base)
-            .env(
-                "PLAYWRIGHT_CORE",
-                peers.join("npm/node_modules/playwright-core"),
-            )
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .expect("the browser test finishes")
-    .expect("node runs");
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the browser script failed: {report} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let seen = browser_report(&peers, "approvals.cjs", &base).await;
     let shown = seen["shown"].as_str().unwrap();
     assert!(
         shown.contains("bash") && shown.contains("shown in the dashboard"),
@@ -288,25 +265,7 @@ async fn the_page_shows_mirrored_nodes_with_their_node_and_a_hostile_kind_as_tex
     let scope = tree.mirror(part, mirrored(hostile, "scope/subagent/m1", Form::Fiber));
     let driver = tree.mirror(scope, mirrored("agent", "driver/m1", Form::Task));
     assert!(tree.lose(driver));
-    let script =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/browser/mirror.cjs");
-    let out = tokio::process::Command::new("node")
-        .arg(&script)
-        .arg(&base)
-        .env(
-            "PLAYWRIGHT_CORE",
-            peers.join("npm/node_modules/playwright-core"),
-        )
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(WAIT, out).await.unwrap().unwrap();
-    let report = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the browser script failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value = serde_json::from_str(report.trim()).unwrap();
+    let seen = browser_report(&peers, "mirror.cjs", &base).await;
     let scope_row = seen["scope"].as_str().unwrap();
     assert!(scope_row.contains(hostile), "shown as text: {scope_row}");
     assert!(scope_row.contains("fiber on b"), "{scope_row}");
@@ -317,4 +276,32 @@ async fn the_page_shows_mirrored_nodes_with_their_node_and_a_hostile_kind_as_tex
     );
     assert_eq!(seen["injected"], 0, "the hostile kind ran");
     rt.shutdown().await;
+}
+
+/// Runs `tests/browser/SCRIPT` against the page at `base` in headless
+/// Chromium, and reads the one JSON line it prints.
+async fn browser_report(peers: &std::path::Path, script: &str, base: &str) -> serde_json::Value {
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/browser")
+        .join(script);
+    let run = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(base)
+        .env(
+            "PLAYWRIGHT_CORE",
+            peers.join("npm/node_modules/playwright-core"),
+        )
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(WAIT, run)
+        .await
+        .expect("the browser test finishes")
+        .expect("node runs");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser script failed: {report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(report.trim()).unwrap()
 }

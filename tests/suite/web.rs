@@ -1209,51 +1209,58 @@ async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows
     rt.shutdown().await;
 }
 
-/// `dsh workflow … --dashboard --hold`: the page of the run's own runtime,
-/// kept up after the run until SIGTERM; its API saw the children.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
+/// `dsh ARGS… --hold` in a fresh workspace (with `files` in it and `env`
+/// set), once its run is over and the dashboard is held; the process and
+/// the URL it printed.
+async fn held(
+    args: &[&str],
+    files: &[(&str, &str)],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String) {
     use tokio::io::AsyncBufReadExt;
     let dir = dsh::kernel::scratch::fresh_dir("dsh-dashboard-run").unwrap();
-    std::fs::write(
-        dir.join("fan.js"),
-        "const r = await Promise.all(['a','b','c'].map(t => agent('Write one line about ' + t + '.')));\nreturn {r};\n",
-    )
-    .unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args([
-            "workflow",
-            "fan.js",
-            "--demo-model",
-            "--dashboard",
-            "--hold",
-        ])
+        .args(args)
+        .arg("--hold")
         .arg("--sessions-dir")
         .arg(dir.join("sessions"))
+        .envs(env.iter().copied())
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
         .current_dir(&dir)
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut base = None;
+    let mut url = None;
     loop {
         let line = tokio::time::timeout(WAIT, lines.next_line())
             .await
-            .expect("the workflow narrates")
+            .expect("the run narrates")
             .unwrap()
             .expect("a line before the hold");
-        if let Some(url) = line.strip_prefix("dsh: dashboard at ") {
-            base = Some(url.trim_end_matches('/').to_owned());
+        if let Some(u) = line.strip_prefix("dsh: dashboard at ") {
+            url = Some(u.to_owned());
         }
         if line.contains("the dashboard stays up") {
-            break;
+            return (child, url.expect("the URL was printed"));
         }
     }
-    let base = base.expect("the URL was printed");
+}
+
+/// `dsh workflow … --dashboard --hold`: the page of the run's own runtime,
+/// kept up after the run until SIGTERM; its API saw the children.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
+    let fan = "const r = await Promise.all(['a','b','c'].map(t => agent('Write one line about ' + t + '.')));\nreturn {r};\n";
+    let args = ["workflow", "fan.js", "--demo-model", "--dashboard"];
+    let (child, url) = held(&args, &[("fan.js", fan)], &[]).await;
+    let base = url.trim_end_matches('/');
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
     // The run is over and the page is still served, with what it ran.
     let c = client();
@@ -1280,38 +1287,15 @@ async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
 /// fragment, and a request without it, or with another, is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_dashboard_with_a_token_refuses_requests_without_it() {
-    use tokio::io::AsyncBufReadExt;
-    let dir = dsh::kernel::scratch::fresh_dir("dsh-dashboard-token").unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
-        .args(["run", "Write one line about tokens.", "--demo-model"])
-        .args([
-            "--dashboard=127.0.0.1:0",
-            "--dashboard-token-env",
-            "DSH_TEST_DASH_TOKEN",
-            "--hold",
-        ])
-        .arg("--sessions-dir")
-        .arg(dir.join("sessions"))
-        .env("DSH_TEST_DASH_TOKEN", "s3cret")
-        .env_remove("DSH_BASE_URL")
-        .env_remove("DSH_MODEL")
-        .current_dir(&dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .expect("the run narrates")
-            .unwrap()
-            .expect("the dashboard line");
-        if let Some(url) = line.strip_prefix("dsh: dashboard at ") {
-            break url.to_owned();
-        }
-    };
+    let args = [
+        "run",
+        "Write one line about tokens.",
+        "--demo-model",
+        "--dashboard=127.0.0.1:0",
+        "--dashboard-token-env",
+        "DSH_TEST_DASH_TOKEN",
+    ];
+    let (child, url) = held(&args, &[], &[("DSH_TEST_DASH_TOKEN", "s3cret")]).await;
     let (base, token) = url
         .split_once("/#token=")
         .expect("the token in the fragment");

@@ -361,6 +361,7 @@ impl Shared {
         }
     }
 
+    /// Whether a peer named `node` has a ready session with this node.
     fn is_connected(&self, node: &str) -> bool {
         lock(&self.sessions)
             .values()
@@ -589,11 +590,6 @@ impl Cluster {
                 peer.name
             )))
         })
-    }
-
-    /// Whether a peer named `node` has a ready session with this node.
-    pub fn is_connected(&self, node: &str) -> bool {
-        self.shared.is_connected(node)
     }
 
     /// The known host of `node`.
