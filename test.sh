@@ -11,9 +11,25 @@
 #   3. runs every test with nextest.
 # Idempotent: on a machine that has everything, it only checks and tests.
 # Extra arguments go to `cargo nextest run` (e.g. a test name filter).
+#
+#   ./test.sh                          everything, as CI runs it
+#   ./test.sh --quick 'test(sessions)' no fmt/clippy; only the tests the
+#                                      nextest filterset selects (same build
+#                                      flags, so switching does not rebuild)
+#
+# Every test is bounded by .config/nextest.toml (killed and named after
+# 120 s); the whole nextest step by DSH_TEST_TIMEOUT seconds (default 2400,
+# build included). NEXTEST_PROFILE=ci selects CI's profile (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+quick=
+if [ "${1:-}" = "--quick" ]; then
+  [ $# -ge 2 ] || { echo "usage: ./test.sh --quick FILTERSET [nextest args...]" >&2; exit 2; }
+  quick=$2
+  shift 2
+fi
 
 say() { printf '== %s\n' "$*" >&2; }
 
@@ -56,9 +72,22 @@ fi
 say "installing the third-party peers (once per machine)"
 bash tests/peers/install.sh >/dev/null
 
-say "cargo fmt --check"
-cargo fmt --all --check
-say "cargo clippy -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
-say "cargo nextest run --workspace"
-cargo nextest run --workspace "$@"
+if [ -z "$quick" ]; then
+  say "cargo fmt --check"
+  cargo fmt --all --check
+  say "cargo clippy -D warnings"
+  cargo clippy --workspace --all-targets -- -D warnings
+  filter=()
+else
+  filter=(-E "$quick")
+fi
+
+limit="${DSH_TEST_TIMEOUT:-2400}"
+say "cargo nextest run --workspace ${filter[*]} (profile ${NEXTEST_PROFILE:-default}, at most ${limit}s)"
+status=0
+timeout --kill-after=30 "$limit" cargo nextest run --workspace "${filter[@]}" "$@" || status=$?
+if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+  echo "test.sh: the test run did not finish within ${limit}s (DSH_TEST_TIMEOUT) and was stopped;" \
+    "nextest's last lines above name the tests still running" >&2
+fi
+exit "$status"

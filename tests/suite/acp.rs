@@ -2,6 +2,7 @@
 //! (the `agent-client-protocol` crate's client side) and raw frames for
 //! what an SDK hides (request ids, refusals).
 
+use super::Bounded;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -80,6 +81,7 @@ fn dsh_acp(p: &Place, script: &Path) -> tokio::process::Command {
 /// pipe ends the server with status 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_protocol_sdk_client_drives_a_session_and_answers_its_permission_requests() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let (approved, refused) = (p.outside.join("approved"), p.outside.join("refused"));
     let script = script(&p, &[escalated_touch(&approved), escalated_touch(&refused)]);
@@ -181,6 +183,7 @@ async fn the_protocol_sdk_client_drives_a_session_and_answers_its_permission_req
 /// say what was wrong; a session's log is filed under its ACP id.
 #[test]
 fn raw_frames_bad_requests_and_an_unanswered_ask() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let script = script(&p, &[escalated_touch(&p.outside.join("never"))]);
     let script = script.display().to_string();
@@ -376,6 +379,7 @@ fn updates(frames: &[Value]) -> Vec<(String, String)> {
 /// continues it in the same log; loading what is not stored says so.
 #[test]
 fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let mut first = Raw::start(&p);
     let init = first.call(1, "initialize", json!({"protocolVersion": 1}));
@@ -462,6 +466,7 @@ fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
 /// beside the text; bytes that are not what the block says are refused.
 #[test]
 fn an_image_prompt_reaches_a_model_that_takes_images() {
+    let _sweep = crate::suite::sweep();
     use base64::Engine as _;
     let p = place();
     let (url, server) = super::run::deepseek_mock(
@@ -553,6 +558,7 @@ fn an_image_prompt_reaches_a_model_that_takes_images() {
 /// logged as aborted, and the server exits 0.
 #[test]
 fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let token = "77.9753";
     let script = script(
@@ -595,6 +601,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
 /// its result, the task list as a plan, then the answer.
 #[test]
 fn with_progress_tool_calls_results_and_the_plan_are_sent() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let script = script(
         &p,
@@ -736,6 +743,7 @@ async fn delegating_to(
 /// answer is the run's output, and disposing the run ends the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acp_child_completes_a_delegated_task_and_asks_the_parent() {
+    let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::{StartRequest, StopReason};
     let p = place();
     let made = p.outside.join("made-by-child");
@@ -810,6 +818,7 @@ async fn held_child(
 /// and the child is reaped (no zombie left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
+    let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::StopReason;
     let p = place();
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -854,6 +863,7 @@ async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
 /// answer as the tool's result.
 #[test]
 fn a_configured_acp_subagent_is_a_tool_the_parent_calls() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let child = p.base.join("child.json");
     std::fs::write(&child, json!({"steps": [{"text": "CHILD_OK"}]}).to_string()).unwrap();
@@ -890,7 +900,7 @@ fn a_configured_acp_subagent_is_a_tool_the_parent_calls() {
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
         .env_remove("DSH_APPROVAL")
-        .output()
+        .bounded_output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -911,6 +921,7 @@ fn a_configured_acp_subagent_is_a_tool_the_parent_calls() {
 /// provider, and its process is gone with the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_third_party_acp_agent_answers_as_a_subagent() {
+    let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::{StartRequest, StopReason};
     let eliza = super::peers::peers().join("cargo/bin/elizacp");
     let p = place();
@@ -939,6 +950,7 @@ async fn a_third_party_acp_agent_answers_as_a_subagent() {
 /// names its own session, and each session has its own log.
 #[test]
 fn one_connection_holds_several_sessions() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let other = p.base.join("other");
     std::fs::create_dir_all(&other).unwrap();
@@ -990,6 +1002,7 @@ fn one_connection_holds_several_sessions() {
 /// ends aborted, and disposing it ends the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_an_acp_child_aborts_its_turn() {
+    let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::StopReason;
     let p = place();
     let cancel = tokio_util::sync::CancellationToken::new();
@@ -1008,6 +1021,7 @@ async fn cancelling_an_acp_child_aborts_its_turn() {
 /// session does not see the tools, and bad entries are refused by index.
 #[test]
 fn a_session_s_mcp_servers_serve_its_agent_alone() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     // Each session's turn: the call, then `done` (the model serves the
     // steps in order, whichever session asks).
@@ -1023,7 +1037,7 @@ fn a_session_s_mcp_servers_serve_its_agent_alone() {
     assert_eq!(caps["sse"], false, "{caps}");
     let node = std::process::Command::new("sh")
         .args(["-c", "command -v node"])
-        .output()
+        .bounded_output()
         .unwrap();
     let node = String::from_utf8(node.stdout).unwrap().trim().to_owned();
     let server = json!({
@@ -1106,7 +1120,7 @@ fn a_session_s_mcp_servers_serve_its_agent_alone() {
         "{message}"
     );
     drop(raw.stdin.take());
-    assert!(raw.child.wait().unwrap().success());
+    assert!(super::wait_bounded(&mut raw.child, "dsh acp").success());
     let log =
         |id: &str| std::fs::read_to_string(p.sessions.join(id).join("session.jsonl")).unwrap();
     let first = log(&sid);
@@ -1125,6 +1139,7 @@ fn a_session_s_mcp_servers_serve_its_agent_alone() {
 /// its answer says the server is not up (it keeps trying).
 #[test]
 fn a_slow_mcp_server_does_not_hold_the_connection() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
@@ -1158,5 +1173,5 @@ fn a_slow_mcp_server_does_not_hold_the_connection() {
     assert_eq!(state["name"], "silent", "{first}");
     assert_ne!(state["state"], "up", "{first}");
     drop(raw.stdin.take());
-    assert!(raw.child.wait().unwrap().success());
+    assert!(super::wait_bounded(&mut raw.child, "dsh acp").success());
 }

@@ -1,5 +1,6 @@
 //! `dsh check` and `dsh tree` as a user runs them.
 
+use super::Bounded;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -12,7 +13,7 @@ fn dsh(args: &[&str], dir: &Path) -> Output {
         .env_remove("DSH_APPROVAL")
         .args(args)
         .current_dir(dir)
-        .output()
+        .bounded_output()
         .expect("the dsh binary runs")
 }
 
@@ -34,6 +35,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn check_accepts_the_default_config() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&["check"], &repo());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "cordis.yml: ok (3 entries, 3 enabled)\n");
@@ -41,6 +43,7 @@ fn check_accepts_the_default_config() {
 
 #[test]
 fn check_reports_every_problem_with_file_line_entry_and_field() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir(&[(
         "bad.yml",
         "plugins:\n  - id: s\n    name: value\n    config:\n      service: 7\n  - id: t\n    name: nope\n",
@@ -60,6 +63,7 @@ fn check_reports_every_problem_with_file_line_entry_and_field() {
 /// their entry and line.
 #[test]
 fn check_refuses_a_bad_models_list() {
+    let _sweep = crate::suite::sweep();
     let good = "plugins:\n  - id: ds\n    name: deepseek\n    config:\n      context_window: 500000\n      models:\n        - id: deepseek-v4-flash\n          context_window: 128000\n          max_tokens: 8000\n        - { id: mine, images: true }\n";
     let bad = |models: &str| {
         format!(
@@ -96,6 +100,7 @@ fn check_refuses_a_bad_models_list() {
 
 #[test]
 fn check_applies_patches_and_reads_the_environment() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir(&[
         (
             "cordis.yml",
@@ -120,6 +125,7 @@ fn check_applies_patches_and_reads_the_environment() {
 
 #[test]
 fn check_prints_a_plugin_schema() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&["check", "--schema", "value"], &repo());
     assert!(out.status.success());
     let schema: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -130,6 +136,7 @@ fn check_prints_a_plugin_schema() {
 
 #[test]
 fn tree_boots_the_config_and_prints_the_live_tree() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&["tree"], &repo());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
@@ -167,6 +174,7 @@ fn tree_boots_the_config_and_prints_the_live_tree() {
 
 #[test]
 fn tree_exits_non_zero_when_an_entry_fails_or_the_config_is_bad() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir(&[
         (
             "fails.yml",

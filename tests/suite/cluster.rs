@@ -1,6 +1,7 @@
 //! Several real `dsh node` processes on loopback, and the commands that
 //! place children on them (`--nodes`).
 
+use super::Bounded;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -148,7 +149,7 @@ fn run_on(dir: &Path, prompt: &str, script: &str, node: &Node) -> Output {
     let args = ["run", prompt, "--script", script, "--nodes", &peer];
     parent(dir, &args, COOKIE)
         .args(["--cookie-env", COOKIE_VAR])
-        .output()
+        .bounded_output()
         .unwrap()
 }
 
@@ -173,7 +174,7 @@ fn fan(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Command
 
 fn workflow(dir: &Path, topics: &[String], cluster: &[&str], cookie: &str) -> Output {
     fan(dir, topics, cluster, cookie)
-        .output()
+        .bounded_output()
         .expect("dsh workflow runs")
 }
 
@@ -183,6 +184,7 @@ fn topics(n: usize) -> Vec<String> {
 
 #[test]
 fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_refused() {
+    let _sweep = crate::suite::sweep();
     let b = Node::start("b", &["--demo-model"]);
     let c = Node::start("c", &["--demo-model"]);
     let dir = parent_dir();
@@ -250,7 +252,7 @@ fn a_workflow_fans_out_to_twenty_children_on_two_nodes_and_a_wrong_cookie_is_ref
         .args(["workflow", "fan.js", "--demo-model", "--nodes", &nodes])
         .args(["--cookie-env", "DSH_TEST_NO_SUCH_COOKIE"])
         .current_dir(&dir)
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(unset.status.code(), Some(2));
     assert!(text(&unset.stderr).contains("$DSH_TEST_NO_SUCH_COOKIE is not set"));
@@ -287,6 +289,7 @@ fn sleeping(secs: &str) -> usize {
 
 #[test]
 fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on() {
+    let _sweep = crate::suite::sweep();
     let mut b = Node::hanging("b", "29.2");
     let bdir = b.dir.clone();
     let c = Node::start("c", &["--demo-model"]);
@@ -329,7 +332,7 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
     b.child.kill().unwrap();
     let _ = b.child.wait();
 
-    let out = parent.wait_with_output().unwrap();
+    let out = super::output_bounded(parent, super::DEADLINE, "the parent run");
     let err = reader.join().unwrap();
     assert!(out.status.success(), "{err}");
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -366,6 +369,7 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
 
 #[test]
 fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
+    let _sweep = crate::suite::sweep();
     let b = Node::hanging("b", "29.1");
     let dir = parent_dir();
     let mut parent = fan(
@@ -442,7 +446,7 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
     let tree = Command::new(env!("CARGO_BIN_EXE_dsh"))
         .args(["tree", "--nodes", &b.peer(), "--cookie-env", COOKIE_VAR])
         .env(COOKIE_VAR, COOKIE)
-        .output()
+        .bounded_output()
         .unwrap();
     let shown = text(&tree.stdout);
     assert!(tree.status.success(), "{}", text(&tree.stderr));
@@ -462,7 +466,7 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
             .success()
     );
     let rest: Vec<String> = lines.collect();
-    let status = parent.wait().unwrap();
+    let status = super::wait_bounded(&mut parent, "the parent run");
     // Cancelled by SIGTERM: 128 + 15, after the cancelled run wound down.
     assert_eq!(status.code(), Some(143), "{rest:?}");
     assert!(
@@ -509,6 +513,7 @@ fn cancelling_a_workflow_cancels_and_closes_its_children_on_another_node() {
 
 #[test]
 fn a_ralph_loop_runs_its_rounds_on_another_node_and_gets_their_handoffs() {
+    let _sweep = crate::suite::sweep();
     let b = Node::start("b", &["--demo-model"]);
     let dir = parent_dir();
     let peer = b.peer();
@@ -523,7 +528,7 @@ fn a_ralph_loop_runs_its_rounds_on_another_node_and_gets_their_handoffs() {
         "--cookie-env",
         COOKIE_VAR,
     ];
-    let run = parent(&dir, &args, COOKIE).output().unwrap();
+    let run = parent(&dir, &args, COOKIE).bounded_output().unwrap();
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
     // The structured handoffs came back over the wire: the loop saw
@@ -548,6 +553,7 @@ fn a_ralph_loop_runs_its_rounds_on_another_node_and_gets_their_handoffs() {
 
 #[test]
 fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
+    let _sweep = crate::suite::sweep();
     let b = Node::start("b", &["--demo-model"]);
     let dir = parent_dir();
     std::fs::write(
@@ -595,9 +601,10 @@ fn a_run_delegates_to_another_node_through_its_subagent_remote_tool() {
 
 #[test]
 fn the_fan_out_bench_places_its_children_on_local_nodes_and_reports_their_cost() {
+    let _sweep = crate::suite::sweep();
     let run = Command::new(env!("CARGO_BIN_EXE_dsh"))
         .args(["bench", "w2", "--k", "6", "--local-nodes", "2"])
-        .output()
+        .bounded_output()
         .unwrap();
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
@@ -615,6 +622,7 @@ fn the_fan_out_bench_places_its_children_on_local_nodes_and_reports_their_cost()
 
 #[test]
 fn a_parent_node_that_dies_has_its_children_disposed_on_the_serving_node() {
+    let _sweep = crate::suite::sweep();
     let b = Node::hanging("b", "29.3");
     let dir = parent_dir();
     let mut parent = fan(
@@ -653,6 +661,7 @@ fn a_parent_node_that_dies_has_its_children_disposed_on_the_serving_node() {
 
 #[test]
 fn a_parent_torn_down_stops_its_children_on_the_node_in_reverse_start_order() {
+    let _sweep = crate::suite::sweep();
     let b = Node::hanging("b", "29.4");
     let dir = parent_dir();
     // Three background children, one a step (so their start order is
@@ -675,7 +684,7 @@ fn a_parent_torn_down_stops_its_children_on_the_node_in_reverse_start_order() {
             "--json",
         ])
         .env(COOKIE_VAR, COOKIE)
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(tree.status.success(), "{}", text(&tree.stderr));
     let view: Value = serde_json::from_slice(&tree.stdout).unwrap();
@@ -709,7 +718,7 @@ fn certificate(dir: &Path, name: &str) -> (String, String) {
         .arg(&key)
         .arg("-out")
         .arg(&cert)
-        .output()
+        .bounded_output()
         .expect("openssl runs");
     assert!(made.status.success(), "{}", text(&made.stderr));
     let path = |p: PathBuf| p.to_str().unwrap().to_owned();
@@ -718,6 +727,7 @@ fn certificate(dir: &Path, name: &str) -> (String, String) {
 
 #[test]
 fn a_tls_node_takes_only_peers_that_trust_its_certificate_and_a_silent_peer_stalls_nobody() {
+    let _sweep = crate::suite::sweep();
     let dir = parent_dir();
     let (cert, key) = certificate(&dir, "b");
     let (stranger, _) = certificate(&dir, "stranger");
@@ -771,6 +781,7 @@ fn a_tls_node_takes_only_peers_that_trust_its_certificate_and_a_silent_peer_stal
 
 #[test]
 fn a_node_that_leaves_cleanly_ends_its_childrens_turns_before_it_goes() {
+    let _sweep = crate::suite::sweep();
     let mut b = Node::hanging("b", "29.5");
     let dir = parent_dir();
     let peer = b.peer();
@@ -796,7 +807,7 @@ fn a_node_that_leaves_cleanly_ends_its_childrens_turns_before_it_goes() {
             .unwrap()
             .success()
     );
-    let status = b.child.wait().unwrap();
+    let status = super::wait_bounded(&mut b.child, "node b");
     assert!(status.code().is_some(), "b ended by itself: {status:?}");
     // Before it went, each child's command was stopped and its log ended
     // with its turn, aborted.
@@ -812,7 +823,7 @@ fn a_node_that_leaves_cleanly_ends_its_childrens_turns_before_it_goes() {
     }
     // The parent did not hang on the node that left: both children failed
     // and the workflow answered.
-    let out = parent.wait_with_output().unwrap();
+    let out = super::output_bounded(parent, super::DEADLINE, "the parent run");
     let err = text(&out.stderr);
     assert!(out.status.success(), "{err}");
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -824,6 +835,7 @@ fn a_node_that_leaves_cleanly_ends_its_childrens_turns_before_it_goes() {
 
 #[test]
 fn a_prompt_too_large_for_the_wire_fails_its_child_and_the_node_serves_on() {
+    let _sweep = crate::suite::sweep();
     let b = Node::start("b", &["--demo-model"]);
     let dir = parent_dir();
     let huge = "x".repeat(4_300_000);
@@ -869,6 +881,7 @@ fn a_prompt_too_large_for_the_wire_fails_its_child_and_the_node_serves_on() {
 
 #[test]
 fn a_full_node_leaves_the_room_group_and_round_robin_passes_it_by() {
+    let _sweep = crate::suite::sweep();
     let dir = parent_dir();
     let bdir = fresh_dir("dsh-node").unwrap();
     std::fs::create_dir_all(bdir.join("sessions")).unwrap();
@@ -894,7 +907,7 @@ fn a_full_node_leaves_the_room_group_and_round_robin_passes_it_by() {
     ];
     let run = parent(&dir, &args, COOKIE)
         .args(["--cookie-env", COOKIE_VAR])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(run.status.success(), "{}", text(&run.stderr));
     let session = headers(&dir.join("sessions"))
@@ -915,6 +928,7 @@ fn a_full_node_leaves_the_room_group_and_round_robin_passes_it_by() {
 
 #[test]
 fn least_loaded_placement_goes_to_the_node_holding_the_fewest_children() {
+    let _sweep = crate::suite::sweep();
     let b = Node::hanging("b", "29.7");
     let c = Node::hanging("c", "29.7");
     // Another parent holds two children on b.
@@ -951,7 +965,7 @@ fn least_loaded_placement_goes_to_the_node_holding_the_fewest_children() {
     ];
     let run = parent(&other, &args, COOKIE)
         .args(["--cookie-env", COOKIE_VAR, "--placement", "least-loaded"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(run.status.success(), "{}", text(&run.stderr));
     assert_eq!(c.headers().len(), 2, "both went to c");

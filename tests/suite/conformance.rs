@@ -2,6 +2,7 @@
 //! (copied into `tests/fixtures/dsh-sessions`, MIT, with upstream's LICENSE)
 //! through `dsh replay`.
 
+use super::Bounded;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -39,7 +40,7 @@ fn replay(log: &Path, cwd: &Path, out: &Path) -> Output {
             "--out",
             out.to_str().unwrap(),
         ])
-        .output()
+        .bounded_output()
         .expect("dsh runs")
 }
 
@@ -64,6 +65,7 @@ fn results(log: &Path) -> Vec<(bool, String)> {
 
 #[test]
 fn every_supported_recording_replays_to_the_same_structure() {
+    let _sweep = crate::suite::sweep();
     for scenario in [
         "text-turn",
         "tool-call-turn",
@@ -137,6 +139,7 @@ fn every_supported_recording_replays_to_the_same_structure() {
 
 #[test]
 fn a_diverging_recording_is_reported_with_the_first_difference() {
+    let _sweep = crate::suite::sweep();
     let original =
         std::fs::read_to_string(recordings().join("tool-call-turn/session.jsonl")).unwrap();
     // Change the recorded `tool/call` only; the model output still asks for SNAPSHOT_OK.
@@ -170,6 +173,7 @@ fn a_diverging_recording_is_reported_with_the_first_difference() {
 
 #[test]
 fn a_broken_recording_is_refused_with_its_line() {
+    let _sweep = crate::suite::sweep();
     let cwd = workspace();
     let log = cwd.join("broken.jsonl");
     std::fs::write(&log, "{\"type\":\"session\",\"version\":0,\"id\":\"x\",\"createdAt\":1,\"delegationDepth\":0}\n{\"type\":\"turn/start\",\"data\":{}}\n").unwrap();
@@ -184,6 +188,7 @@ fn a_broken_recording_is_refused_with_its_line() {
 
 #[test]
 fn a_multi_agent_recording_without_its_child_log_diverges() {
+    let _sweep = crate::suite::sweep();
     let cwd = workspace();
     let copy = cwd.join("recording");
     std::fs::create_dir_all(&copy).unwrap();
@@ -437,6 +442,7 @@ mod acp_scenarios {
 
     #[test]
     fn the_upstream_acp_scenarios_pass() {
+        let _sweep = crate::suite::sweep();
         for name in [
             "handshake",
             "text-turn",

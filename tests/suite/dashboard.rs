@@ -114,6 +114,7 @@ async fn serve_page(route: &str, model: Arc<dyn LlmAdapter>) -> (Runtime, String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order() {
+    let _sweep = crate::suite::sweep();
     let peers = super::peers::peers();
     let (rt, base) = serve_page("board", Arc::new(Board)).await;
     let root = rt.root();
@@ -214,6 +215,7 @@ impl LlmAdapter for Asker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_a_pending_approval_and_answers_it() {
+    let _sweep = crate::suite::sweep();
     let peers = super::peers::peers();
     let (rt, base) = serve_page("asker", Arc::new(Asker)).await;
     let root = rt.root();
@@ -242,6 +244,7 @@ async fn the_page_shows_a_pending_approval_and_answers_it() {
 /// names their node, marks a lost one, and shows a hostile kind as text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_mirrored_nodes_with_their_node_and_a_hostile_kind_as_text() {
+    let _sweep = crate::suite::sweep();
     use dsh::kernel::tree::{Form, Mirrored};
     let peers = super::peers::peers();
     let (rt, base) = serve_page("board", Arc::new(Board)).await;

@@ -33,6 +33,7 @@ async fn embed() -> Result<(), BoxError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_embedding_example_runs() {
+    let _sweep = crate::suite::sweep();
     embed().await.unwrap();
 }
 
@@ -40,6 +41,7 @@ async fn the_readme_embedding_example_runs() {
 /// events, SIGTERM drains every agent in order, and the process exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedding_example_streams_an_agent_and_drains_on_sigterm() {
+    let _sweep = crate::suite::sweep();
     use futures::StreamExt;
     use tokio::io::AsyncBufReadExt;
     let wait = std::time::Duration::from_secs(60);

@@ -1,6 +1,7 @@
 //! Hardening, tried as an unlucky user would with the real binary: a reader
 //! that has gone (`| head -1`), signals other than Ctrl-C.
 
+use super::Bounded;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -22,12 +23,13 @@ fn with_stdout_gone(args: &[&str], sessions: &Path) -> Output {
         .env_remove("DSH_APPROVAL")
         .stdin(Stdio::null())
         .stdout(writer)
-        .output()
+        .bounded_output()
         .unwrap()
 }
 
 #[test]
 fn a_closed_stdout_ends_no_command_early() {
+    let _sweep = crate::suite::sweep();
     let base = fresh_dir("dsh-epipe").unwrap();
     let sessions = base.join("sessions");
     let script = base.join("script.json");
@@ -86,6 +88,7 @@ fn running(token: &str) -> bool {
 /// the exit code is 128 + the signal.
 #[test]
 fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
+    let _sweep = crate::suite::sweep();
     use nix::sys::signal::Signal;
     use std::io::BufRead;
     for (signal, code, token) in [
@@ -135,7 +138,7 @@ fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
         nix::sys::signal::kill(pid, signal).unwrap();
         let mut rest = String::new();
         let _ = std::io::Read::read_to_string(&mut stderr, &mut rest);
-        let status = child.wait().unwrap();
+        let status = super::wait_bounded(&mut child, "dsh");
         assert_eq!(status.code(), Some(code), "{signal}: {rest}");
         // Killed, the sandbox's processes may take a moment to be reaped;
         // one that lives on (its sleep is a minute) fails the deadline.

@@ -4,6 +4,7 @@
 //! feed back after a call, keep a turn going) in both formats, and hooks
 //! that are broken, slow or try to leave the sandbox.
 
+use super::Bounded;
 use std::path::PathBuf;
 
 use dsh::kernel::scratch::fresh_dir;
@@ -114,7 +115,7 @@ impl Case {
             .arg("--sessions-dir")
             .arg(&sessions)
             .arg("please help")
-            .output()
+            .bounded_output()
             .unwrap();
         let log = std::fs::read_dir(&sessions)
             .map(|d| {
@@ -160,6 +161,7 @@ fn answer(text: &str) -> Value {
 /// hook answering `decision: block`.
 #[test]
 fn a_prompt_hook_blocks_the_prompt_in_both_formats() {
+    let _sweep = crate::suite::sweep();
     for format in Format::BOTH {
         let case = Case::new();
         let command = match format {
@@ -207,6 +209,7 @@ fn a_prompt_hook_blocks_the_prompt_in_both_formats() {
 /// a shell hook exiting 2.
 #[test]
 fn a_tool_hook_denies_a_call_in_both_formats() {
+    let _sweep = crate::suite::sweep();
     for format in Format::BOTH {
         let case = Case::new();
         let deny = match format {
@@ -257,6 +260,7 @@ fn a_tool_hook_denies_a_call_in_both_formats() {
 /// Codex has no ask: the same answer leaves the call to the policy.
 #[test]
 fn a_tool_hook_that_asks_goes_to_the_approval_seam() {
+    let _sweep = crate::suite::sweep();
     let ask = "{\"hookSpecificOutput\": {\"hookEventName\": \"PreToolUse\", \"permissionDecision\": \"ask\", \"permissionDecisionReason\": \"touching files\"}}";
     let command = format!("echo '{ask}'");
     for (format, approval, runs) in [
@@ -300,6 +304,7 @@ fn a_tool_hook_that_asks_goes_to_the_approval_seam() {
 /// feedback are appended to the result the model reads.
 #[test]
 fn hooks_add_context_and_feedback_in_both_formats() {
+    let _sweep = crate::suite::sweep();
     for format in Format::BOTH {
         let case = Case::new();
         let prompt = match format {
@@ -353,6 +358,7 @@ fn hooks_add_context_and_feedback_in_both_formats() {
 /// Code: a Python hook; Codex: a shell hook exiting 2 once.
 #[test]
 fn a_stop_hook_keeps_the_turn_going_in_both_formats() {
+    let _sweep = crate::suite::sweep();
     for format in Format::BOTH {
         let case = Case::new();
         let seen = case.ws.join("stops.jsonl");
@@ -417,6 +423,7 @@ fn a_stop_hook_keeps_the_turn_going_in_both_formats() {
 /// workspace.
 #[test]
 fn broken_slow_and_escaping_hooks_never_break_the_turn() {
+    let _sweep = crate::suite::sweep();
     let case = Case::new();
     let outside = super::mcp::outside_dir();
     let marker = format!("slow-{}", uuid::Uuid::new_v4());
@@ -478,6 +485,7 @@ fn broken_slow_and_escaping_hooks_never_break_the_turn() {
 /// ends the turn `aborted`, and the node is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_hook_is_a_tree_node_and_dies_with_its_cancelled_turn() {
+    let _sweep = crate::suite::sweep();
     use dsh::actors::agent::{Agent, AgentSpec};
     use dsh::catalogue::{
         AgentServices, AgentServicesConfig, HooksConfig, HooksPlugin, Scripted,

@@ -5,6 +5,7 @@
 //! the restart, a call cancelled mid-flight, the reconnect budget, and the
 //! policy a call is admitted under.
 
+use super::Bounded;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,6 +132,7 @@ fn kill(pids: &[i32]) {
 /// and runs confined.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stdio_server_s_tools_are_registered_called_and_their_results_mapped() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let marker = uuid::Uuid::new_v4().to_string();
@@ -250,6 +252,7 @@ async fn a_stdio_server_s_tools_are_registered_called_and_their_results_mapped()
 /// answer again; in between they fail with `UNAVAILABLE`, not a hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_stdio_server_is_restarted_and_its_tools_answer_again() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let marker = uuid::Uuid::new_v4().to_string();
@@ -315,6 +318,7 @@ async fn a_crashed_stdio_server_is_restarted_and_its_tools_answer_again() {
 /// server is still there for the next call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cancelled_mid_flight_is_aborted_and_the_server_goes_on() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let marker = uuid::Uuid::new_v4().to_string();
@@ -368,6 +372,7 @@ async fn cancel_call(rt: &Runtime, server: &McpServer, tool: &str, args: Value) 
 /// one), and it goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_is_cancelled_at_the_server_too() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let ws = fresh_dir("dsh-mcp-cancel").unwrap().canonicalize().unwrap();
     let probe = ws.join("probe_server.py");
@@ -403,6 +408,7 @@ async fn a_cancelled_call_is_cancelled_at_the_server_too() {
 /// with no tools; with `fail_on_startup_error` the start itself fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_never_starts_spends_its_budget_and_fails() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let entry = |name: &str, fail: bool| {
@@ -439,6 +445,7 @@ async fn a_server_that_never_starts_spends_its_budget_and_fails() {
 /// a server that has it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_narrower_than_the_server_may_call_only_its_read_only_tools() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let dir = fresh_dir("dsh-mcp").unwrap();
     let marker = uuid::Uuid::new_v4().to_string();
@@ -546,6 +553,7 @@ impl HttpServer {
 /// its port, the client reconnects and the same tools answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_restart() {
+    let _sweep = crate::suite::sweep();
     let rt = services().await;
     let port = super::peers::free_port();
     let http = HttpServer::start(port).await;
@@ -625,6 +633,7 @@ async fn a_streamable_http_server_is_listed_called_and_reconnected_after_a_resta
 /// calls one of them, and `dsh check` names the line of a bad entry.
 #[test]
 fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
+    let _sweep = crate::suite::sweep();
     let dir = fresh_dir("dsh-mcp-cli").unwrap();
     let script = dir.join("script.json");
     let call = json!({"tool_calls": [{"name": "mcp__everything__get-sum", "arguments": {"a": 1, "b": 2}}]});
@@ -648,7 +657,11 @@ fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
         c.current_dir(&dir).env_remove("DSH_PERMISSION_MODE");
         c
     };
-    let listed = dsh().args(["mcp", "list"]).arg(&config).output().unwrap();
+    let listed = dsh()
+        .args(["mcp", "list"])
+        .arg(&config)
+        .bounded_output()
+        .unwrap();
     let out = String::from_utf8_lossy(&listed.stdout);
     assert!(
         listed.status.success(),
@@ -660,7 +673,7 @@ fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
     let json_list = dsh()
         .args(["mcp", "list", "--json"])
         .arg(&config)
-        .output()
+        .bounded_output()
         .unwrap();
     let servers: Value = serde_json::from_slice(&json_list.stdout).unwrap();
     assert_eq!(servers[0]["state"], "up");
@@ -673,7 +686,7 @@ fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
         .arg("--sessions-dir")
         .arg(&sessions)
         .arg("add one and two")
-        .output()
+        .bounded_output()
         .unwrap();
     let out = String::from_utf8_lossy(&ran.stdout);
     let err = String::from_utf8_lossy(&ran.stderr);
@@ -695,7 +708,7 @@ fn a_cordis_yml_mcp_entry_is_listed_and_called_from_the_command_line() {
         "plugins:\n  - id: services\n    name: agent-services\n  - id: broken\n    name: mcp\n    config:\n      server_name: broken\n      transport: stdio\n",
     )
     .unwrap();
-    let checked = dsh().arg("check").arg(&bad).output().unwrap();
+    let checked = dsh().arg("check").arg(&bad).bounded_output().unwrap();
     let err = String::from_utf8_lossy(&checked.stderr);
     assert_eq!(checked.status.code(), Some(2), "{err}");
     assert!(
@@ -720,6 +733,7 @@ pub(crate) fn outside_dir() -> PathBuf {
 /// the secrets of the process that started it.
 #[test]
 fn a_stdio_server_is_confined_and_sees_no_secrets() {
+    let _sweep = crate::suite::sweep();
     let dir = fresh_dir("dsh-mcp-jail").unwrap();
     let ws = dir.join("ws");
     std::fs::create_dir_all(&ws).unwrap();
@@ -765,7 +779,7 @@ fn a_stdio_server_is_confined_and_sees_no_secrets() {
         .arg("--sessions-dir")
         .arg(&sessions)
         .arg("probe the jail")
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(
         ran.status.success(),
@@ -797,6 +811,7 @@ fn a_stdio_server_is_confined_and_sees_no_secrets() {
 /// reach the other host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_does_not_carry_the_headers_to_another_host() {
+    let _sweep = crate::suite::sweep();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rt = services().await;
     let thief = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -11,9 +11,12 @@ mod mcp;
 mod multi;
 mod peers;
 mod persistence;
+mod process;
 mod run;
 mod trust;
 mod web;
+
+pub(crate) use process::{Bounded, DEADLINE, output_bounded, sweep, wait_bounded};
 
 /// Whether a live (not zombie) process's command line holds `token`.
 pub(crate) fn running(token: &str) -> bool {

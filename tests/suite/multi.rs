@@ -1,5 +1,6 @@
 //! `dsh demo`, `dsh workflow` and `dsh ralph` as a user runs them.
 
+use super::Bounded;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
@@ -22,7 +23,7 @@ fn dsh(args: &[&str], dir: &Path) -> Output {
         .arg(dir.join("sessions"))
         .current_dir(dir)
         .env_remove("DSH_SESSIONS_DB")
-        .output()
+        .bounded_output()
         .expect("the dsh binary runs")
 }
 
@@ -44,6 +45,7 @@ fn headers(dir: &Path) -> Vec<serde_json::Value> {
 
 #[test]
 fn the_demo_runs_a_fan_out_and_a_ralph_loop_and_says_where_the_logs_are() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir();
     let run = dsh(&["demo", "--cwd", "."], &dir);
     let (out, err) = (text(&run.stdout), text(&run.stderr));
@@ -86,6 +88,7 @@ fn the_demo_runs_a_fan_out_and_a_ralph_loop_and_says_where_the_logs_are() {
 
 #[test]
 fn a_workflow_script_returns_its_value_or_its_error_line() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir();
     std::fs::write(
         dir.join("fan.js"),
@@ -131,6 +134,7 @@ fn a_workflow_script_returns_its_value_or_its_error_line() {
 
 #[test]
 fn a_ralph_loop_cut_after_a_round_resumes_from_its_handoff() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir();
     let run = dsh(
         &[
@@ -280,6 +284,7 @@ fn endpoint() -> Endpoint {
 
 #[test]
 fn a_killed_ralph_loop_resumes_after_its_last_completed_round() {
+    let _sweep = crate::suite::sweep();
     let dir = workdir();
     let server = endpoint();
     server.stall.store(2, Ordering::SeqCst);
@@ -328,7 +333,7 @@ fn a_killed_ralph_loop_resumes_after_its_last_completed_round() {
         .arg(dir.join("sessions"))
         .current_dir(&dir)
         .env("DSH_API_KEY", "test-key")
-        .output()
+        .bounded_output()
         .unwrap();
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");

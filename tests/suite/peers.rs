@@ -2,6 +2,7 @@
 //! on a real (tiny) model, and the aimock fault-injecting mock. Installed by
 //! `tests/peers/install.sh` (run by `.ci/run`, and here when missing).
 
+use super::Bounded;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -25,7 +26,7 @@ fn repo() -> PathBuf {
 pub(crate) fn peers() -> PathBuf {
     let out = Command::new("bash")
         .arg(repo().join("tests/peers/install.sh"))
-        .output()
+        .bounded_output()
         .expect("bash runs");
     assert!(
         out.status.success(),
@@ -326,6 +327,7 @@ async fn llama() -> (Peer, u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_llama_server_drives_a_tool_calling_turn() {
+    let _sweep = crate::suite::sweep();
     let (_server, port) = llama().await;
     // With the retry listener, as `agent-services` configures it: a pooled
     // connection the server already closed is retried, not fatal.
@@ -398,6 +400,7 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
 /// until its agent is disposed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_llama_server_runs_a_turn_with_a_background_job_and_a_compaction() {
+    let _sweep = crate::suite::sweep();
     use dsh::services::llm::ContentBlock;
     let (_server, port) = llama().await;
     let rt = runtime_with(
@@ -550,6 +553,7 @@ async fn aimock() -> (Peer, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aimock_tool_turns_and_faults_end_or_retry_the_turn_as_the_contract_says() {
+    let _sweep = crate::suite::sweep();
     let (_mock, url) = aimock().await;
     let rt = runtime(&url, vec![], true).await;
     let workspace = dsh::kernel::scratch::fresh_dir("dsh-aimock").unwrap();

@@ -1,6 +1,7 @@
 //! Durable sessions as a user meets them: a `dsh run` killed mid-turn and
 //! resumed, plus `dsh sessions`.
 
+use super::Bounded;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -28,7 +29,7 @@ fn only_session(backend: &Backend) -> String {
     let out = dsh()
         .args(["sessions", "list", "--json"])
         .args(backend.args())
-        .output()
+        .bounded_output()
         .unwrap();
     let line = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -115,16 +116,19 @@ impl Backend {
 
 #[test]
 fn a_run_killed_mid_turn_resumes_with_the_turn_closed_as_interrupted() {
+    let _sweep = crate::suite::sweep();
     killed_mid_turn_and_resumed(Backend::jsonl());
 }
 
 #[test]
 fn a_run_killed_mid_turn_resumes_from_sqlite_too() {
+    let _sweep = crate::suite::sweep();
     killed_mid_turn_and_resumed(Backend::sqlite());
 }
 
 #[test]
 fn a_run_killed_mid_turn_resumes_from_zstd_frames_too() {
+    let _sweep = crate::suite::sweep();
     killed_mid_turn_and_resumed(Backend::zstd());
 }
 
@@ -212,7 +216,7 @@ fn killed_mid_turn_and_resumed(backend: Backend) {
         ])
         .args(backend.args())
         .args(["--cwd", work.to_str().unwrap(), "carry on"])
-        .output()
+        .bounded_output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -264,6 +268,7 @@ fn killed_mid_turn_and_resumed(backend: Backend) {
 
 #[test]
 fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
+    let _sweep = crate::suite::sweep();
     let sessions = temp("torn");
     let out = dsh()
         .args([
@@ -276,7 +281,7 @@ fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
             sessions.to_str().unwrap(),
             "go",
         ])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(out.status.success());
     let id = only_session(&Backend::at("--sessions-dir", sessions.clone()));
@@ -292,7 +297,7 @@ fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
             "--sessions-dir",
             sessions.to_str().unwrap(),
         ])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(show.status.success());
     let text = String::from_utf8_lossy(&show.stdout);
@@ -316,7 +321,7 @@ fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
             &id,
         ])
         .args(["--sessions-dir", sessions.to_str().unwrap(), "again"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(
         out.status.success(),
@@ -337,11 +342,13 @@ fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
 
 #[test]
 fn sessions_fork_at_a_turn_boundary_with_lineage_and_refuse_bad_input() {
+    let _sweep = crate::suite::sweep();
     fork_and_refusals(Backend::jsonl());
 }
 
 #[test]
 fn sessions_fork_and_export_work_on_sqlite_too() {
+    let _sweep = crate::suite::sweep();
     fork_and_refusals(Backend::sqlite());
 }
 
@@ -367,7 +374,7 @@ fn fork_and_refusals(backend: Backend) {
     let id = only_session(&backend);
     let out = dsh()
         .args(["sessions", "fork", &id, flag, dir])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(
         out.status.success(),
@@ -381,19 +388,19 @@ fn fork_and_refusals(backend: Backend) {
     // Inside a turn: refused with the reason.
     let inside = dsh()
         .args(["sessions", "fork", &id, "--at", "3", flag, dir])
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(inside.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&inside.stderr).contains("turn 1 is still open there"));
     let missing = dsh()
         .args(["sessions", "show", "nope", flag, dir])
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no session `nope`"));
     let export = dsh()
         .args(["sessions", "export", &child, flag, dir])
-        .output()
+        .bounded_output()
         .unwrap();
     let (header, events) =
         dsh::services::session::jsonl::parse(&String::from_utf8_lossy(&export.stdout)).unwrap();
@@ -403,6 +410,7 @@ fn fork_and_refusals(backend: Backend) {
 
 #[test]
 fn the_persist_bench_round_trips_what_it_appends() {
+    let _sweep = crate::suite::sweep();
     // The bench itself refuses a load that does not give back every
     // appended event and message; a small run checks that path.
     let result = bench_result(&["bench", "persist", "--events", "503"]);
@@ -415,7 +423,7 @@ fn bench_result(args: &[&str]) -> serde_json::Value {
     let out = dsh()
         .args(args)
         .env_remove("DSH_AUTOAGENTS_DIR")
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(
         out.status.success(),
@@ -432,6 +440,7 @@ fn bench_result(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn the_compare_bench_says_when_it_has_no_peer_and_reports_ours() {
+    let _sweep = crate::suite::sweep();
     // No harness named here: our figures alone, marked so.
     let result = bench_result(&[
         "bench", "compare", "--quick", "--runs", "1", "--cells", "w1,w3",
@@ -460,6 +469,7 @@ fn the_compare_bench_says_when_it_has_no_peer_and_reports_ours() {
 
 #[test]
 fn the_compaction_bench_leaves_one_summary_of_its_history() {
+    let _sweep = crate::suite::sweep();
     // The bench refuses a compaction that leaves more than the summary.
     let result = bench_result(&["bench", "compact", "--messages", "40"]);
     assert_eq!(result["messages"], 40);
@@ -468,6 +478,7 @@ fn the_compaction_bench_leaves_one_summary_of_its_history() {
 
 #[test]
 fn a_session_store_plugin_in_cordis_yml_receives_the_runs_sessions() {
+    let _sweep = crate::suite::sweep();
     let dir = temp("plugin-store");
     let db = dir.join("store/sessions.db");
     let config = dir.join("cordis.yml");
@@ -483,7 +494,7 @@ fn a_session_store_plugin_in_cordis_yml_receives_the_runs_sessions() {
     .unwrap();
     let out = dsh()
         .args(["run", "--config", config.to_str().unwrap(), "go"])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(
         out.status.success(),
@@ -507,7 +518,7 @@ fn a_session_store_plugin_in_cordis_yml_receives_the_runs_sessions() {
     .unwrap();
     let out = dsh()
         .args(["check", config.to_str().unwrap()])
-        .output()
+        .bounded_output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

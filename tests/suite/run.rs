@@ -1,5 +1,6 @@
 //! `dsh run` as a user runs it.
 
+use super::Bounded;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -29,7 +30,7 @@ fn dsh_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().expect("the dsh binary runs")
+    c.bounded_output().expect("the dsh binary runs")
 }
 
 fn text(b: &[u8]) -> String {
@@ -38,6 +39,7 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn the_keyless_demo_runs_tools_and_answers() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&[
         "run",
         "--script",
@@ -58,6 +60,7 @@ fn the_keyless_demo_runs_tools_and_answers() {
 
 #[test]
 fn json_mode_prints_the_session_event_stream() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&[
         "run",
         "--script",
@@ -85,6 +88,7 @@ fn json_mode_prints_the_session_event_stream() {
 
 #[test]
 fn without_an_endpoint_it_says_how_to_configure_one() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&["run", "hello"]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
@@ -103,6 +107,7 @@ fn without_an_endpoint_it_says_how_to_configure_one() {
 /// way by every command that creates agents.
 #[test]
 fn a_model_or_policy_flag_means_the_same_in_every_command() {
+    let _sweep = crate::suite::sweep();
     // The keyless demo model serves `run` as it serves `workflow`.
     let out = dsh(&["run", "--demo-model", "--approval", "never", "actors"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -158,6 +163,7 @@ fn a_model_or_policy_flag_means_the_same_in_every_command() {
 /// `run`; a store named by a flag or a variable wins over it.
 #[test]
 fn a_configured_session_store_serves_every_command_unless_one_is_named() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-store").unwrap();
     let configured = dir.join("configured");
     let config = dir.join("cordis.yml");
@@ -183,7 +189,7 @@ fn a_configured_session_store_serves_every_command_unless_one_is_named() {
             .env_remove("DSH_APPROVAL")
             .env_remove("DSH_SESSIONS_DIR")
             .env_remove("DSH_SESSIONS_DB")
-            .output()
+            .bounded_output()
             .unwrap()
     };
     let config = config.to_str().unwrap();
@@ -209,6 +215,7 @@ fn a_configured_session_store_serves_every_command_unless_one_is_named() {
 
 #[test]
 fn a_provider_failure_exits_non_zero_with_the_cause() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run").unwrap();
     let script = dir.join("fail.json");
     std::fs::write(&script, r#"{"steps": [{"error": {"code": "INSUFFICIENT_QUOTA", "message": "quota exhausted", "status": 402}}]}"#).unwrap();
@@ -224,6 +231,7 @@ fn a_provider_failure_exits_non_zero_with_the_cause() {
 
 #[test]
 fn the_session_log_is_written_and_loads_back() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-log").unwrap();
     let log = dir.join("session.jsonl");
     let out = dsh(&[
@@ -250,6 +258,7 @@ fn the_session_log_is_written_and_loads_back() {
 
 #[test]
 fn a_config_supplies_the_services_the_provider_and_prompt_sections() {
+    let _sweep = crate::suite::sweep();
     let out = dsh(&["run", "--config", "demo/cordis.yml", "--json", "go"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let header = text(&out.stdout)
@@ -310,6 +319,7 @@ fn a_config_supplies_the_services_the_provider_and_prompt_sections() {
 
 #[test]
 fn an_answer_cut_at_the_token_limit_exits_1() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-cut").unwrap();
     let script = dir.join("cut.json");
     std::fs::write(
@@ -418,6 +428,7 @@ pub(crate) fn body_of(request: &str) -> serde_json::Value {
 /// tool-call turn's reasoning goes back with the tool result.
 #[test]
 fn deepseek_variables_alone_choose_deepseek_and_reasoning_is_passed_back() {
+    let _sweep = crate::suite::sweep();
     let home = dsh::kernel::scratch::fresh_dir("dsh-run-deepseek-home").unwrap();
     let home = home.to_str().unwrap();
     let (url, server) = deepseek_mock(
@@ -566,6 +577,7 @@ fn uuid_like(s: &str) -> bool {
 
 #[test]
 fn reasoning_goes_to_stderr_unless_quiet() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-reasoning").unwrap();
     let script = dir.join("think.json");
     std::fs::write(
@@ -609,6 +621,7 @@ fn reasoning_goes_to_stderr_unless_quiet() {
 /// — the same text under every mode (the runtime context states the mode).
 #[test]
 fn the_system_prompt_has_its_sections_and_no_mode() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-prompt").unwrap();
     let script = dir.join("s.json");
     std::fs::write(&script, r#"{"steps": [{"text": "ok"}]}"#).unwrap();
@@ -654,6 +667,7 @@ fn the_system_prompt_has_its_sections_and_no_mode() {
 /// a home that cannot be written still gives an id (for that run only).
 #[test]
 fn the_anonymous_id_is_stable_and_a_bad_file_is_replaced() {
+    let _sweep = crate::suite::sweep();
     let home = dsh::kernel::scratch::fresh_dir("dsh-home-id").unwrap();
     let first = dsh::home::user_id_in(&home);
     assert!(uuid_like(&first), "{first}");
@@ -672,6 +686,7 @@ fn the_anonymous_id_is_stable_and_a_bad_file_is_replaced() {
 /// saying where it came from, and its skills catalog after that.
 #[test]
 fn project_instructions_and_skills_follow_the_sandbox_section() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-run-agents-md").unwrap();
     std::fs::create_dir_all(dir.join(".git")).unwrap();
     std::fs::write(

@@ -5,6 +5,7 @@
 //! through a pty with util-linux `script`). Child processes never see the
 //! keys dsh holds.
 
+use super::Bounded;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -97,7 +98,7 @@ fn run(p: &Place, script: &Path, args: &[&str], env: &[(&str, &str)]) -> Output 
     for (k, v) in env {
         c.env(k, v);
     }
-    c.output().expect("dsh runs")
+    c.bounded_output().expect("dsh runs")
 }
 
 /// The one session's events.
@@ -137,6 +138,7 @@ fn results(events: &[Value]) -> Vec<String> {
 
 #[test]
 fn under_never_and_read_only_a_scripted_model_cannot_leave_the_workspace() {
+    let _sweep = crate::suite::sweep();
     for (args, env, inside_ok) in [
         (vec!["--approval", "never"], vec![], true),
         (
@@ -218,6 +220,7 @@ fn under_never_and_read_only_a_scripted_model_cannot_leave_the_workspace() {
 
 #[test]
 fn a_config_sets_the_mode_and_a_flag_overrides_it() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let config = p.base.join("cordis.yml");
     std::fs::write(
@@ -242,7 +245,7 @@ fn a_config_sets_the_mode_and_a_flag_overrides_it() {
             .arg("probe")
             .env_remove("DSH_PERMISSION_MODE")
             .stdin(Stdio::null())
-            .output()
+            .bounded_output()
             .unwrap()
     };
     let out = run_with(&[]);
@@ -263,7 +266,7 @@ fn a_config_sets_the_mode_and_a_flag_overrides_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_dsh"))
         .args(["run", "--demo-model", "x"])
         .env("DSH_PERMISSION_MODE", "everything")
-        .output()
+        .bounded_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -325,12 +328,13 @@ fn on_a_terminal(p: &Place, file: &Path, answer: &str) -> String {
     }
     let _ = reader.join();
     drop(answered);
-    assert!(child.wait().unwrap().success());
+    assert!(super::wait_bounded(&mut child, "script").success());
     String::from_utf8_lossy(&seen).into_owned()
 }
 
 #[test]
 fn the_terminal_is_asked_and_only_its_yes_lets_one_call_out() {
+    let _sweep = crate::suite::sweep();
     for (answer, allowed) in [("y", true), ("n", false)] {
         let p = place();
         let marker = p.outside.join("escalated");
@@ -353,6 +357,7 @@ fn the_terminal_is_asked_and_only_its_yes_lets_one_call_out() {
 
 #[test]
 fn tools_never_see_the_keys_unless_passed_through() {
+    let _sweep = crate::suite::sweep();
     let p = place();
     let file = script(&p, "env", vec![bash("env > env.txt")]);
     let keys = [

@@ -39,6 +39,7 @@ fn client() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve(None).await;
     let c = client();
     let tree: serde_json::Value = get_json(&c, format!("{base}/api/tree")).await;
@@ -115,6 +116,7 @@ async fn terminate(mut child: tokio::process::Child) -> std::process::ExitStatus
 /// with the keyless model from the flags, the API creates an agent on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-serve").unwrap();
     let web_only = dir.join("web.yml");
     std::fs::write(
@@ -173,6 +175,7 @@ async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dsh_serve_requires_its_token_and_exits_cleanly_on_sigterm() {
+    let _sweep = crate::suite::sweep();
     let args = ["--bind", "127.0.0.1:0", "--token-env", "DSH_TEST_WEB_TOKEN"].map(String::from);
     let (child, base) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
     let c = client();
@@ -208,6 +211,7 @@ async fn dsh_serve_requires_its_token_and_exits_cleanly_on_sigterm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binding_off_loopback_without_a_token_is_refused() {
+    let _sweep = crate::suite::sweep();
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let config = WebConfig {
         bind: "0.0.0.0:0".into(),
@@ -285,6 +289,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve(None).await;
     // Every change, and the viewer's stream (`?coalesce=1`), side by side.
     let mut streams = Vec::new();
@@ -391,6 +396,7 @@ fn agent(rt: &Runtime, id: &str) -> dsh::actors::agent::Agent {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve_agents(true).await;
     let c = client();
     let r = post(
@@ -529,6 +535,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve_agents(true).await;
     let c = client();
     let post = |path: &str, body: &str| {
@@ -606,6 +613,7 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve_agents(true).await;
     let c = client();
     let (id, a) = created_idle(&c, &base, &rt, "Write one line about sleep.").await;
@@ -660,6 +668,7 @@ async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() 
 // cannot run until it is over, and the 16-change feed must overflow.
 #[tokio::test(flavor = "current_thread")]
 async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_snapshot() {
+    let _sweep = crate::suite::sweep();
     let settings = RuntimeSettings {
         tree: dsh::kernel::tree::TreeLimits {
             feed_capacity: 16,
@@ -759,6 +768,7 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
 /// body, a foreign `Origin`. All refused before any handler runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_site_requests_and_rebinding_hosts_are_refused() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve_agents(true).await;
     let port = base.rsplit(':').next().unwrap().to_owned();
     let c = client();
@@ -844,6 +854,7 @@ async fn cross_site_requests_and_rebinding_hosts_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_in_the_query_opens_reads_only() {
+    let _sweep = crate::suite::sweep();
     let args = [
         "--bind",
         "127.0.0.1:0",
@@ -899,6 +910,7 @@ async fn until_line(
 /// ask is listed, a client allows it, the one escalated call runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_client_answers_approvals() {
+    let _sweep = crate::suite::sweep();
     let dir = dsh::kernel::scratch::fresh_dir("dsh-web-approval").unwrap();
     let marker = dir.join("escalated");
     let script = dir.join("script.json");
@@ -989,6 +1001,7 @@ async fn an_http_client_answers_approvals() {
 /// host name, and stopping `plugin/agent-services` takes its agents down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve_agents_at("localhost:0", true).await;
     let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
     assert!(addr.ip().is_loopback(), "{addr}");
@@ -1021,6 +1034,7 @@ async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
 /// into one message (logged as compaction) and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_agent_is_compacted_through_the_api() {
+    let _sweep = crate::suite::sweep();
     let (rt, base) = serve_agents(true).await;
     let c = client();
     let (id, a) = created_idle(&c, &base, &rt, "Write one line about tides.").await;
@@ -1072,6 +1086,7 @@ async fn an_idle_agent_is_compacted_through_the_api() {
 /// tree shows the cluster's parts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_joins_the_nodes_it_is_given() {
+    let _sweep = crate::suite::sweep();
     use super::cluster::{COOKIE, COOKIE_VAR, Node};
     let b = Node::start("b", &["--demo-model"]);
     let args: Vec<String> = [
@@ -1105,6 +1120,7 @@ async fn serve_joins_the_nodes_it_is_given() {
 /// message is its next turn on that node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows_in_the_api_tree() {
+    let _sweep = crate::suite::sweep();
     use super::cluster::{COOKIE, Node, log_of};
     use dsh::actors::cluster::remote::RemoteProvider;
     use dsh::actors::cluster::{Cluster, ClusterSettings, Placement};
@@ -1257,6 +1273,7 @@ async fn held(
 /// kept up after the run until SIGTERM; its API saw the children.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
+    let _sweep = crate::suite::sweep();
     let fan = "const r = await Promise.all(['a','b','c'].map(t => agent('Write one line about ' + t + '.')));\nreturn {r};\n";
     let args = ["workflow", "fan.js", "--demo-model", "--dashboard"];
     let (child, url) = held(&args, &[("fan.js", fan)], &[]).await;
@@ -1287,6 +1304,7 @@ async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
 /// fragment, and a request without it, or with another, is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runs_dashboard_with_a_token_refuses_requests_without_it() {
+    let _sweep = crate::suite::sweep();
     let args = [
         "run",
         "Write one line about tokens.",
