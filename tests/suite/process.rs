@@ -249,3 +249,44 @@ impl Drain {
         (bytes, done)
     }
 }
+
+/// A process past its deadline is killed with what it started (a `setsid`
+/// one too), and the failure shows what it had printed.
+#[test]
+fn a_hung_process_fails_with_its_output_and_leaves_nothing_behind() {
+    let _sweep = sweep();
+    let hung = std::panic::catch_unwind(|| {
+        Command::new("sh")
+            .args([
+                "-c",
+                "echo started-4411; setsid sleep 1041.17 & sleep 1042.17",
+            ])
+            .output_within(Duration::from_secs(1))
+    });
+    let message = hung
+        .expect_err("the deadline fails the test")
+        .downcast::<String>()
+        .expect("a formatted panic message");
+    assert!(
+        message.contains("still running after 1s: killed"),
+        "{message}"
+    );
+    assert!(message.contains("started-4411"), "{message}");
+    super::until_blocking("the hung process is gone", || !super::running("1042.17"));
+    super::until_blocking("its setsid child is gone", || !super::running("1041.17"));
+}
+
+/// The guard kills what a test started when it ends, even a process that
+/// left the process group and whose parent already exited.
+#[test]
+fn the_guard_kills_an_orphaned_setsid_process_when_the_test_ends() {
+    let guard = sweep();
+    let out = Command::new("sh")
+        .args(["-c", "setsid sleep 1043.17 >/dev/null 2>&1 &"])
+        .bounded_output()
+        .expect("sh runs");
+    assert!(out.status.success());
+    super::until_blocking("the orphan starts", || super::running("1043.17"));
+    drop(guard);
+    super::until_blocking("the guard killed it", || !super::running("1043.17"));
+}
