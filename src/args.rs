@@ -343,7 +343,8 @@ pub struct DashboardArgs {
     #[arg(long, value_name = "ADDR", num_args = 0..=1, require_equals = true,
           default_missing_value = "127.0.0.1:0")]
     pub dashboard: Option<String>,
-    /// The variable holding the dashboard's bearer token
+    /// The variable holding the dashboard's bearer token (without it, a
+    /// random one is made; the printed URL carries it)
     #[arg(long, value_name = "VAR", requires = "dashboard")]
     pub dashboard_token_env: Option<String>,
     /// Keep the process, and the page, up after the run ends, until Ctrl-C

@@ -17,10 +17,13 @@ pub struct ServeArgs {
     /// Address to listen on (loopback by default).
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub bind: String,
-    /// Environment variable holding the bearer token (required off loopback).
+    /// Environment variable holding the bearer token (required off
+    /// loopback; with --mutations and none, the server makes one and prints
+    /// it in its URL's fragment).
     #[arg(long, value_name = "VAR")]
     pub token_env: Option<String>,
-    /// Enable the endpoints that create and steer agents.
+    /// Enable the endpoints that create, steer and cancel agents and answer
+    /// approvals; every request then needs the token.
     #[arg(long)]
     pub mutations: bool,
     /// The model, policy and plugin tree.
@@ -55,8 +58,14 @@ async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
         mutations: args.mutations,
     };
     let web = web(rt, config).await?;
-    // One line on stdout: where to connect (tests and scripts read it).
-    crate::outln!("dsh serve: listening on http://{}", web.local_addr());
+    // One line on stdout: where to connect (tests and scripts read it). A
+    // token the server made is told here only, in the URL's fragment.
+    let url = if web.token_generated() {
+        web.page_url()
+    } else {
+        format!("http://{}", web.local_addr())
+    };
+    crate::outln!("dsh serve: listening on {url}");
     // Ctrl-C, SIGTERM or SIGHUP: the normal end of a server (exit 0).
     let _ = crate::exit::stop_signal().await;
     Ok(())
@@ -89,14 +98,8 @@ pub async fn dashboard(rt: &Runtime, args: &DashboardArgs) -> exit::Result<()> {
         mutations: true,
     };
     let web = web(rt, config).await?;
-    let token = args
-        .dashboard_token_env
-        .as_deref()
-        .and_then(|var| std::env::var(var).ok())
-        // The page reads its token from the fragment, which is never sent.
-        .map(|t| format!("#token={t}"))
-        .unwrap_or_default();
-    crate::errln!("dsh: dashboard at http://{}/{token}", web.local_addr());
+    // The page reads its token from the fragment, which is never sent.
+    crate::errln!("dsh: dashboard at {}", web.page_url());
     Ok(())
 }
 

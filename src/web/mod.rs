@@ -30,11 +30,16 @@
 //! so every request is checked ([`guard`]):
 //! - the server binds 127.0.0.1 unless told otherwise; any other address
 //!   requires a bearer token (read from an environment variable);
+//! - with mutations on, a token is required on loopback too: without a
+//!   configured one, the server makes a random one, kept in memory only and
+//!   shown only in the page's URL ([`WebServer::page_url`]). Any local
+//!   process — an agent's own background job included — could otherwise
+//!   answer the agent's approvals, steer it or cancel it;
 //! - without a token, the `Host` must be the bound address or a loopback
 //!   name with its port (a DNS-rebinding page names its own host);
-//! - with a token, every request carries it as `Authorization: Bearer`;
-//!   `?token=` is accepted for `GET` only (the page's `EventSource` cannot
-//!   set headers);
+//! - with a token, every request but the page itself (`GET /`, which
+//!   holds no data) carries it as `Authorization: Bearer`; `?token=` is
+//!   accepted for `GET` only (the page's `EventSource` cannot set headers);
 //! - a request that is not `GET`/`HEAD` needs `Content-Type:
 //!   application/json` (which a cross-site form or a no-CORS `fetch` cannot
 //!   send) and an `Origin` that is absent or this server's own;
@@ -72,10 +77,13 @@ pub struct WebConfig {
     pub bind: String,
     /// Environment variable holding the bearer token. Required when `bind`
     /// is not a loopback address; when set, every request must carry it.
+    /// With `mutations` and no variable, the server makes a token of its
+    /// own.
     #[serde(default)]
     pub token_env: Option<String>,
     /// Allow the endpoints that change things (create, followup, steer,
-    /// cancel agents). Off by default.
+    /// cancel agents, answer approvals). Off by default; on, every request
+    /// needs the token.
     #[serde(default)]
     pub mutations: bool,
 }
@@ -85,9 +93,20 @@ fn default_bind() -> String {
 }
 
 /// The running server, provided as the `web` service.
-#[derive(Debug)]
 pub struct WebServer {
     addr: SocketAddr,
+    token: Option<Arc<str>>,
+    /// Whether the server made its token (nobody else knows it yet).
+    generated: bool,
+}
+
+impl std::fmt::Debug for WebServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebServer")
+            .field("addr", &self.addr)
+            .field("token", &self.token.as_ref().map(|_| "<withheld>"))
+            .finish()
+    }
 }
 
 impl WebServer {
@@ -97,6 +116,26 @@ impl WebServer {
     /// Where the server listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The token every request carries, if the server has one.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// Whether the server made its token itself (then only its URL tells
+    /// it: print [`page_url`](Self::page_url) to the person who started it).
+    pub fn token_generated(&self) -> bool {
+        self.generated
+    }
+
+    /// The dashboard's URL; with a token, in the fragment (`#token=`), which
+    /// a browser never sends.
+    pub fn page_url(&self) -> String {
+        match &self.token {
+            Some(token) => format!("http://{}/#token={token}", self.addr),
+            None => format!("http://{}/", self.addr),
+        }
     }
 }
 
@@ -392,9 +431,9 @@ struct Following {
 }
 
 /// Every request's checks, in order: the `Host` (without a token), the
-/// token (with one), then, for anything but `GET`/`HEAD`, a JSON body and
+/// token (with one; the page itself needs none), then, for anything but `GET`/`HEAD`, a JSON body and
 /// no foreign `Origin`.
-async fn guard(State(api): State<Api>, request: Request, next: Next) -> Response {
+async fn guard(State(api): State<Api>, mut request: Request, next: Next) -> Response {
     let reading = matches!(
         *request.method(),
         axum::http::Method::GET | axum::http::Method::HEAD
@@ -416,7 +455,9 @@ async fn guard(State(api): State<Api>, request: Request, next: Next) -> Response
             ),
         );
     }
-    if let Some(token) = &api.token {
+    let page = reading && request.uri().path() == "/";
+    let mut token_in_query = false;
+    if let Some(token) = api.token.as_ref().filter(|_| !page) {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -435,6 +476,7 @@ async fn guard(State(api): State<Api>, request: Request, next: Next) -> Response
                 "this server requires `Authorization: Bearer <token>` (`?token=` is accepted on GET requests only)",
             );
         }
+        token_in_query = in_query;
     }
     if !reading {
         let json = headers
@@ -461,7 +503,30 @@ async fn guard(State(api): State<Api>, request: Request, next: Next) -> Response
             }
         }
     }
+    if token_in_query {
+        // Checked: the handlers (and their strict query parsers) never see
+        // it.
+        *request.uri_mut() = without_token(request.uri());
+    }
     next.run(request).await
+}
+
+/// `uri` without its `token=` query parameters.
+fn without_token(uri: &axum::http::Uri) -> axum::http::Uri {
+    let kept: Vec<&str> = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("token="))
+        .collect();
+    let path_and_query = if kept.is_empty() {
+        uri.path().to_owned()
+    } else {
+        format!("{}?{}", uri.path(), kept.join("&"))
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = path_and_query.parse().ok();
+    axum::http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
 }
 
 /// Whether `host` (a `Host` header) names `bound`: its own `ip:port`, or a
@@ -590,13 +655,20 @@ impl Plugin for Web {
 
     async fn apply(&self, ctx: Context, config: Arc<WebConfig>) -> Result<(), BoxError> {
         let addr = bind_address(&config.bind).await?;
-        let token: Option<Arc<str>> = match &config.token_env {
+        let mut token: Option<Arc<str>> = match &config.token_env {
             None => None,
             Some(var) => match std::env::var(var) {
                 Ok(t) if !t.is_empty() => Some(Arc::from(t)),
                 _ => return Err(format!("`token_env: {var}`: ${var} is not set").into()),
             },
         };
+        // Mutations answer approvals: never without a token, even on
+        // loopback, where every local process (the agents' tools too) could
+        // reach them. A made one lives in this process's memory only.
+        let generated = config.mutations && token.is_none();
+        if generated {
+            token = Some(Arc::from(uuid::Uuid::new_v4().simple().to_string()));
+        }
         if !addr.ip().is_loopback() && token.is_none() {
             return Err(format!(
                 "binding {addr} (not loopback) requires a token: set `token_env` to a variable holding it"
@@ -609,8 +681,9 @@ impl Plugin for Web {
         let bound = listener.local_addr()?;
         let stop = CancellationToken::new();
         if let Some(var) = &config.token_env {
-            // Tool processes never see the token.
-            dsh_services::sandbox::env::register_secret(var);
+            // No child process sees the token: not tools, not agent
+            // processes.
+            dsh_services::sandbox::env::register_server_token(var);
         }
         let pending = Arc::new(approvals::Pending::default());
         if config.mutations {
@@ -620,7 +693,7 @@ impl Plugin for Web {
             listener: Some(listener),
             router: Some(router(
                 ctx.runtime().clone(),
-                token,
+                token.clone(),
                 stop.clone(),
                 config.mutations,
                 bound,
@@ -637,7 +710,12 @@ impl Plugin for Web {
         .await?;
         // Before the server actor is drained: stop accepting, finish requests.
         ctx.on_teardown("stop the web server", move || async move { stop.cancel() })?;
-        ctx.provide(WebServer::SERVICE, Arc::new(WebServer { addr: bound }))?;
+        let server = WebServer {
+            addr: bound,
+            token,
+            generated,
+        };
+        ctx.provide(WebServer::SERVICE, Arc::new(server))?;
         tracing::info!("dsh web API on http://{bound}");
         Ok(())
     }

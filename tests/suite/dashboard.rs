@@ -90,7 +90,8 @@ impl Tool for Park {
 }
 
 /// The agent services with `model` on `route`, and the web plugin (with
-/// mutations) on a free loopback port; the runtime and the page's URL.
+/// mutations) on a free loopback port; the runtime and the page's URL
+/// (with the token the server made, in its fragment).
 async fn serve_page(route: &str, model: Arc<dyn LlmAdapter>) -> (Runtime, String) {
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let root = rt.root();
@@ -105,11 +106,12 @@ async fn serve_page(route: &str, model: Arc<dyn LlmAdapter>) -> (Runtime, String
         mutations: true,
     };
     root.plugin(Web, config).await.unwrap();
-    let addr = root
+    let url = root
         .get::<WebServer>(WebServer::SERVICE)
         .unwrap()
-        .local_addr();
-    (rt, format!("http://{addr}"))
+        .page_url();
+    assert!(url.contains("/#token="), "{url}");
+    (rt, url)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

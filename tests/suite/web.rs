@@ -9,12 +9,13 @@ use futures::StreamExt;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn serve(token_env: Option<&str>) -> (Runtime, String) {
+/// The web plugin alone (reads only: no token) on a free loopback port.
+async fn serve() -> (Runtime, String) {
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let config = WebConfig {
         bind: "127.0.0.1:0".into(),
-        token_env: token_env.map(str::to_owned),
-        mutations: true,
+        token_env: None,
+        mutations: false,
     };
     rt.root().plugin(Web, config).await.unwrap();
     let web = rt.root().get::<WebServer>(WebServer::SERVICE).unwrap();
@@ -32,15 +33,39 @@ async fn post(c: &reqwest::Client, url: String, body: serde_json::Value) -> reqw
 }
 
 fn client() -> reqwest::Client {
+    client_with(None)
+}
+
+/// A client that sends `token` (as `Authorization: Bearer`) with every
+/// request.
+fn client_with(token: Option<&str>) -> reqwest::Client {
     // reqwest is built without a default TLS provider (plain HTTP here).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder().timeout(WAIT).build().unwrap()
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(token) = token {
+        let value = format!("Bearer {token}").parse().unwrap();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
+    reqwest::Client::builder()
+        .timeout(WAIT)
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
+/// A printed URL (`http://ADDR` or `http://ADDR/#token=T`): the base and a
+/// client that carries the token, if the URL has one.
+fn endpoint(url: &str) -> (String, reqwest::Client) {
+    match url.split_once("/#token=") {
+        Some((base, token)) => (base.to_owned(), client_with(Some(token))),
+        None => (url.trim_end_matches('/').to_owned(), client()),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve(None).await;
+    let (rt, base) = serve().await;
     let c = client();
     let tree: serde_json::Value = get_json(&c, format!("{base}/api/tree")).await;
     let nodes = tree.as_array().unwrap();
@@ -73,10 +98,26 @@ async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
 }
 
 /// Starts `dsh serve` with `args` and `env` (and none of the caller's model
-/// or policy variables); returns it and the base URL it printed.
-async fn dsh_serve(args: &[String], env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+/// or policy variables); returns it, the base URL it printed and a client
+/// with the token the URL carried (a made one: `--mutations` without
+/// `--token-env`).
+async fn dsh_serve(
+    args: &[String],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String, reqwest::Client) {
+    dsh_serve_in(&std::env::current_dir().unwrap(), args, env).await
+}
+
+/// [`dsh_serve`] with `cwd` as its working directory (its agents'
+/// workspace).
+async fn dsh_serve_in(
+    cwd: &std::path::Path,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String, reqwest::Client) {
     use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .current_dir(cwd)
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
         .env_remove("DSH_APPROVAL")
@@ -94,11 +135,11 @@ async fn dsh_serve(args: &[String], env: &[(&str, &str)]) -> (tokio::process::Ch
         .unwrap()
         .unwrap()
         .unwrap_or_default();
-    let base = line
+    let url = line
         .strip_prefix("dsh serve: listening on ")
-        .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"))
-        .to_owned();
-    (child, base)
+        .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"));
+    let (base, c) = endpoint(url);
+    (child, base, c)
 }
 
 /// SIGTERM, then the exit status (within the wait budget).
@@ -154,9 +195,8 @@ async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
     ];
     let sessions = dir.join("sessions");
     for args in cases {
-        let (child, base) =
+        let (child, base, c) =
             dsh_serve(&args, &[("DSH_SESSIONS_DIR", sessions.to_str().unwrap())]).await;
-        let c = client();
         let r = c.get(format!("{base}/api/tree")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{args:?}");
         if args.contains(&"--demo-model".to_owned()) {
@@ -177,8 +217,7 @@ async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
 async fn dsh_serve_requires_its_token_and_exits_cleanly_on_sigterm() {
     let _sweep = crate::suite::sweep();
     let args = ["--bind", "127.0.0.1:0", "--token-env", "DSH_TEST_WEB_TOKEN"].map(String::from);
-    let (child, base) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
-    let c = client();
+    let (child, base, c) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
     let r = c.get(format!("{base}/api/tree")).send().await.unwrap();
     assert_eq!(r.status(), 401);
     let body: serde_json::Value = r.json().await.unwrap();
@@ -290,7 +329,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve(None).await;
+    let (rt, base) = serve().await;
     // Every change, and the viewer's stream (`?coalesce=1`), side by side.
     let mut streams = Vec::new();
     for query in ["", "?coalesce=1"] {
@@ -337,12 +376,12 @@ async fn the_stream_sends_a_snapshot_then_deltas_and_ends_at_shutdown() {
     }
 }
 
-async fn serve_agents(mutations: bool) -> (Runtime, String) {
+async fn serve_agents(mutations: bool) -> (Runtime, String, reqwest::Client) {
     serve_agents_at("127.0.0.1:0", mutations).await
 }
 
 /// The agent services with the demo model, and the web plugin on `bind`.
-async fn serve_agents_at(bind: &str, mutations: bool) -> (Runtime, String) {
+async fn serve_agents_at(bind: &str, mutations: bool) -> (Runtime, String, reqwest::Client) {
     let rt = Runtime::start(RuntimeSettings::default()).await.unwrap();
     let root = rt.root();
     root.plugin(dsh::catalogue::AgentServices, Default::default())
@@ -360,7 +399,9 @@ async fn serve_agents_at(bind: &str, mutations: bool) -> (Runtime, String) {
     };
     root.plugin(Web, config).await.unwrap();
     let web = root.get::<WebServer>(WebServer::SERVICE).unwrap();
-    (rt, format!("http://{}", web.local_addr()))
+    assert_eq!(web.token().is_some(), mutations, "a token with mutations");
+    let (base, c) = endpoint(&web.page_url());
+    (rt, base, c)
 }
 
 /// Creates an agent through the API with `prompt` and waits until its
@@ -397,8 +438,7 @@ fn agent(rt: &Runtime, id: &str) -> dsh::actors::agent::Agent {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve_agents(true).await;
-    let c = client();
+    let (rt, base, c) = serve_agents(true).await;
     let r = post(
         &c,
         format!("{base}/api/agents"),
@@ -536,8 +576,7 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve_agents(true).await;
-    let c = client();
+    let (rt, base, c) = serve_agents(true).await;
     let post = |path: &str, body: &str| {
         c.post(format!("{base}{path}"))
             .header("content-type", "application/json")
@@ -591,7 +630,7 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
     assert_eq!(r.status(), 404);
     rt.shutdown().await;
 
-    let (rt, base) = serve_agents(false).await;
+    let (rt, base, _) = serve_agents(false).await;
     let r = client()
         .post(format!("{base}/api/agents"))
         .json(&serde_json::json!({"prompt": "x"}))
@@ -614,8 +653,7 @@ async fn bad_requests_get_json_errors_and_mutations_can_be_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hibernated_agent_is_shown_answers_a_cancel_and_wakes_on_a_followup() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve_agents(true).await;
-    let c = client();
+    let (rt, base, c) = serve_agents(true).await;
     let (id, a) = created_idle(&c, &base, &rt, "Write one line about sleep.").await;
     a.hibernate().await.unwrap();
     let node = a.node_id();
@@ -764,14 +802,15 @@ async fn a_subscriber_that_falls_behind_is_told_how_much_it_missed_and_gets_a_sn
     rt.shutdown().await;
 }
 
-/// Requests a hostile page could make: a rebinding `Host`, a form-style
-/// body, a foreign `Origin`. All refused before any handler runs.
+/// Requests a hostile page could make: a rebinding `Host` (on a server
+/// without a token: with one, the page cannot know it), a form-style body,
+/// a foreign `Origin` (even with the token). All refused before any handler
+/// runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_site_requests_and_rebinding_hosts_are_refused() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve_agents(true).await;
+    let (reads, base, c) = serve_agents(false).await;
     let port = base.rsplit(':').next().unwrap().to_owned();
-    let c = client();
     let r = c
         .get(format!("{base}/api/tree"))
         .header("host", format!("evil.example:{port}"))
@@ -788,6 +827,8 @@ async fn cross_site_requests_and_rebinding_hosts_are_refused() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    reads.shutdown().await;
+    let (rt, base, c) = serve_agents(true).await;
     let body = r#"{"prompt": "Write one line about trust."}"#;
     let refused = [
         ("text/plain", None, 415, "JSON_REQUIRED"),
@@ -864,8 +905,7 @@ async fn a_token_in_the_query_opens_reads_only() {
         "--demo-model",
     ]
     .map(String::from);
-    let (child, base) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
-    let c = client();
+    let (child, base, c) = dsh_serve(&args, &[("DSH_TEST_WEB_TOKEN", "s3cret")]).await;
     let r = c
         .get(format!("{base}/api/tree?token=s3cret"))
         .send()
@@ -887,6 +927,32 @@ async fn a_token_in_the_query_opens_reads_only() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
+    // The token is taken out of the query before a handler parses it: an
+    // endpoint that refuses unknown parameters still answers.
+    let id = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = c
+        .get(format!(
+            "{base}/api/sessions/{id}/events?from_seq=0&token=s3cret&limit=5"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = c
+        .get(format!(
+            "{base}/api/sessions/{id}/events?bogus=1&token=s3cret"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        400,
+        "other unknown parameters are still refused"
+    );
     assert!(terminate(child).await.success());
 }
 
@@ -927,8 +993,7 @@ async fn an_http_client_answers_approvals() {
         "--script".to_owned(),
         script.display().to_string(),
     ];
-    let (child, base) = dsh_serve(&args, &[]).await;
-    let c = client();
+    let (child, base, c) = dsh_serve(&args, &[]).await;
     let created: serde_json::Value = post(
         &c,
         format!("{base}/api/agents"),
@@ -997,15 +1062,132 @@ async fn an_http_client_answers_approvals() {
     assert!(terminate(child).await.success());
 }
 
+/// An agent approving its own escalation (issue 39): its first call starts
+/// a background job that polls the server's approvals and answers each one
+/// `allowed-once`; its second asks for `danger-full-access` to write
+/// outside its workspace. The server's token, made or configured (then
+/// withheld from tools like an API key), is out of the job's reach: every
+/// request it makes is refused, the ask waits for the person holding the
+/// token, who rejects it, and the file is never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_own_job_cannot_answer_its_approval() {
+    let _sweep = crate::suite::sweep();
+    const VAR: &str = "DSH_TEST_SELF_APPROVAL_TOKEN";
+    for configured in [false, true] {
+        let dir = dsh::kernel::scratch::fresh_dir("dsh-web-self-approval").unwrap();
+        let workspace = dir.join("workspace");
+        std::fs::create_dir(&workspace).unwrap();
+        let marker = dir.join("escaped");
+        let addr = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        // The attacker polls on its own clock; nothing here waits on it.
+        let job = format!(
+            r#"for i in $(seq 1 1000); do
+  code=$(curl -s -o list.json -w '%{{http_code}}' -H "Authorization: Bearer ${VAR}" http://{addr}/api/approvals)
+  echo "list $code" >> job.log
+  for id in $(grep -o '"id":"[^"]*"' list.json | cut -d'"' -f4); do
+    code=$(curl -s -o /dev/null -w '%{{http_code}}' -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer ${VAR}" -d '{{"outcome":"allowed-once"}}' http://{addr}/api/approvals/$id)
+    echo "answer $code" >> job.log
+  done
+  sleep 0.05
+done"#
+        );
+        let steps = serde_json::json!({"steps": [
+            {"tool_calls": [{"name": "bash", "arguments": {
+                "command": job, "description": "approve everything", "run_in_background": true
+            }}]},
+            {"tool_calls": [{"name": "bash", "arguments": {
+                "command": format!("touch {}", marker.display()), "description": "escape",
+                "sandbox_permissions": "danger-full-access", "justification": "write outside"
+            }}]},
+            {"text": "done"}
+        ]});
+        let script = dir.join("script.json");
+        std::fs::write(&script, steps.to_string()).unwrap();
+        let mut args = vec![
+            "--bind".to_owned(),
+            addr.to_string(),
+            "--mutations".to_owned(),
+            "--script".to_owned(),
+            script.display().to_string(),
+        ];
+        let env: &[(&str, &str)] = if configured {
+            args.extend(["--token-env".to_owned(), VAR.to_owned()]);
+            &[(VAR, "s3cret-self")]
+        } else {
+            &[]
+        };
+        let (child, base, made) = dsh_serve_in(&workspace, &args, env).await;
+        let c = if configured {
+            client_with(Some("s3cret-self"))
+        } else {
+            made
+        };
+        let created = post(
+            &c,
+            format!("{base}/api/agents"),
+            serde_json::json!({"prompt": "go"}),
+        )
+        .await;
+        assert_eq!(created.status(), 201, "configured: {configured}");
+        let created: serde_json::Value = created.json().await.unwrap();
+        let id = created["id"].as_str().unwrap().to_owned();
+        let mut events = c
+            .get(format!("{base}/api/sessions/{id}/events?stream=1"))
+            .send()
+            .await
+            .unwrap()
+            .bytes_stream();
+        let mut seen = String::new();
+        until_line(&mut events, &mut seen, "approval/asked").await;
+        // The job has tried, several times, while the ask was open.
+        let log = workspace.join("job.log");
+        let tries = |log: &std::path::Path| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("list "))
+                .count()
+        };
+        let before = tries(&log);
+        crate::suite::until("the job polls the approvals", || tries(&log) >= before + 3).await;
+        let pending = get_json(&c, format!("{base}/api/approvals")).await;
+        let approval = pending["approvals"][0]["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("the ask still waits: {pending}"))
+            .to_owned();
+        let r = post(
+            &c,
+            format!("{base}/api/approvals/{approval}"),
+            serde_json::json!({"outcome": "rejected"}),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        until_line(&mut events, &mut seen, "turn/end").await;
+        assert!(
+            !marker.exists(),
+            "configured: {configured}: the agent escaped: {seen}"
+        );
+        assert!(seen.contains(r#""outcome":"rejected""#), "{seen}");
+        let attempts = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            attempts.lines().all(|l| l == "list 401"),
+            "configured: {configured}: the job got through:\n{attempts}"
+        );
+        assert!(terminate(child).await.success());
+    }
+}
+
 /// The minor rough edges: a wrong method gets a JSON 405, `bind` takes a
 /// host name, and stopping `plugin/agent-services` takes its agents down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve_agents_at("localhost:0", true).await;
+    let (rt, base, c) = serve_agents_at("localhost:0", true).await;
     let addr: std::net::SocketAddr = base.trim_start_matches("http://").parse().unwrap();
     assert!(addr.ip().is_loopback(), "{addr}");
-    let c = client();
     let r = post(&c, format!("{base}/api/tree"), serde_json::json!({})).await;
     assert_eq!(r.status(), 405);
     let v: serde_json::Value = r.json().await.unwrap();
@@ -1035,8 +1217,7 @@ async fn a_wrong_method_a_named_host_and_a_stopped_services_plugin_behave() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_agent_is_compacted_through_the_api() {
     let _sweep = crate::suite::sweep();
-    let (rt, base) = serve_agents(true).await;
-    let c = client();
+    let (rt, base, c) = serve_agents(true).await;
     let (id, a) = created_idle(&c, &base, &rt, "Write one line about tides.").await;
     let done: serde_json::Value = post(
         &c,
@@ -1101,8 +1282,7 @@ async fn serve_joins_the_nodes_it_is_given() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let (child, base) = dsh_serve(&args, &[(COOKIE_VAR, COOKIE)]).await;
-    let c = client();
+    let (child, base, c) = dsh_serve(&args, &[(COOKIE_VAR, COOKIE)]).await;
     let tree = get_json(&c, format!("{base}/api/tree")).await;
     let kinds: Vec<&str> = tree
         .as_array()
@@ -1126,7 +1306,7 @@ async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows
     use dsh::actors::cluster::{Cluster, ClusterSettings, Placement};
     use dsh::actors::subagent::{StartRequest, Subagents};
     let b = Node::start("b", &["--demo-model"]);
-    let (rt, base) = serve_agents(true).await;
+    let (rt, base, c) = serve_agents(true).await;
     let root = rt.root();
     let settings = ClusterSettings {
         name: "a".into(),
@@ -1140,7 +1320,6 @@ async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows
     let subagents = root.get::<Subagents>(Subagents::SERVICE).unwrap();
     let provider = RemoteProvider::new(cluster.clone(), Placement::RoundRobin);
     subagents.register(&root, Arc::new(provider)).unwrap();
-    let c = client();
     let (parent_id, parent) = created_idle(&c, &base, &rt, "Write one line about parents.").await;
 
     let request = StartRequest::new(
@@ -1277,12 +1456,20 @@ async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
     let fan = "const r = await Promise.all(['a','b','c'].map(t => agent('Write one line about ' + t + '.')));\nreturn {r};\n";
     let args = ["workflow", "fan.js", "--demo-model", "--dashboard"];
     let (child, url) = held(&args, &[("fan.js", fan)], &[]).await;
-    let base = url.trim_end_matches('/');
+    // The dashboard may steer and answer approvals: it made a token.
+    let (base, c) = endpoint(&url);
+    assert!(url.contains("/#token="), "{url}");
     assert!(base.starts_with("http://127.0.0.1:"), "{base}");
-    // The run is over and the page is still served, with what it ran.
-    let c = client();
-    let page = c.get(format!("{base}/")).send().await.unwrap();
+    // The run is over and the page is still served (to anyone: it holds
+    // no data), with what it ran (to the token's holder only).
+    let page = client().get(format!("{base}/")).send().await.unwrap();
     assert_eq!(page.status(), 200);
+    let bare = client()
+        .get(format!("{base}/api/tree"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.status(), 401);
     let stopped = get_json(&c, format!("{base}/api/tree/stopped")).await;
     let children = stopped
         .as_array()

@@ -164,7 +164,13 @@ impl AcpChild {
         cwd: &std::path::Path,
         parent: Context,
     ) -> Result<AcpChild, String> {
-        let mut child = tokio::process::Command::new(command)
+        let mut cmd = tokio::process::Command::new(command);
+        // The child is an agent with its own keys, never this process's
+        // server tokens (it could answer its own approvals).
+        for name in dsh_services::sandbox::env::server_tokens() {
+            cmd.env_remove(name);
+        }
+        let mut child = cmd
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .current_dir(cwd)

@@ -14,11 +14,34 @@ use std::sync::RwLock;
 
 static REGISTERED: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
 
+/// Variables no child process sees, not even an agent process that is
+/// otherwise given the keys it needs (an ACP subagent): the tokens of this
+/// process's own servers.
+static SERVER_TOKENS: RwLock<BTreeSet<String>> = RwLock::new(BTreeSet::new());
+
 /// Withholds `name` from child processes from now on.
 pub fn register_secret(name: &str) {
     if let Ok(mut names) = REGISTERED.write() {
         names.insert(name.to_owned());
     }
+}
+
+/// Withholds `name` from every child process from now on, agent processes
+/// included: it holds the token of a server of this process (its approvals,
+/// steer and cancel).
+pub fn register_server_token(name: &str) {
+    register_secret(name);
+    if let Ok(mut names) = SERVER_TOKENS.write() {
+        names.insert(name.to_owned());
+    }
+}
+
+/// The variables [`register_server_token`] named.
+pub fn server_tokens() -> Vec<String> {
+    SERVER_TOKENS
+        .read()
+        .map(|names| names.iter().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// Whether `name` holds something a child must not see.
@@ -57,5 +80,9 @@ mod tests {
         assert!(!is_secret("DSH_ENV_TEST_CUSTOM_SECRET"));
         register_secret("DSH_ENV_TEST_CUSTOM_SECRET");
         assert!(is_secret("DSH_ENV_TEST_CUSTOM_SECRET"));
+        assert!(!server_tokens().contains(&"DSH_ENV_TEST_CUSTOM_SECRET".to_owned()));
+        register_server_token("DSH_ENV_TEST_SERVER_TOKEN");
+        assert!(is_secret("DSH_ENV_TEST_SERVER_TOKEN"));
+        assert!(server_tokens().contains(&"DSH_ENV_TEST_SERVER_TOKEN".to_owned()));
     }
 }
