@@ -9,6 +9,7 @@
 //! | [`FAILED`] 1 | the work failed (a model call, the runtime, a write); the cause is printed |
 //! | [`USAGE`] 2 | bad arguments, a bad file or config, no model configured: nothing ran |
 //! | [`BLOCKED`] 3 | a Ralph loop ended blocked or without progress (the worker's claim) |
+//! | [`CHILD_FAILED`] 4 | a workflow ran to its end but some of its children failed (listed on stderr; `--allow-failures` makes it 0) |
 //! | [`CANCELLED`] 130 | cancelled (Ctrl-C, SIGINT) |
 //! | 143, 129 | cancelled by SIGTERM, SIGHUP (handled as Ctrl-C is: the turn ends `aborted`, children are killed, the session is written) |
 
@@ -25,6 +26,8 @@ pub const FAILED: u8 = 1;
 pub const USAGE: u8 = 2;
 /// A Ralph loop ended blocked or without progress.
 pub const BLOCKED: u8 = 3;
+/// A workflow ended, but some of its children failed.
+pub const CHILD_FAILED: u8 = 4;
 /// Cancelled.
 pub const CANCELLED: u8 = 130;
 
@@ -184,7 +187,7 @@ impl From<StoreError> for Exit {
             | StoreError::Exists(_)
             | StoreError::Encoding { .. }
             | StoreError::Load { .. } => USAGE,
-            StoreError::Io { .. } => FAILED,
+            StoreError::Io { .. } | StoreError::Busy { .. } | StoreError::Stale { .. } => FAILED,
         };
         Exit::with(code, Some(e.to_string()))
     }

@@ -20,9 +20,12 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     name = "dsh",
     version,
     about = "dsh: a supervised actor runtime for multi-agent LLM work",
-    after_help = "Exit codes: 0 done; 1 the work failed (the cause is printed); 2 bad \
-                  arguments, a bad file or config, or no model configured; 3 a Ralph loop \
-                  ended blocked or without progress; 130 cancelled."
+    after_help = "Exit codes: 0 done; 1 the work failed (the cause is printed; also a \
+                  session log not fully written, or a session another process writes: \
+                  SESSION_BUSY); 2 bad arguments, a bad file or config, or no model \
+                  configured; 3 a Ralph loop ended blocked or without progress; 4 a \
+                  workflow ended with failed children (listed; --allow-failures: 0); \
+                  130 cancelled."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -81,11 +81,31 @@ impl TreePrint {
     async fn printing(&self) -> std::convert::Infallible {
         if let Some(cluster) = &self.cluster {
             self.due.notified().await;
-            cluster.mirrored(MIRROR_WAIT).await;
-            self.print();
+            let deadline = tokio::time::Instant::now() + MIRROR_WAIT;
+            // Children placed while the mirrors came in (siblings start
+            // at once) show their subtree too, within the wait.
+            let nodes = loop {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                cluster.mirrored(left).await;
+                let nodes = self.rt.tree().snapshot();
+                if left.is_zero() || every_part_rooted(&nodes) {
+                    break nodes;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            crate::errln!("live actor tree:\n{}", render(&nodes));
         }
         std::future::pending().await
     }
+}
+
+/// Whether every remote child's part in `nodes` shows the subtree mirrored
+/// from its node.
+fn every_part_rooted(nodes: &[dsh_supervisors::tree::NodeSnapshot]) -> bool {
+    nodes
+        .iter()
+        .filter(|n| n.kind == "remote-child")
+        .all(|part| nodes.iter().any(|n| n.parent == Some(part.id)))
 }
 
 async fn stage(
@@ -170,6 +190,19 @@ async fn finish(stage: Stage) -> Option<String> {
     flushed.map(|e| format!("the coordinator's log was not fully written: {e}"))
 }
 
+/// `exit`, and a log that was not fully written (`unwritten`): that fails
+/// an otherwise good run (exit 1), and is told beside any other failure.
+fn settle(exit: Exit, unwritten: Option<String>, command: &str) -> Exit {
+    match unwritten {
+        Some(m) if exit.is_ok() => Exit::failed(m),
+        Some(m) => {
+            crate::errln!("dsh {command}: {m}");
+            exit
+        }
+        None => exit,
+    }
+}
+
 /// The children a coordinator's session has, from the store.
 fn children_of(store: &dyn SessionPersistence, parent: &str) -> Vec<String> {
     let mut out: Vec<(u64, String)> = store
@@ -202,6 +235,10 @@ pub struct WorkflowArgs {
     /// Print the live actor tree once the first child is in flight.
     #[arg(long)]
     pub tree: bool,
+    /// Exit 0 when the script ends even if some children failed (they are
+    /// still listed on stderr); without it such a run exits 4.
+    #[arg(long)]
+    pub allow_failures: bool,
     /// The model, policy and plugin tree.
     #[command(flatten)]
     pub agents: AgentArgs,
@@ -281,20 +318,55 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
         return e;
     }
     let exit = match run_workflow(&stage, script, meta, args, opts.tree, 0).await {
-        Ok((value, _)) => {
+        Ok(ran) => {
             crate::outln!(
                 "{}",
-                serde_json::to_string_pretty(&value).unwrap_or_default()
+                serde_json::to_string_pretty(&ran.value).unwrap_or_default()
             );
-            Exit::ok()
+            let exit = ran.exit(opts.allow_failures);
+            if exit.is_ok() && !ran.failures.is_empty() {
+                crate::errln!(
+                    "dsh workflow: {} of {} children failed (allowed):\n  {}",
+                    ran.failures.len(),
+                    ran.started,
+                    ran.failures.join("\n  ")
+                );
+            }
+            exit
         }
         Err(e) => e,
     };
     report_logs(&stage, "workflow");
     crate::serve::hold(&opts.dashboard).await;
-    match finish(stage).await {
-        Some(m) if exit.is_ok() => Exit::failed(m),
-        _ => exit,
+    settle(exit, finish(stage).await, "workflow")
+}
+
+/// A workflow that ran to its end.
+struct Ran {
+    /// What the script returned.
+    value: Value,
+    /// Children started.
+    started: u32,
+    /// One line per child that did not complete.
+    failures: Vec<String>,
+}
+
+impl Ran {
+    /// 0, or [`exit::CHILD_FAILED`] with the failures listed, unless
+    /// `allowed`.
+    fn exit(&self, allowed: bool) -> Exit {
+        if self.failures.is_empty() || allowed {
+            return Exit::ok();
+        }
+        Exit::with(
+            exit::CHILD_FAILED,
+            Some(format!(
+                "{} of {} children failed (--allow-failures exits 0):\n  {}",
+                self.failures.len(),
+                self.started,
+                self.failures.join("\n  ")
+            )),
+        )
     }
 }
 
@@ -307,7 +379,7 @@ async fn run_workflow(
     args: Value,
     tree: bool,
     tree_at: u32,
-) -> exit::Result<(Value, u32)> {
+) -> exit::Result<Ran> {
     let root = stage.rt.root();
     let Some(engine) = root.get::<WorkflowEngine>(WorkflowEngine::SERVICE) else {
         return Err(Exit::failed("no workflow engine is provided"));
@@ -316,6 +388,9 @@ async fn run_workflow(
     let printer = TreePrint::new(stage);
     let shown = printer.clone();
     let count = started.clone();
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let failed = failures.clone();
+    let labels = std::sync::Mutex::new(std::collections::HashMap::new());
     let show_at = if tree { tree_at.max(1) } else { tree_at };
     let listener = root.on(move |u: &WorkflowUpdate| match u.kind {
         "workflow/phase" => crate::errln!(
@@ -330,6 +405,9 @@ async fn run_workflow(
         ),
         "workflow/agent-start" => {
             let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Ok(mut labels) = labels.lock() {
+                labels.insert(u.data["seq"].to_string(), u.data["label"].clone());
+            }
             crate::errln!(
                 "[{}] agent #{} started: {} (session {})",
                 u.name,
@@ -341,12 +419,29 @@ async fn run_workflow(
                 shown.due();
             }
         }
-        "workflow/agent-end" => crate::errln!(
-            "[{}] agent #{} {}",
-            u.name,
-            u.data["seq"],
-            u.data["outcome"].as_str().unwrap_or_default()
-        ),
+        "workflow/agent-end" => {
+            let outcome = u.data["outcome"].as_str().unwrap_or_default();
+            crate::errln!("[{}] agent #{} {outcome}", u.name, u.data["seq"]);
+            if outcome != "completed" {
+                let seq = u.data["seq"].to_string();
+                let label = labels
+                    .lock()
+                    .ok()
+                    .and_then(|l| l.get(&seq).and_then(|v| v.as_str().map(str::to_owned)))
+                    .unwrap_or_else(|| "-".into());
+                let why = u.data["diagnostic"]
+                    .as_str()
+                    .map(|d| format!(": {}", d.lines().next().unwrap_or_default()))
+                    .unwrap_or_default();
+                let line = format!(
+                    "agent #{seq} {label} (session {}) ended {outcome}{why}",
+                    u.data["child"].as_str().unwrap_or_default()
+                );
+                if let Ok(mut f) = failed.lock() {
+                    f.push(line);
+                }
+            }
+        }
         _ => {}
     });
     let mut request = WorkflowRequest::new(&stage.coordinator, script, meta);
@@ -377,8 +472,13 @@ async fn run_workflow(
     if let Ok(l) = listener {
         l.dispose().await;
     }
+    let failures = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
     match result.stop_reason {
-        WorkflowStop::Completed => Ok((result.value, result.agents_started)),
+        WorkflowStop::Completed => Ok(Ran {
+            value: result.value,
+            started: result.agents_started,
+            failures,
+        }),
         WorkflowStop::Cancelled => Err(match stopped {
             Some(stop) => stop.exit("the workflow was cancelled"),
             None => Exit::cancelled("the workflow was cancelled"),
@@ -495,10 +595,7 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
             stage.coordinator.id()
         );
     }
-    match finish(stage).await {
-        Some(m) if exit.is_ok() => Exit::failed(m),
-        _ => exit,
-    }
+    settle(exit, finish(stage).await, "ralph")
 }
 
 async fn run_ralph(
@@ -635,12 +732,17 @@ pub async fn demo(opts: DemoArgs) -> Exit {
     let args = json!({"topics": ["actors", "supervision", "teardown"]});
     let mut code = 0;
     match run_workflow(&stage, DEMO_SCRIPT.into(), meta, args, true, 3).await {
-        Ok((value, agents)) => {
-            crate::outln!("   workflow result ({agents} subagents):");
+        Ok(ran) => {
+            crate::outln!("   workflow result ({} subagents):", ran.started);
             crate::outln!(
                 "{}",
-                serde_json::to_string_pretty(&value).unwrap_or_default()
+                serde_json::to_string_pretty(&ran.value).unwrap_or_default()
             );
+            let failed = ran.exit(false);
+            if !failed.is_ok() {
+                crate::errln!("dsh demo: {}", failed.message.unwrap_or_default());
+                code = failed.code;
+            }
         }
         Err(e) => {
             crate::errln!("dsh demo: {}", e.message.unwrap_or_default());

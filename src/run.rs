@@ -324,12 +324,31 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     if !args.json {
         crate::outln!();
     }
-    if let Err(e) = agent.session().flush().await {
-        crate::errln!("dsh run: the session log was not fully written: {e}");
-    }
+    let unwritten = agent
+        .session()
+        .flush()
+        .await
+        .err()
+        .map(|e| format!("the session log was not fully written: {e}"));
     if args.tree {
         crate::err!("{}", render(&rt.tree().snapshot()));
     }
+    // A turn that went well but is not all on disk is not done: exit 1.
+    match (ended(outcome, stopped), unwritten) {
+        (Ok(()), Some(unwritten)) => Err(Exit::failed(unwritten)),
+        (ended, Some(unwritten)) => {
+            crate::errln!("dsh run: {unwritten}");
+            ended
+        }
+        (ended, None) => ended,
+    }
+}
+
+/// How the turn ended, as the process's exit.
+fn ended(
+    outcome: Result<dsh_actors::agent::TurnSummary, AgentError>,
+    stopped: Option<crate::exit::Stop>,
+) -> exit::Result<()> {
     let summary = outcome.map_err(|e| Exit::failed(e.to_string()))?;
     match summary.reason {
         TurnEndReason::Completed => Ok(()),

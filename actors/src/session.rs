@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use dsh_services::llm::History;
-use dsh_services::persistence::{SessionPersistence, StoreError};
+use dsh_services::persistence::{SessionPersistence, StoreError, WriterLock};
 use dsh_services::session::compact::{CompactError, CompactLog};
 use dsh_services::session::{
     EventData, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent,
@@ -283,17 +283,19 @@ impl SessionHandle {
         ctx: &Context,
         store: Option<Arc<dyn SessionPersistence>>,
     ) -> dsh_supervisors::Result<()> {
-        self.attach_after(ctx, store, None).await
+        self.attach_after(ctx, store, None, None).await
     }
 
     /// Like [`SessionHandle::attach`]; with `stored: Some(n)` the session
     /// already exists in `store` holding its first `n` events (a resumed
-    /// session), and only later events are appended.
+    /// session), and only later events are appended. The actor holds
+    /// `writer`, the session's one-writer lock, until it stops.
     pub async fn attach_after(
         &self,
         ctx: &Context,
         store: Option<Arc<dyn SessionPersistence>>,
         stored: Option<u64>,
+        writer: Option<WriterLock>,
     ) -> dsh_supervisors::Result<()> {
         let name = format!("session/{}", short(&self.id));
         let Some(store) = store else {
@@ -318,6 +320,7 @@ impl SessionHandle {
                 store,
                 stored,
                 written: self.core.written.clone(),
+                writer,
             },
         );
         let actor = ctx.spawn(spec).await?;
@@ -363,6 +366,8 @@ pub struct SessionArgs {
     stored: Option<u64>,
     /// Where the actor counts the events it has written.
     written: Arc<AtomicU64>,
+    /// The session's one-writer lock, if its store has them.
+    writer: Option<WriterLock>,
 }
 
 /// Owns durability of one session.
@@ -378,6 +383,8 @@ pub struct SessionState {
     header: Arc<SessionHeader>,
     /// A write is scheduled at the end of the batching window.
     scheduled: bool,
+    /// Held until the actor stops: no other process writes the session.
+    writer: Option<WriterLock>,
 }
 
 impl SessionState {
@@ -448,6 +455,7 @@ impl Actor for SessionActor {
             pending,
             header: Arc::new(args.header),
             scheduled: false,
+            writer: args.writer,
         })
     }
 
@@ -495,6 +503,9 @@ impl Actor for SessionActor {
         if let Err(e) = state.write_pending().await {
             tracing::error!("session log not fully written at shutdown: {e}");
         }
+        // Released before the actor counts as stopped: a wake that follows
+        // takes it again.
+        state.writer.take();
         Ok(())
     }
 }

@@ -334,7 +334,10 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
 
     let out = super::output_bounded(parent, super::DEADLINE, "the parent run");
     let err = reader.join().unwrap();
-    assert!(out.status.success(), "{err}");
+    // The run ended; two of its children failed, and it says so.
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("2 of 4 children failed"), "{err}");
+    assert_eq!(err.matches("NODE_DOWN").count(), 2, "{err}");
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
     let answers = value["r"].as_array().unwrap();
     let answered = answers.iter().filter(|a| a.is_string()).count();
@@ -345,6 +348,7 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
     let store = dir.join("sessions");
     let downs = headers(&store)
         .iter()
+        .filter(|h| h["origin"] == "subagent")
         .filter(|h| log_of(&store, h["id"].as_str().unwrap()).contains("NODE_DOWN"))
         .count();
     assert_eq!(downs, 2, "{err}");
@@ -822,10 +826,11 @@ fn a_node_that_leaves_cleanly_ends_its_childrens_turns_before_it_goes() {
         assert_eq!(last["data"]["reason"]["kind"], "aborted", "{log}");
     }
     // The parent did not hang on the node that left: both children failed
-    // and the workflow answered.
+    // and the workflow answered (exit 4: children failed).
     let out = super::output_bounded(parent, super::DEADLINE, "the parent run");
     let err = text(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("2 of 2 children failed"), "{err}");
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(
         value["r"].as_array().unwrap().iter().all(Value::is_null),

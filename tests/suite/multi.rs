@@ -132,6 +132,53 @@ fn a_workflow_script_returns_its_value_or_its_error_line() {
     );
 }
 
+/// A workflow whose children all fail still prints what the script
+/// returned, lists each failure with its cause on stderr and exits 4;
+/// `--allow-failures` lists them and exits 0.
+#[test]
+fn a_workflow_whose_children_fail_exits_4_and_lists_them() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(
+        dir.join("fan.js"),
+        "const r = await Promise.all(['a', 'b'].map(t => agent('about ' + t, {label: 'topic ' + t})));\nreturn {r};\n",
+    )
+    .unwrap();
+    let refusal = serde_json::json!({"error": {"code": "INVALID_REQUEST", "message": "the model refused the request", "status": 400}});
+    std::fs::write(
+        dir.join("fails.json"),
+        serde_json::json!({"steps": [refusal, refusal, refusal, refusal]}).to_string(),
+    )
+    .unwrap();
+    let run = dsh(&["workflow", "fan.js", "--script", "fails.json"], &dir);
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(4), "{err}");
+    let value: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(value["r"], serde_json::json!([null, null]));
+    assert!(err.contains("2 of 2 children failed"), "{err}");
+    for label in ["topic a", "topic b"] {
+        let line = err
+            .lines()
+            .find(|l| l.contains(label) && l.contains("ended error"))
+            .unwrap_or_else(|| panic!("no failure line for {label}: {err}"));
+        assert!(line.contains("the model refused the request"), "{line}");
+    }
+
+    let run = dsh(
+        &[
+            "workflow",
+            "fan.js",
+            "--script",
+            "fails.json",
+            "--allow-failures",
+        ],
+        &dir,
+    );
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert!(err.contains("2 of 2 children failed (allowed)"), "{err}");
+}
+
 #[test]
 fn a_ralph_loop_cut_after_a_round_resumes_from_its_handoff() {
     let _sweep = crate::suite::sweep();

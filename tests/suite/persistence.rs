@@ -267,6 +267,174 @@ fn killed_mid_turn_and_resumed(backend: Backend) {
 }
 
 #[test]
+fn a_second_resume_of_a_live_session_is_refused_on_jsonl() {
+    let _sweep = crate::suite::sweep();
+    one_writer(Backend::jsonl());
+}
+
+#[test]
+fn a_second_resume_of_a_live_session_is_refused_on_sqlite() {
+    let _sweep = crate::suite::sweep();
+    one_writer(Backend::sqlite());
+}
+
+/// Two `dsh run --resume ID` at once: the second is refused at once with
+/// `SESSION_BUSY` naming the first's pid, runs nothing, and the log stays
+/// one contiguous history; once the first has ended, a resume goes on.
+fn one_writer(backend: Backend) {
+    let work = temp("one-writer");
+    let script = |name: &str, steps: serde_json::Value| {
+        let path = work.join(name);
+        std::fs::write(&path, serde_json::json!({ "steps": steps }).to_string()).unwrap();
+        path
+    };
+    let resume = |script: &PathBuf, id: &str, prompt: &str| {
+        let mut c = dsh();
+        c.args(["run", "--approval", "never", "--script"])
+            .arg(script)
+            .args(["--resume", id])
+            .args(backend.args())
+            .args(["--cwd", work.to_str().unwrap(), prompt]);
+        c
+    };
+    let hello = script("hello.json", serde_json::json!([{"text": "hello"}]));
+    let out = dsh()
+        .args(["run", "--approval", "never", "--script"])
+        .arg(&hello)
+        .args(backend.args())
+        .args(["--cwd", work.to_str().unwrap(), "start"])
+        .bounded_output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = only_session(&backend);
+
+    // The first resume is live: its tool waits for `go`.
+    let fifo = work.join("started");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let waits = script(
+        "waits.json",
+        serde_json::json!([
+            {"tool_calls": [{"name": "bash", "arguments": {
+                "command": "echo up > started; while [ ! -e go ]; do sleep 0.05; done",
+                "description": "wait for go"}}]},
+            {"text": "first writer done"}
+        ]),
+    );
+    let first = resume(&waits, &id, "first")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut up = String::new();
+    std::fs::File::open(&fifo)
+        .unwrap()
+        .read_to_string(&mut up)
+        .unwrap();
+    let other = script(
+        "other.json",
+        serde_json::json!([{"text": "second writer ran"}]),
+    );
+    let second = resume(&other, &id, "second").bounded_output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("SESSION_BUSY"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("process {}", first.id())),
+        "the holder's pid: {stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&second.stdout).contains("second writer ran"));
+
+    std::fs::write(work.join("go"), "").unwrap();
+    let first = super::output_bounded(first, super::DEADLINE, "the first resume");
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(String::from_utf8_lossy(&first.stdout).contains("first writer done"));
+
+    // One history, every seq once, in order; the refused run left nothing.
+    let loaded = backend.open().unwrap().load(&id).unwrap();
+    assert!(loaded.repairs.is_empty(), "{:?}", loaded.repairs);
+    for (i, e) in loaded.events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64);
+    }
+    let text = serde_json::to_string(&backend.stored(&id)).unwrap();
+    assert!(text.contains("first writer done"));
+    assert!(!text.contains("second writer ran"));
+    // The lock went with the first writer.
+    let third = resume(&other, &id, "third").bounded_output().unwrap();
+    assert!(
+        third.status.success(),
+        "{}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    assert!(String::from_utf8_lossy(&third.stdout).contains("second writer ran"));
+}
+
+/// A resume whose appends hit a full disk (a 256 KiB tmpfs, filled, in a
+/// user and mount namespace of its own) says the log was not fully written,
+/// exits 1, and leaves the earlier log byte for byte as it was.
+#[test]
+fn a_run_whose_log_cannot_be_written_exits_1_and_keeps_the_earlier_log() {
+    let _sweep = crate::suite::sweep();
+    let disk = temp("full-disk");
+    let out = temp("full-disk-out");
+    let work = temp("full-disk-work");
+    let script = work.join("hello.json");
+    std::fs::write(&script, r#"{"steps": [{"text": "hello"}]}"#).unwrap();
+    let shell = r#"set -e
+mount -t tmpfs -o size=256k tmpfs "$DISK"
+"$DSH" run --approval never --script "$SCRIPT" --sessions-dir "$DISK/s" --cwd "$WORK" first > /dev/null
+id=$(ls "$DISK/s" | grep -v '^locks$')
+cp "$DISK/s/$id/session.jsonl" "$OUT/before.jsonl"
+head -c 1048576 /dev/zero > "$DISK/fill" 2> /dev/null || true
+set +e
+"$DSH" run --approval never --script "$SCRIPT" --sessions-dir "$DISK/s" --resume "$id" --cwd "$WORK" second > "$OUT/stdout" 2> "$OUT/stderr"
+echo $? > "$OUT/code"
+cp "$DISK/s/$id/session.jsonl" "$OUT/after.jsonl"
+"#;
+    let ran = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c", shell])
+        .env("DSH", env!("CARGO_BIN_EXE_dsh"))
+        .env("DISK", &disk)
+        .env("OUT", &out)
+        .env("WORK", &work)
+        .env("SCRIPT", &script)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .env_remove("DSH_SESSIONS_DB")
+        .bounded_output()
+        .unwrap();
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
+    let stderr = read("stderr");
+    assert_eq!(read("code").trim(), "1", "{stderr}");
+    assert!(
+        stderr.contains("the session log was not fully written"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    // The turn itself ran; only its log is short.
+    assert!(read("stdout").contains("hello"));
+    assert_eq!(read("after.jsonl"), read("before.jsonl"));
+}
+
+#[test]
 fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
     let _sweep = crate::suite::sweep();
     let sessions = temp("torn");

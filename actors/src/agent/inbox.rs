@@ -46,6 +46,10 @@ impl Agent {
     /// A wake failed: queued input is dropped and the agent takes no more.
     pub(super) fn abandon(&self, why: &str) {
         tracing::error!(agent = %self.inner.id, "cannot wake the agent: {why}");
+        lock(&self.inner.ending)
+            .rare
+            .get_or_insert_with(Box::default)
+            .abandoned = Some(Arc::from(why));
         let mut inbox = self.inbox();
         inbox.accepting = false;
         inbox.followups.clear();
@@ -55,10 +59,25 @@ impl Agent {
     }
 
     pub(super) fn accepting(&self) -> Result<(), AgentError> {
-        if self.inbox().accepting {
+        let accepting = self.inbox().accepting;
+        if accepting {
             Ok(())
         } else {
-            Err(AgentError::Closed(self.inner.id.to_string()))
+            Err(self.closed())
+        }
+    }
+
+    /// Why the agent takes no input: closed, or abandoned with the reason
+    /// its wake gave. Takes the ending lock: call it holding no other.
+    pub(super) fn closed(&self) -> AgentError {
+        let id = self.inner.id.to_string();
+        let why = lock(&self.inner.ending)
+            .rare
+            .as_ref()
+            .and_then(|r| r.abandoned.clone());
+        match why {
+            Some(why) => AgentError::Abandoned { id, why },
+            None => AgentError::Closed(id),
         }
     }
 

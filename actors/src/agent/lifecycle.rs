@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dsh_services::approval::Approval;
 use dsh_services::llm::{LlmRuntime, Message};
-use dsh_services::persistence::SessionPersistence;
+use dsh_services::persistence::{SessionPersistence, StoreError, WriterLock};
 use dsh_services::prompt::{PromptSection, SystemPrompt, Text};
 use dsh_services::sandbox::Sandbox;
 use dsh_services::session::{EventData, SessionHeader, SessionLog};
@@ -247,7 +247,11 @@ impl Agent {
         let session = &inner.session;
         let writer: Arc<dyn dsh_services::session::SessionWriter> = Arc::new(session.clone());
         sctx.provide(dsh_services::session::SESSION_SERVICE, writer)?;
-        session.attach_after(sctx, store, durable).await?;
+        let writer = match &store {
+            Some(store) => take_writer(store.clone(), inner.id.to_string(), durable).await?,
+            None => None,
+        };
+        session.attach_after(sctx, store, durable, writer).await?;
         Ok(())
     }
 
@@ -408,7 +412,11 @@ impl Agent {
         }
         let events = session.events_from(from);
         let id = self.inner.id.to_string();
-        let written = tokio::task::spawn_blocking(move || store.append(&id, &events)).await;
+        let written = tokio::task::spawn_blocking(move || {
+            let _writer = writer_of(&*store, &id, Some(from))?;
+            store.append(&id, &events)
+        })
+        .await;
         match written {
             Ok(Ok(())) => self
                 .inner
@@ -447,14 +455,21 @@ impl Agent {
                 "disposed while hibernated",
             );
         }
-        let ending = std::mem::take(&mut *lock(&self.inner.ending));
-        if let Some(hook) = ending.owner_hook {
+        let (hook, callbacks) = {
+            let mut ending = lock(&self.inner.ending);
+            let callbacks = ending
+                .rare
+                .as_mut()
+                .map(|r| std::mem::take(&mut r.on_disposed))
+                .unwrap_or_default();
+            (ending.owner_hook.take(), callbacks)
+        };
+        if let Some(hook) = hook {
             hook.cancel();
         }
         if let Some(agents) = &self.inner.agents {
             agents.leave(self);
         }
-        let callbacks = ending.on_disposed.map_or_else(Vec::new, |b| *b);
         for f in callbacks {
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
                 tracing::error!(
@@ -598,4 +613,41 @@ pub(super) fn turns_in(session: &SessionHandle) -> u32 {
             .max()
             .unwrap_or(0)
     })
+}
+
+/// Takes session `id`'s one-writer lock in `store` (off the async workers):
+/// see [`writer_of`].
+async fn take_writer(
+    store: Arc<dyn SessionPersistence>,
+    id: String,
+    durable: Option<u64>,
+) -> Result<Option<WriterLock>, AgentError> {
+    let at = store.locate(&id);
+    tokio::task::spawn_blocking(move || writer_of(&*store, &id, durable))
+        .await
+        .map_err(|e| StoreError::Io {
+            path: at,
+            error: std::io::Error::other(format!("the lock taker failed: {e}")),
+        })?
+        .map_err(AgentError::from)
+}
+
+/// The one-writer lock of session `id`; a session already stored with
+/// `durable` events must still hold exactly those (nobody wrote it since it
+/// was read, nor while this agent slept).
+fn writer_of(
+    store: &dyn SessionPersistence,
+    id: &str,
+    durable: Option<u64>,
+) -> Result<Option<WriterLock>, StoreError> {
+    let writer = store.lock_writer(id)?;
+    if let Some(read) = durable
+        && store.holds_more_than(id, read)?
+    {
+        return Err(StoreError::Stale {
+            id: id.to_owned(),
+            read,
+        });
+    }
+    Ok(writer)
 }

@@ -46,7 +46,7 @@
 //! | `Inner::idle` | cleared by input and set by the driver, under the inbox lock; set by `finish` after input is closed | a `SeqCst` flag and a `Notify`; a waiter registers before it checks, so no wake-up is lost |
 //! | `Inner::life` (`Awake`, `Asleep`, `Gone`) | `set_awake` (in `create`, before anyone else holds the agent; in `wake`), `hibernate`, `finish` (at disposal, from `dispose` or the owner's teardown) | the life mutex; sleep, wake and disposal also take turns (`transitioning`) |
 //! | `Inner::transitioning` | `transition()` (compare-exchange), its guard's drop | `AcqRel` atomic; one sleep, wake or disposal at a time; waiters wait on `idle.changed` |
-//! | `Inner::ending`: owner hook, disposal callbacks | `create` (the hook), `on_disposed`, `finish` (takes both) | the ending mutex; `on_disposed` checks `Gone` under it, so a callback is run or found, never lost |
+//! | `Inner::ending`: owner hook; boxed and rare: disposal callbacks, why a wake failed | `create` (the hook), `on_disposed`, `abandon` (the reason), `finish` (takes the hook and callbacks; the reason stays for callers still waiting) | the ending mutex; `on_disposed` checks `Gone` under it, so a callback is run or found, never lost; `closed` takes it holding no other lock |
 //! | `Inner::durable` | `hibernate` (what the session actor wrote), `write_tail` | `Release`/`Acquire`; only transitions write it |
 //! | `Inner::store` | the first build that has a store | `OnceLock` |
 //! | `Inner::tokens`, `used`, `used_ms` | the step that got usage; `touch` on input and idle | `Relaxed`: figures and the keeper's LRU order, which tolerate a stale read |
@@ -285,10 +285,12 @@ impl Agent {
         self.followup(Message::user_text(prompt))?;
         self.when_idle(timeout).await?;
         let inbox = self.inbox();
-        match &inbox.last {
-            Some(last) if inbox.turn > before => Ok(TurnSummary::clone(last)),
-            _ => Err(AgentError::Closed(self.inner.id.to_string())),
-        }
+        let ended = match &inbox.last {
+            Some(last) if inbox.turn > before => Some(TurnSummary::clone(last)),
+            _ => None,
+        };
+        drop(inbox);
+        ended.ok_or_else(|| self.closed())
     }
 
     /// Runs `f` once when the agent is disposed for good (not when it
@@ -304,8 +306,9 @@ impl Agent {
             return;
         }
         ending
-            .on_disposed
+            .rare
             .get_or_insert_with(Box::default)
+            .on_disposed
             .push(Box::new(f));
     }
 
@@ -347,6 +350,11 @@ pub enum AgentError {
     /// The seed could not become a session. Fatal: the stored log must change.
     #[error("cannot seed the session: {0}")]
     Seed(#[from] SessionError),
+    /// The session's store refused it a writer: another process writes it
+    /// (`SESSION_BUSY`), or its lock cannot be taken. Retryable once that
+    /// writer ends.
+    #[error(transparent)]
+    Store(#[from] dsh_services::persistence::StoreError),
     /// The kernel refused (the owner is unloading, a scope cycle). Fatal
     /// for this owner.
     #[error(transparent)]
@@ -362,6 +370,15 @@ pub enum AgentError {
     /// The agent no longer takes input (it is being disposed). Fatal.
     #[error("agent {0} is closed and takes no more input")]
     Closed(String),
+    /// The agent could not wake (its session is written by another
+    /// process, say) and was disposed. Fatal.
+    #[error("agent {id} could not wake and takes no more input: {why}")]
+    Abandoned {
+        /// Agent id.
+        id: String,
+        /// What the wake said.
+        why: Arc<str>,
+    },
     /// The agent is hibernated and has no scope now. Retry after
     /// [`Agent::wake`].
     #[error("agent {0} is hibernated; wake it first")]
@@ -528,10 +545,19 @@ struct Ending {
     /// The owner's effect that disposes the agent should the owner unload
     /// while the agent sleeps (an awake agent's scope stops with the owner).
     owner_hook: Option<Disposer>,
-    /// Run once when the agent is disposed for good (not when it hibernates).
-    /// Boxed: most agents never register one.
-    #[allow(clippy::box_collection)]
-    on_disposed: Option<Box<Vec<DisposedFn>>>,
+    /// What few agents need, boxed (the record of every resident agent
+    /// stays in its size class).
+    rare: Option<Box<Rare>>,
+}
+
+#[derive(Default)]
+struct Rare {
+    /// Run once when the agent is disposed for good (not when it
+    /// hibernates).
+    on_disposed: Vec<DisposedFn>,
+    /// Why a wake failed, the agent taking no more input (kept past
+    /// disposal: a caller waiting on a turn is told).
+    abandoned: Option<Arc<str>>,
 }
 
 /// Whether the agent is idle (no turn runs, nothing queued), and a way to

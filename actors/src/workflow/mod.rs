@@ -581,10 +581,12 @@ fn child(
             json!({"seq": seq, "label": options.label, "phase": options.phase, "child": run.id()}),
         );
         let result = run.result().await;
-        emit(
-            "workflow/agent-end",
-            json!({"seq": seq, "child": run.id(), "outcome": result.stop_reason.as_str()}),
-        );
+        let mut end =
+            json!({"seq": seq, "child": run.id(), "outcome": result.stop_reason.as_str()});
+        if let Some(why) = &result.diagnostic {
+            end["diagnostic"] = Value::String(why.clone());
+        }
+        emit("workflow/agent-end", end);
         let answer = match (result.stop_reason, result.structured) {
             (StopReason::Completed, Some(v)) => js::Answer::Value(v),
             (StopReason::Completed, None) => js::Answer::Value(Value::String(result.output)),

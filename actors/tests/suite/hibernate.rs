@@ -330,6 +330,37 @@ async fn inject_wakes_a_hibernated_agent_and_an_idle_timeout_puts_it_back_to_sle
     h.rt.shutdown().await;
 }
 
+/// Another writer (another process resuming the session) appends while the
+/// agent sleeps: the wake refuses to write over it, and the log stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_written_by_another_writer_while_asleep_is_not_written_over() {
+    use dsh_services::persistence::{JsonlStore, SessionPersistence};
+    let dir = dsh_supervisors::scratch::fresh_dir("dsh-hibernate-stale").unwrap();
+    let store = JsonlStore::new(&dir);
+    let h = Harness::new().await;
+    recorder(&h, "rec");
+    let mut spec = AgentSpec::new("rec", "m", std::env::temp_dir());
+    spec.store = Some(Arc::new(store.clone()) as Arc<dyn SessionPersistence>);
+    let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    agent.run("first", WAIT).await.unwrap();
+    agent.hibernate().await.unwrap();
+    let mut theirs = (*agent.session().events().last().unwrap().clone()).clone();
+    theirs.seq = agent.session().next_seq();
+    {
+        let _writer = store.lock_writer(agent.id()).unwrap();
+        store
+            .append(agent.id(), &[Arc::new(theirs.clone())])
+            .unwrap();
+    }
+    let err = agent.run("second", WAIT).await.unwrap_err().to_string();
+    assert!(err.contains("SESSION_BUSY"), "{err}");
+    let stored = store.load(agent.id()).unwrap();
+    assert!(stored.repairs.is_empty(), "{:?}", stored.repairs);
+    assert_eq!(stored.events.last().unwrap().to_json(), theirs.to_json());
+    h.rt.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats() {
     use dsh_services::persistence::{JsonlStore, SessionPersistence};
@@ -340,10 +371,24 @@ async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats
     let mut spec = AgentSpec::new("rec", "m", std::env::temp_dir());
     spec.store = Some(Arc::new(store.clone()) as Arc<dyn SessionPersistence>);
     let agent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    let busy = |store: &JsonlStore| match store.lock_writer(agent.id()) {
+        Err(dsh_services::persistence::StoreError::Busy { pid, .. }) => {
+            assert_eq!(pid, Some(std::process::id()));
+            true
+        }
+        Ok(lock) => {
+            assert!(lock.is_some(), "a JSONL store locks");
+            false
+        }
+        Err(e) => panic!("{e}"),
+    };
     for round in 0..3 {
         agent.run(&format!("round {round}"), WAIT).await.unwrap();
-        // Hibernating writes what is pending first.
+        // The live agent is the session's one writer.
+        assert!(busy(&store), "round {round}: awake and unlocked");
+        // Hibernating writes what is pending first, and lets go.
         agent.hibernate().await.unwrap();
+        assert!(!busy(&store), "round {round}: asleep and still locked");
         let stored = store.load(agent.id()).unwrap();
         assert_eq!(stored.events.len() as u64, agent.session().next_seq());
     }

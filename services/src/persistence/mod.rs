@@ -62,6 +62,28 @@ pub enum StoreError {
         /// The OS error.
         error: std::io::Error,
     },
+    /// The session grew since it was read (another process wrote it in
+    /// between): writing on would repeat seqs. Retryable: read it again.
+    #[error(
+        "SESSION_BUSY: session {id} was written by another process since it was read ({read} events then, more now); resume it again"
+    )]
+    Stale {
+        /// The session.
+        id: String,
+        /// Events it held when read.
+        read: u64,
+    },
+    /// Another writer holds the session (`SESSION_BUSY`). Retryable once
+    /// that process ends; reading the session needs no lock.
+    #[error("SESSION_BUSY: session {id} is being written by {} (lock {path}); wait for it to end, or read it with `dsh sessions show`", match .pid { Some(p) => format!("process {p}"), None => "another process".to_owned() })]
+    Busy {
+        /// The session.
+        id: String,
+        /// The holder, as its lock file tells.
+        pid: Option<u32>,
+        /// The lock file.
+        path: String,
+    },
 }
 
 /// A loaded session: what is durable, and what load repaired in memory.
@@ -100,7 +122,9 @@ pub struct SessionSummary {
     pub title: String,
 }
 
+mod lock;
 mod sqlite;
+pub use lock::WriterLock;
 pub use sqlite::SqliteStore;
 
 /// The service name a [`SessionPersistence`] is provided under.
@@ -143,6 +167,18 @@ pub trait SessionPersistence: Send + Sync + std::fmt::Debug + 'static {
     /// Makes a loaded session appendable again: drops a torn tail that
     /// `load` reported (and kept out of `events`).
     fn prepare_resume(&self, id: &str, loaded: &Loaded) -> Result<(), StoreError>;
+    /// Whether session `id` holds more than its first `n` events: another
+    /// writer appended since they were read.
+    fn holds_more_than(&self, id: &str, n: u64) -> Result<bool, StoreError> {
+        self.read_from(id, n).map(|rest| !rest.is_empty())
+    }
+    /// Takes the one-writer lock of session `id` (see [`WriterLock`]):
+    /// `Busy` when another writer holds it. `None`: this store needs none
+    /// (it lives in one process's memory).
+    fn lock_writer(&self, id: &str) -> Result<Option<WriterLock>, StoreError> {
+        let _ = id;
+        Ok(None)
+    }
 }
 
 /// How a JSONL store encodes its transcripts.
@@ -503,6 +539,18 @@ impl SessionPersistence for JsonlStore {
         self.single.is_some()
     }
 
+    fn lock_writer(&self, id: &str) -> Result<Option<WriterLock>, StoreError> {
+        let path = match &self.single {
+            Some(file) => {
+                let mut name = file.file_name().unwrap_or_default().to_owned();
+                name.push(".lock");
+                file.with_file_name(name)
+            }
+            None => lock::lock_path(&self.root.join("locks"), id)?,
+        };
+        WriterLock::take(path, id).map(Some)
+    }
+
     fn locate(&self, id: &str) -> String {
         match self.path(id) {
             Ok(p) => p.display().to_string(),
@@ -527,6 +575,9 @@ impl SessionPersistence for JsonlStore {
         if loaded.torn_line.is_none() {
             return Ok(());
         }
+        // A live writer's half-written line is not a torn tail: cut it only
+        // when nobody writes.
+        let _writer = self.lock_writer(id)?;
         let path = self.path(id)?;
         let file = std::fs::OpenOptions::new()
             .write(true)

@@ -350,4 +350,9 @@ impl SessionPersistence for SqliteStore {
         // Transactions leave no torn rows to cut.
         Ok(())
     }
+
+    fn lock_writer(&self, id: &str) -> Result<Option<super::WriterLock>, StoreError> {
+        let dir = self.path.parent().unwrap_or(Path::new(".")).join("locks");
+        super::WriterLock::take(super::lock::lock_path(&dir, id)?, id).map(Some)
+    }
 }
