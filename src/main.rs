@@ -82,6 +82,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    raise_open_file_limit();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Command::Bench(b) = &cli.command
         && let Some(n) = b.threads()
@@ -123,6 +124,22 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Node(args) => ("node", node::node(*args).await),
     };
     exit.report(name)
+}
+
+/// Most open files this process asks for (a soft limit above it is kept).
+const OPEN_FILES: u64 = 65_536;
+
+/// Raises the soft limit on open files toward the hard one: every live
+/// agent holds its session's lock file open, so a thousand children need
+/// more than the usual soft 1,024.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let wanted = hard.min(OPEN_FILES);
+        if soft < wanted {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, wanted, hard);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -434,6 +434,83 @@ cp "$DISK/s/$id/session.jsonl" "$OUT/after.jsonl"
     assert_eq!(read("after.jsonl"), read("before.jsonl"));
 }
 
+/// A log two writers appended to at once (dsh before its lock): reading
+/// keeps the first writer's events and reports the rest instead of refusing
+/// the log; a resume moves the rest, byte for byte, to a sibling file and
+/// goes on from the kept events.
+#[test]
+fn a_log_with_a_second_writers_repeats_is_read_and_resumed_with_them_set_aside() {
+    let _sweep = crate::suite::sweep();
+    let backend = Backend::jsonl();
+    let work = temp("repeats");
+    let hello = work.join("hello.json");
+    std::fs::write(&hello, r#"{"steps": [{"text": "hello"}]}"#).unwrap();
+    let run = |extra: &[&str], prompt: &str| {
+        dsh()
+            .args(["run", "--approval", "never", "--script"])
+            .arg(&hello)
+            .args(backend.args())
+            .args(extra)
+            .args(["--cwd", work.to_str().unwrap(), prompt])
+            .bounded_output()
+            .unwrap()
+    };
+    assert!(run(&[], "first").status.success());
+    let id = only_session(&backend);
+    let path = backend.place.join(&id).join("session.jsonl");
+    let good = std::fs::read_to_string(&path).unwrap();
+    // The second writer repeats seqs 1.. of the first's; then the first
+    // goes on where it was.
+    let lines: Vec<&str> = good.lines().collect();
+    let mut repeats = String::new();
+    for line in &lines[2..] {
+        repeats.push_str(line);
+        repeats.push('\n');
+    }
+    std::fs::write(&path, format!("{good}{repeats}")).unwrap();
+
+    let show = dsh()
+        .args(["sessions", "show", &id])
+        .args(backend.args())
+        .bounded_output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&show.stdout),
+        String::from_utf8_lossy(&show.stderr)
+    );
+    assert!(show.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "line {} on: a second writer repeated seqs",
+            lines.len() + 1
+        )),
+        "{said}"
+    );
+
+    let resumed = run(&["--resume", &id], "second");
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let aside: Vec<_> = std::fs::read_dir(backend.place.join(&id))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("session.jsonl.set-aside-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), repeats);
+    let now = std::fs::read_to_string(&path).unwrap();
+    assert!(now.starts_with(&good), "the first writer's lines are kept");
+    let loaded = backend.open().unwrap().load(&id).unwrap();
+    assert!(loaded.repairs.is_empty(), "{:?}", loaded.repairs);
+    for (i, e) in loaded.events.iter().enumerate() {
+        assert_eq!(e.seq, i as u64);
+    }
+    assert!(now.len() > good.len(), "the resumed turn is appended");
+}
+
 #[test]
 fn a_torn_last_line_is_reported_and_the_good_lines_kept() {
     let _sweep = crate::suite::sweep();

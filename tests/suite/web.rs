@@ -1180,6 +1180,87 @@ done"#
     }
 }
 
+/// A thousand live agents, each holding its session's lock file open, in a
+/// process started with a soft limit of 256 open files: dsh raises its own
+/// limit, so every agent is created and written, and the server answers on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_live_agents_fit_under_a_low_open_file_limit() {
+    use futures::StreamExt as _;
+    use tokio::io::AsyncBufReadExt;
+    let _sweep = crate::suite::sweep();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-web-fds").unwrap();
+    let sessions = dir.join("sessions");
+    let script = dir.join("hello.json");
+    std::fs::write(&script, r#"{"steps": [{"text": "hello"}]}"#).unwrap();
+    let config = dir.join("cordis.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - {{ id: services, name: agent-services }}\n  \
+             - {{ id: model, name: scripted, config: {{ script: {} }} }}\n  \
+             - {{ id: store, name: session-store, config: {{ backend: jsonl, path: {} }} }}\n",
+            script.display(),
+            sessions.display()
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 256 && exec \"$0\" serve --bind 127.0.0.1:0 --mutations --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_dsh"))
+        .arg(&config)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_or_default();
+    let (base, c) = endpoint(line.strip_prefix("dsh serve: listening on ").unwrap());
+    let created: Vec<u16> = futures::stream::iter(0..1000)
+        .map(|i| {
+            let (c, base) = (c.clone(), base.clone());
+            async move {
+                c.post(format!("{base}/api/agents"))
+                    .json(&serde_json::json!({"prompt": format!("Write one line about {i}.")}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    assert!(
+        created.iter().all(|s| *s == 201),
+        "{:?}",
+        created
+            .iter()
+            .filter(|s| **s != 201)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    let pid = child.id().unwrap();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    assert!(
+        open > 1000,
+        "{open} files open: the agents hold their locks"
+    );
+    let listed = get_json(&c, format!("{base}/api/sessions")).await;
+    assert!(listed.to_string().matches("\"id\"").count() >= 1000);
+    let locks = std::fs::read_dir(sessions.join("locks")).unwrap().count();
+    assert_eq!(locks, 1000);
+    assert!(terminate(child).await.success());
+}
+
 /// The minor rough edges: a wrong method gets a JSON 405, `bind` takes a
 /// host name, and stopping `plugin/agent-services` takes its agents down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

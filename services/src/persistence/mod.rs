@@ -97,6 +97,10 @@ pub struct Loaded {
     pub durable: u64,
     /// The 1-based line of a torn last write that was left out, if any.
     pub torn_line: Option<usize>,
+    /// The first line a second writer repeated seqs from, if any: it and
+    /// every line after it were left out (a resume moves them to a sibling
+    /// file).
+    pub set_aside_from: Option<usize>,
     /// Byte length of the good prefix of the file (where a resume appends).
     pub good_bytes: u64,
     /// What load repaired, for the user.
@@ -444,6 +448,19 @@ impl JsonlStore {
             // Where the file itself is cut (replaced bytes change lengths).
             loaded.good_bytes = good;
         }
+        if let Some(line) = loaded.set_aside_from
+            && (t.raw_good.is_none() || !t.replaced.is_empty())
+        {
+            // Only a plain UTF-8 file is cut where its text is: refuse
+            // rather than cut at a wrong place.
+            return Err(StoreError::Load {
+                path: t.path.display().to_string(),
+                error: LoadError::Line {
+                    line,
+                    reason: "a second writer repeated seqs from here, and this file cannot be cut at that line (compressed frames or bytes that are not UTF-8); set the lines aside by hand".into(),
+                },
+            });
+        }
         for line in &t.replaced {
             loaded.repairs.push(format!(
                 "line {line}: bytes that are not UTF-8 were read as U+FFFD"
@@ -572,13 +589,24 @@ impl SessionPersistence for JsonlStore {
     }
 
     fn prepare_resume(&self, id: &str, loaded: &Loaded) -> Result<(), StoreError> {
-        if loaded.torn_line.is_none() {
+        if loaded.torn_line.is_none() && loaded.set_aside_from.is_none() {
             return Ok(());
         }
         // A live writer's half-written line is not a torn tail: cut it only
         // when nobody writes.
         let _writer = self.lock_writer(id)?;
         let path = self.path(id)?;
+        if loaded.set_aside_from.is_some() {
+            // Kept, beside the log, before the log is cut.
+            let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+            let rest = bytes.get(loaded.good_bytes as usize..).unwrap_or_default();
+            let mut name = path.file_name().unwrap_or_default().to_owned();
+            name.push(format!(".set-aside-{}", dsh_supervisors::tree::now_ms()));
+            let aside = path.with_file_name(name);
+            std::fs::write(&aside, rest)
+                .and_then(|()| std::fs::File::open(&aside)?.sync_all())
+                .map_err(|e| io(&aside, e))?;
+        }
         let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -712,38 +740,82 @@ fn load_parts(header: &str, rows: &[String]) -> Result<Loaded, LoadError> {
     load_text(&text)
 }
 
-/// A torn last line: its number, and the byte length of the good prefix.
-type Torn = Option<(usize, u64)>;
+/// Where a log read as stored stops being good.
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    /// The first line left out (1-based).
+    line: usize,
+    /// The byte length of the good prefix.
+    at: u64,
+    /// From there a second writer repeated seqs (else: a torn last line).
+    repeated: Option<u64>,
+}
 
-/// Parses a log as stored; a torn last line is left out and reported.
-fn parse_good_prefix(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>, Torn), LoadError> {
-    match jsonl::parse(text) {
-        Ok((h, e)) => Ok((h, e, None)),
+/// Parses a log as stored; a torn last line, or a second writer's repeats
+/// and everything after them, are left out and reported.
+fn parse_good_prefix(
+    text: &str,
+) -> Result<(SessionHeader, Vec<SessionEvent>, Option<Cut>), LoadError> {
+    let (line, at, repeated) = match jsonl::parse(text) {
+        Ok((h, e)) => return Ok((h, e, None)),
         Err(LoadError::TornTail { line, .. }) => {
-            // Everything before the torn line is intact: parse that prefix.
-            let cut = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
-            let (h, e) = jsonl::parse(&text[..cut])?;
-            Ok((h, e, Some((line, cut as u64))))
+            (line, text.rfind('\n').map(|i| i + 1).unwrap_or(0), None)
         }
-        Err(e) => Err(e),
-    }
+        Err(LoadError::Repeated { line, seq, .. }) => {
+            // Line `line` starts after the (line - 1)th newline.
+            let at = text
+                .match_indices('\n')
+                .nth(line - 2)
+                .map(|(i, _)| i + 1)
+                .unwrap_or(0);
+            (line, at, Some(seq))
+        }
+        Err(e) => return Err(e),
+    };
+    // Everything before the cut is intact: parse that prefix.
+    let (h, e) = jsonl::parse(&text[..at])?;
+    let cut = Cut {
+        line,
+        at: at as u64,
+        repeated,
+    };
+    Ok((h, e, Some(cut)))
 }
 
 /// Parses a log, keeping the good prefix of a torn tail, and repairs an
 /// interrupted last turn in memory.
 pub fn load_text(text: &str) -> Result<Loaded, LoadError> {
-    let (header, mut events, torn) = parse_good_prefix(text)?;
-    let (torn_line, good_bytes) = match torn {
-        Some((line, cut)) => (Some(line), cut),
-        None => (None, text.len() as u64),
+    let (header, mut events, cut) = parse_good_prefix(text)?;
+    let (mut torn_line, mut set_aside_from) = (None, None);
+    let good_bytes = match cut {
+        Some(cut) => {
+            match cut.repeated {
+                Some(_) => set_aside_from = Some(cut.line),
+                None => torn_line = Some(cut.line),
+            }
+            cut.at
+        }
+        None => text.len() as u64,
     };
     let durable = events.len() as u64;
-    let repairs = repair(&mut events);
+    let mut repairs = Vec::new();
+    if let Some(Cut {
+        line,
+        repeated: Some(seq),
+        ..
+    }) = cut
+    {
+        repairs.push(format!(
+            "line {line} on: a second writer repeated seqs from seq {seq} (two processes wrote at once); the first {durable} events are kept, the rest is left out (a resume moves it to a sibling `.set-aside` file)"
+        ));
+    }
+    repairs.extend(repair(&mut events));
     Ok(Loaded {
         header,
         events,
         durable,
         torn_line,
+        set_aside_from,
         good_bytes,
         repairs,
     })

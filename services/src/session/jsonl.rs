@@ -46,6 +46,19 @@ pub enum LoadError {
         /// Events read before it.
         good: usize,
     },
+    /// A line repeats a seq the log already holds: two writers appended at
+    /// once (dsh before its one-writer lock). Every line before it is good.
+    #[error(
+        "line {line}: seq {seq} repeats one already in the log (two writers at once); {good} events before it are intact"
+    )]
+    Repeated {
+        /// The first repeating line.
+        line: usize,
+        /// Its seq.
+        seq: u64,
+        /// Events read before it.
+        good: usize,
+    },
     /// A compressed frame is damaged (not a torn last frame).
     #[error("the compressed frame at byte {offset} is damaged: {reason}")]
     Frame {
@@ -181,7 +194,21 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
                 let packed: Packed =
                     serde_json::from_str(envelope.data.map_or("null", |r| r.get()))
                         .map_err(|e| fail(format!("bad `{}` row: {e}", envelope.kind)))?;
+                if let Some(seq) = packed.seq0.filter(|s| *s < events.len() as u64) {
+                    return Err(LoadError::Repeated {
+                        line: n,
+                        seq,
+                        good: events.len(),
+                    });
+                }
                 expand(&envelope.kind, packed, &mut events, prev_time).map_err(fail)?;
+            }
+            _ if envelope.seq.is_some_and(|s| s < events.len() as u64) => {
+                return Err(LoadError::Repeated {
+                    line: n,
+                    seq: envelope.seq.unwrap_or_default(),
+                    good: events.len(),
+                });
             }
             _ => events.push(
                 event(envelope, events.len() as u64, prev_time).map_err(|e| fail(e.to_string()))?,
