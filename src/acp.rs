@@ -80,7 +80,14 @@ pub struct AcpArgs {
     /// (`tool_call`, `tool_call_update`) and the task list (`plan`).
     #[arg(long)]
     pub progress: bool,
+    /// The largest frame (one line) taken from the client; a longer one is
+    /// answered `-32600` and skipped without being held.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: usize,
 }
+
+/// The default `--max-frame`: 16 MiB.
+pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
 
 /// The protocol version spoken.
 const PROTOCOL_VERSION: u16 = 1;
@@ -162,7 +169,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
     });
     let mut tasks = JoinSet::new();
     tasks.spawn(write_lines(lines));
-    read_until_closed(&conn, &mut tasks).await;
+    read_until_closed(&conn, &mut tasks, args.max_frame).await;
     conn.close().await;
     scope.dispose().await;
     // Prompts settle (cancelled); then the writer drains what they sent.
@@ -247,22 +254,93 @@ async fn write_lines(mut lines: mpsc::UnboundedReceiver<String>) {
     }
 }
 
-/// Reads frames until stdin closes (or a stop signal arrives).
-async fn read_until_closed(conn: &Arc<Connection>, tasks: &mut JoinSet<()>) {
-    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+/// Reads frames until stdin closes (or a stop signal arrives). A frame
+/// that is not UTF-8, or longer than `max_frame`, is answered with an error
+/// and the connection goes on.
+async fn read_until_closed(conn: &Arc<Connection>, tasks: &mut JoinSet<()>, max_frame: usize) {
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let mut buf = Vec::new();
     loop {
-        let line = tokio::select! {
-            line = lines.next_line() => line,
+        let frame = tokio::select! {
+            frame = next_frame(&mut stdin, &mut buf, max_frame) => frame,
             _ = crate::exit::stop_signal() => return,
         };
-        match line {
-            Ok(Some(line)) if line.trim().is_empty() => {}
-            Ok(Some(line)) => conn.clone().frame(&line, tasks).await,
+        match frame {
+            Ok(Some(Frame::Line)) => match std::str::from_utf8(&buf) {
+                Ok(line) if line.trim().is_empty() => {}
+                Ok(line) => conn.clone().frame(line, tasks).await,
+                Err(e) => conn.respond(
+                    &Value::Null,
+                    Err(RpcError(
+                        PARSE_ERROR,
+                        format!("the frame is not UTF-8 (byte {})", e.valid_up_to()),
+                    )),
+                ),
+            },
+            Ok(Some(Frame::TooLong(bytes))) => conn.respond(
+                &Value::Null,
+                Err(RpcError(
+                    INVALID_REQUEST,
+                    format!(
+                        "a frame of {bytes} bytes is over the {max_frame}-byte limit (--max-frame); it was skipped"
+                    ),
+                )),
+            ),
             Ok(None) => return,
             Err(e) => {
                 crate::errln!("dsh acp: cannot read stdin: {e}");
                 return;
             }
+        }
+    }
+}
+
+/// What [`next_frame`] read.
+#[derive(Debug, PartialEq)]
+enum Frame {
+    /// A line, in the buffer (without its newline).
+    Line,
+    /// A line longer than the limit, skipped: its length.
+    TooLong(u64),
+}
+
+/// Reads the next line of `reader` into `buf`, holding at most `max` bytes
+/// of it: a longer line is read to its end and dropped. `None` at the end
+/// of input.
+async fn next_frame<R: tokio::io::AsyncBufRead + Unpin>(
+    reader: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Option<Frame>> {
+    buf.clear();
+    let (mut len, mut over) = (0u64, false);
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(match (len, over) {
+                (0, _) => None,
+                (_, true) => Some(Frame::TooLong(len)),
+                (_, false) => Some(Frame::Line),
+            });
+        }
+        let newline = memchr::memchr(b'\n', available);
+        let chunk = &available[..newline.unwrap_or(available.len())];
+        len += chunk.len() as u64;
+        if !over && buf.len() + chunk.len() > max {
+            over = true;
+            *buf = Vec::new();
+        }
+        if !over {
+            buf.extend_from_slice(chunk);
+        }
+        let used = newline.map_or(available.len(), |i| i + 1);
+        reader.consume(used);
+        if newline.is_some() {
+            return Ok(Some(if over {
+                Frame::TooLong(len)
+            } else {
+                Frame::Line
+            }));
         }
     }
 }
@@ -1127,4 +1205,38 @@ async fn prompt_message(
         content,
         ..Message::user_text("")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Frame, next_frame};
+
+    /// Every frame of `input` read through a 4-byte buffer with a 6-byte
+    /// limit: its kind and, for a line, its bytes.
+    async fn frames(input: &[u8]) -> Vec<(Frame, Vec<u8>)> {
+        let mut reader = tokio::io::BufReader::with_capacity(4, input);
+        let mut buf = Vec::new();
+        let mut out = Vec::new();
+        while let Some(frame) = next_frame(&mut reader, &mut buf, 6).await.unwrap() {
+            assert!(buf.capacity() <= 16, "a long line is never held");
+            out.push((frame, buf.clone()));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn lines_over_the_limit_are_skipped_whole_and_the_next_one_is_read() {
+        let got = frames(b"ab\n0123456789abcdef\n\xffx\nlast").await;
+        assert_eq!(
+            got,
+            [
+                (Frame::Line, b"ab".to_vec()),
+                (Frame::TooLong(16), Vec::new()),
+                (Frame::Line, b"\xffx".to_vec()),
+                (Frame::Line, b"last".to_vec()),
+            ]
+        );
+        assert_eq!(frames(b"").await, []);
+        assert_eq!(frames(b"0123456").await, [(Frame::TooLong(7), Vec::new())]);
+    }
 }

@@ -272,6 +272,65 @@ fn raw_frames_bad_requests_and_an_unanswered_ask() {
     assert!(log.contains("\"outcome\":\"unavailable\""), "{log}");
 }
 
+/// Bytes the client gets wrong: a line that is not UTF-8 is answered
+/// `-32700` and a 200 MB line `-32600`, read past without being held (the
+/// process's peak memory stays far below the line), and the connection
+/// goes on to answer `initialize`.
+#[test]
+fn a_non_utf8_frame_and_a_huge_one_are_refused_and_the_connection_goes_on() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let mut raw = Raw::start(&p);
+    let mut stdin = raw.stdin.take().unwrap();
+    let next = |raw: &Raw| raw.lines.recv_timeout(WAIT).expect("a frame");
+    stdin.write_all(b"\xff\n").unwrap();
+    stdin.flush().unwrap();
+    let e = next(&raw);
+    assert_eq!(e["error"]["code"], -32700, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not UTF-8"),
+        "{e}"
+    );
+    let huge = vec![b'x'; 1 << 20];
+    for _ in 0..200 {
+        stdin.write_all(&huge).unwrap();
+    }
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    let e = next(&raw);
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("209715200 bytes"),
+        "{e}"
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", raw.child.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(
+        peak_kib < 100 * 1024,
+        "peak {peak_kib} KiB for a 200 MB line"
+    );
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    assert_eq!(next(&raw)["result"]["protocolVersion"], 1);
+    drop(stdin);
+    assert_eq!(raw.exited().code(), Some(0));
+}
+
 /// Frames in, frames out, one `dsh acp --demo-model` per call of `talk`.
 struct Raw {
     child: std::process::Child,
