@@ -404,6 +404,59 @@ async fn a_cancelled_call_is_cancelled_at_the_server_too() {
     rt.shutdown().await;
 }
 
+/// An answer over the transport's 16 MiB message cap fails its call at
+/// once with `TOO_LARGE` and the size (not `TIMEOUT` after the whole
+/// timeout), and the server goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_answer_fails_at_once_with_its_size() {
+    let _sweep = crate::suite::sweep();
+    let rt = services().await;
+    let ws = fresh_dir("dsh-mcp-big").unwrap().canonicalize().unwrap();
+    let probe = ws.join("probe_server.py");
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/probe_server.py"),
+        &probe,
+    )
+    .unwrap();
+    // A timeout no test would wait out: the answer must come from the size.
+    let entry = json!({
+        "server_name": "probe", "transport": "stdio",
+        "command": "python3", "args": [probe], "cwd": ws,
+        "tool_call_timeout_ms": 3_600_000
+    });
+    let _server = start(&rt, entry).await.unwrap();
+    let bytes = 17 << 20;
+    let big = call(
+        &rt,
+        "mcp__probe__big",
+        json!({"bytes": bytes}),
+        Policy::default(),
+        CancellationToken::new(),
+    )
+    .await;
+    let error = big.error.expect("the call failed");
+    assert_eq!(error.code, "TOO_LARGE", "{}", error.message);
+    // The JSON-RPC frame around the text makes the line a little longer.
+    let said: u64 = error
+        .message
+        .split(" bytes,")
+        .next()
+        .and_then(|m| m.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", error.message));
+    assert!(said > bytes && said < bytes + 200, "{}", error.message);
+    let small = call(
+        &rt,
+        "mcp__probe__big",
+        json!({"bytes": 5}),
+        Policy::default(),
+        CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(text(&small), "xxxxx");
+    rt.shutdown().await;
+}
+
 /// A server that cannot start spends its attempt budget, then is `failed`
 /// with no tools; with `fail_on_startup_error` the start itself fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

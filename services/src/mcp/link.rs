@@ -29,6 +29,47 @@ pub(super) trait Watcher: Send + Sync + 'static {
     fn lost(&self, why: String);
     /// The server says its tool list changed.
     fn tools_changed(&self);
+    /// The server sent a message of `bytes` bytes, over [`MAX_MESSAGE`]:
+    /// the transport dropped it.
+    fn too_large(&self, bytes: u64);
+}
+
+/// The largest message read from a stdio server (the transport's line cap).
+pub(crate) const MAX_MESSAGE: usize = rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH;
+
+/// A server's stdout, measured line by line: a line over [`MAX_MESSAGE`]
+/// (which the transport drops without a word) is told to the watcher with
+/// its length, so the call waiting for it fails at once, saying why.
+struct Measured<R> {
+    inner: R,
+    watcher: Arc<dyn Watcher>,
+    /// Bytes of the current line so far.
+    line: u64,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Measured<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if polled.is_ready() {
+            let this = &mut *self;
+            let mut read = &buf.filled()[before..];
+            while let Some(i) = memchr::memchr(b'\n', read) {
+                let length = this.line + i as u64;
+                if length > MAX_MESSAGE as u64 {
+                    this.watcher.too_large(length);
+                }
+                this.line = 0;
+                read = &read[i + 1..];
+            }
+            this.line += read.len() as u64;
+        }
+        polled
+    }
 }
 
 /// The client side of the protocol: says who we are, passes list changes on.
@@ -203,6 +244,11 @@ pub(super) async fn connect(
                 .take()
                 .ok_or("the server has no stdout")?;
             let stderr = spawned.child.stderr.take();
+            let stdout = Measured {
+                inner: stdout,
+                watcher: watcher.clone(),
+                line: 0,
+            };
             let transport = Watched {
                 inner: rmcp::transport::async_rw::AsyncRwTransport::new_client(stdout, stdin),
                 watcher: Some(watcher),

@@ -43,6 +43,9 @@ pub(crate) struct Shared {
     stopping: tokio_util::sync::CancellationToken,
     /// A relist is queued; more `list_changed` notices add nothing.
     resync_queued: std::sync::atomic::AtomicBool,
+    /// The size of the last message the server sent over the transport's
+    /// cap (dropped there); calls in flight watch it.
+    pub(crate) too_large: watch::Sender<u64>,
 }
 
 /// The live connection: its peer, and how to report its loss.
@@ -204,6 +207,7 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpErro
         registered: Mutex::default(),
         stopping: Default::default(),
         resync_queued: Default::default(),
+        too_large: watch::channel(0).0,
     });
     if let Some(hub) = &hub {
         hub.admit(shared.clone())?;
@@ -306,6 +310,10 @@ impl Watcher for Forward {
             connection: self.connection,
             why,
         });
+    }
+
+    fn too_large(&self, bytes: u64) {
+        self.shared.too_large.send_replace(bytes);
     }
 
     fn tools_changed(&self) {

@@ -330,10 +330,26 @@ impl Tool for McpTool {
                 }
             }
             let _counted = InFlight::enter(&self.server);
-            let result = peer
-                .call_tool(params)
-                .await
-                .map_err(|e| self.failure(e, number))?;
+            // A message over the cap is dropped by the transport, unread:
+            // which call it answered is unknown, so every call then in
+            // flight on this server fails, saying why, instead of waiting
+            // out its timeout.
+            let mut too_large = self.server.too_large.subscribe();
+            too_large.mark_unchanged();
+            let result = tokio::select! {
+                r = peer.call_tool(params) => r.map_err(|e| self.failure(e, number))?,
+                Ok(()) = too_large.changed() => {
+                    let bytes = *too_large.borrow();
+                    return Err(ToolError::new(
+                        "TOO_LARGE",
+                        format!(
+                            "MCP server {} sent a message of {bytes} bytes, over the {} bytes a message may have; it was dropped",
+                            self.server.spec.name,
+                            super::link::MAX_MESSAGE
+                        ),
+                    ));
+                }
+            };
             self.output(result, &cx).await
         }
         .boxed()
