@@ -652,6 +652,8 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
     assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
     assert_eq!(raw.exited().code(), Some(0));
     super::until_blocking("the command outlived the server", || !super::running(token));
+    // Reaped before the server exited: no zombie is left to a PID 1.
+    assert_eq!(super::zombie_children(), Vec::<String>::new());
     let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
     assert!(log.contains("\"kind\":\"aborted\""), "{log}");
 }

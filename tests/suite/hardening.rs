@@ -150,6 +150,10 @@ fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
             );
             std::thread::yield_now();
         }
+        // dsh reaped what it started before it exited: nothing of it is
+        // left for a PID 1 to reap (this test's process is the subreaper
+        // its orphans would come to).
+        assert_eq!(super::zombie_children(), Vec::<String>::new(), "{signal}");
         let dir = std::fs::read_dir(&sessions)
             .unwrap()
             .flatten()

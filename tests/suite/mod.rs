@@ -32,6 +32,28 @@ pub(crate) fn running(token: &str) -> bool {
     })
 }
 
+/// This process's children that are zombies (exited, not reaped): their
+/// names.
+pub(crate) fn zombie_children() -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let Some((head, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let mut fields = rest.split(' ');
+        let (state, ppid) = (fields.next(), fields.next());
+        if state == Some("Z") && ppid == Some(me.as_str()) {
+            found.push(head.to_owned());
+        }
+    }
+    found
+}
+
 /// Waits (at most a minute) until `done` holds, yielding to the runtime in
 /// between; `what` names what never happened.
 pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {

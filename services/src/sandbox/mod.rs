@@ -331,8 +331,65 @@ impl Drop for Spawned {
         };
         lock(&RUNNING).remove(&(pid as i32));
         let reaped = !matches!(self.child.try_wait(), Ok(None));
+        if !reaped {
+            // What it started comes to us (the subreaper) when it dies:
+            // remember to reap it.
+            lock(&ORPHANS).extend(descendants(pid as i32));
+        }
         kill_command(pid as i32, reaped);
     }
+}
+
+/// The processes under `pid` (its children, theirs, …), as `/proc` lists
+/// them now; at most a few thousand.
+fn descendants(pid: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(children) = std::fs::read_to_string(task.path().join("children")) else {
+                continue;
+            };
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if found.len() < 4096 {
+                    found.push(child);
+                    next.push(child);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Processes left by killed commands, ours to reap once they end (this
+/// process is their subreaper).
+static ORPHANS: Mutex<std::collections::BTreeSet<i32>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Makes this process the reaper of its orphaned descendants, once: a
+/// killed command's processes (bwrap's inner one, a job's children) come
+/// to us instead of to a PID 1 that may never reap them.
+fn adopt_orphans() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+            tracing::warn!("cannot become the subreaper of our commands: {e}");
+        }
+    });
+}
+
+/// Reaps the recorded orphans that have ended (never waits).
+fn reap_orphans() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    lock(&ORPHANS).retain(|pid| {
+        matches!(
+            waitpid(nix::unistd::Pid::from_raw(*pid), Some(WaitPidFlag::WNOHANG)),
+            Ok(WaitStatus::StillAlive)
+        )
+    });
 }
 
 /// Kills the command `pid` started as and everything in its process group:
@@ -409,6 +466,31 @@ pub fn kill_running() {
     let groups = std::mem::take(&mut *lock(&RUNNING));
     for pgid in groups {
         kill_command(pgid, false);
+    }
+    reap_children(REAP_BUDGET);
+}
+
+/// How long an exiting process waits for killed children to end.
+const REAP_BUDGET: Duration = Duration::from_millis(500);
+
+/// Reaps every child of this process that has ended or ends within
+/// `budget` (a blocking wait; call it at exit, off the async workers):
+/// otherwise killed commands outlive us as zombies, waiting for a PID 1
+/// that may never reap them.
+pub fn reap_children(budget: Duration) {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let deadline = std::time::Instant::now() + budget;
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            // One reaped: there may be more.
+            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {}
+            // Children live on: wait a little for the killed ones.
+            Ok(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // None left (ECHILD), or the budget is spent.
+            _ => return,
+        }
     }
 }
 
@@ -536,6 +618,8 @@ impl Sandbox {
     /// Starts `launch` under `policy`: unconfined for `danger-full-access`
     /// with the network on, else through the host's backend, or not at all.
     pub async fn spawn(&self, launch: Launch, policy: Policy) -> Result<Spawned, SandboxError> {
+        adopt_orphans();
+        reap_orphans();
         if !policy.confines() {
             let mut cmd = command(&launch.argv[0], &launch.argv[1..], &launch);
             let child = cmd
