@@ -46,7 +46,7 @@ fn a_closed_stdout_ends_no_command_early() {
     let dir = std::fs::read_dir(&sessions)
         .unwrap()
         .flatten()
-        .next()
+        .find(|e| e.file_name() != "locks")
         .unwrap();
     let log = std::fs::read_to_string(dir.path().join("session.jsonl")).unwrap();
     assert!(log.contains("\"type\":\"turn/end\""), "{log}");
@@ -81,6 +81,75 @@ fn running(token: &str) -> bool {
             .map(|c| String::from_utf8_lossy(&c).contains(token))
             .unwrap_or(false)
     })
+}
+
+/// Where no PID namespace holds a command (Landlock; no sandbox at all), it
+/// still dies with dsh: it outlives the thread that started it (a command
+/// that sleeps first still finishes its turn), but not `kill -9` of dsh,
+/// whose guard takes its whole process group down (here a `sleep` that
+/// `bash` forked).
+#[test]
+fn a_command_outlives_its_spawning_thread_but_not_a_killed_dsh() {
+    let _sweep = crate::suite::sweep();
+    use std::io::BufRead;
+    for (args, token) in [
+        (["--sandbox", "landlock"], "71.4411"),
+        (["--permission-mode", "danger-full-access"], "72.4411"),
+    ] {
+        let base = fresh_dir("dsh-guard").unwrap();
+        let run = |command: &str, stderr: Stdio| {
+            let script = base.join("script.json");
+            let call = serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {
+                "command": command, "description": "run"
+            }}]});
+            std::fs::write(
+                &script,
+                serde_json::json!({"steps": [call, {"text": "over"}]}).to_string(),
+            )
+            .unwrap();
+            Command::new(env!("CARGO_BIN_EXE_dsh"))
+                .args(["run", "--approval", "never", "--script"])
+                .arg(&script)
+                .args(args)
+                .arg("--sessions-dir")
+                .arg(base.join("sessions"))
+                .arg("go")
+                .current_dir(&base)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .unwrap()
+        };
+        let finished = run("sleep 0.5 && echo survived", Stdio::piped());
+        let out = super::output_bounded(finished, super::DEADLINE, "dsh run");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {said}");
+        assert!(said.contains("survived"), "{args:?}: {said}");
+
+        let mut child = run(
+            &format!("echo started; sleep {token}; true"),
+            Stdio::piped(),
+        );
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.contains("▸ bash") {
+            line.clear();
+            assert!(stderr.read_line(&mut line).unwrap() > 0, "dsh ended early");
+        }
+        // The `sleep` itself (its own argument is the token), not a
+        // process on the way to it.
+        let sleeping = || {
+            std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+                std::fs::read(p.path().join("cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == token.as_bytes()))
+            })
+        };
+        super::until_blocking("the command never started", sleeping);
+        child.kill().unwrap(); // SIGKILL: no code of dsh runs
+        super::wait_bounded(&mut child, "dsh");
+        super::until_blocking("the command outlived a killed dsh", || !running(token));
+    }
 }
 
 /// SIGTERM and SIGHUP end `dsh run` as Ctrl-C does: the running tool's
@@ -157,7 +226,7 @@ fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
         let dir = std::fs::read_dir(&sessions)
             .unwrap()
             .flatten()
-            .next()
+            .find(|e| e.file_name() != "locks")
             .unwrap();
         let log = std::fs::read_to_string(dir.path().join("session.jsonl")).unwrap();
         let end = log

@@ -106,7 +106,7 @@ fn events(p: &Place) -> Vec<Value> {
     let dir = std::fs::read_dir(&p.sessions)
         .unwrap()
         .flatten()
-        .next()
+        .find(|e| e.file_name() != "locks")
         .unwrap();
     let text = std::fs::read_to_string(dir.path().join("session.jsonl")).unwrap();
     text.lines()

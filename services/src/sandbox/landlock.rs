@@ -1,10 +1,11 @@
 //! The Landlock backend, without `unsafe`.
 //!
 //! Landlock restricts the calling *thread* and everything it starts
-//! afterwards. So each command gets a throwaway OS thread (never a tokio
+//! afterwards. So each command gets an OS thread of its own (never a tokio
 //! worker, never the blocking pool, whose threads are reused): the thread
 //! restricts itself, spawns the command (the child inherits the domain
-//! across `fork` and `exec`) and ends. The rules: read and execute
+//! across `fork` and `exec`) and waits, parked, until the command is
+//! dropped (see `Spawner`). The rules: read and execute
 //! everywhere; write only `/dev/null`, and under `workspace-write` the
 //! workspace and a private temp directory (`TMPDIR` points there). Signals
 //! to processes outside the domain are refused too (ABI 6), so a command
@@ -17,7 +18,6 @@
 
 use std::ffi::OsString;
 use std::path::Path;
-use std::time::Duration;
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
@@ -25,14 +25,13 @@ use landlock::{
 };
 use tokio::sync::oneshot;
 
-use super::{Launch, PROBE_TIMEOUT, PermissionMode, Policy, PrivateTmp, SandboxError, command};
+use super::{
+    Launch, PROBE_TIMEOUT, PermissionMode, Policy, PrivateTmp, SandboxError, command, guarded,
+};
 
 /// The newest ABI whose rights we ask for; older kernels enforce a subset
 /// (reported as partial).
 const ABI_ASKED: ABI = ABI::V7;
-
-/// How long spawning a confined command may take.
-const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Restricts the calling thread: reads everywhere, writes only under
 /// `writable`. Returns whether every asked right is enforced.
@@ -74,56 +73,33 @@ pub(super) async fn probe() -> Result<bool, String> {
     }
 }
 
-type Started = Result<(tokio::process::Child, Option<PrivateTmp>), SandboxError>;
-
-/// Starts `launch` confined under `policy` (a mode that confines).
-pub(super) async fn spawn(mut launch: Launch, policy: Policy) -> Started {
-    let rt = tokio::runtime::Handle::current();
-    let (tx, rx) = oneshot::channel::<Started>();
-    let start = move || {
-        let _entered = rt.enter();
-        let tmp = match policy.mode {
-            PermissionMode::WorkspaceWrite => match PrivateTmp::create() {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    let _ = tx.send(Err(SandboxError::Spawn(format!(
-                        "cannot create a private temp directory: {e}"
-                    ))));
-                    return;
-                }
-            },
-            _ => None,
-        };
-        let mut writable: Vec<&Path> = Vec::new();
-        if let Some(t) = &tmp {
-            writable.push(&t.0);
-            writable.push(&launch.workspace);
-            let dir: OsString = t.0.clone().into_os_string();
-            launch.env.retain(|(k, _)| k != "TMPDIR");
-            launch.env.push(("TMPDIR".into(), dir));
-        }
-        let started = restrict(&writable)
-            .map_err(|e| SandboxError::Spawn(format!("Landlock: {e}")))
-            .and_then(|_| {
-                command(&launch.argv[0], &launch.argv[1..], &launch)
-                    .process_group(0)
-                    .spawn()
-                    .map_err(|e| SandboxError::Spawn(e.to_string()))
-            });
-        let _ = tx.send(started.map(|child| (child, tmp)));
+/// Starts `launch` confined under `policy` (a mode that confines), from
+/// the calling thread, which it restricts: call it on a thread of its own
+/// (never a tokio worker or the blocking pool, whose threads are reused).
+/// The command runs behind the parent-death guard.
+pub(super) fn start(
+    mut launch: Launch,
+    policy: Policy,
+) -> Result<(tokio::process::Child, Option<PrivateTmp>), SandboxError> {
+    let tmp = match policy.mode {
+        PermissionMode::WorkspaceWrite => Some(PrivateTmp::create().map_err(|e| {
+            SandboxError::Spawn(format!("cannot create a private temp directory: {e}"))
+        })?),
+        _ => None,
     };
-    std::thread::Builder::new()
-        .name("dsh-landlock-spawn".into())
-        .spawn(start)
-        .map_err(|e| SandboxError::Spawn(format!("cannot start a spawn thread: {e}")))?;
-    match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
-        Ok(Ok(started)) => started,
-        Ok(Err(_)) => Err(SandboxError::Spawn(
-            "the spawn thread ended without an answer".into(),
-        )),
-        Err(_) => Err(SandboxError::Spawn(format!(
-            "the command did not start within {} s",
-            SPAWN_TIMEOUT.as_secs()
-        ))),
+    let mut writable: Vec<&Path> = Vec::new();
+    if let Some(t) = &tmp {
+        writable.push(&t.0);
+        writable.push(&launch.workspace);
+        let dir: OsString = t.0.clone().into_os_string();
+        launch.env.retain(|(k, _)| k != "TMPDIR");
+        launch.env.push(("TMPDIR".into(), dir));
     }
+    restrict(&writable).map_err(|e| SandboxError::Spawn(format!("Landlock: {e}")))?;
+    let argv = guarded(&launch);
+    let child = command(&argv[0], &argv[1..], &launch)
+        .process_group(0)
+        .spawn()
+        .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+    Ok((child, tmp))
 }

@@ -303,13 +303,15 @@ pub struct Spawned {
     pub backend: Option<Backend>,
     /// A private temp directory removed with this value (Landlock).
     _tmp: Option<PrivateTmp>,
+    /// The thread that forked it, kept until this value goes.
+    _spawner: Spawner,
 }
 
 impl Spawned {
     fn new(
-        child: tokio::process::Child,
+        (child, tmp): (tokio::process::Child, Option<PrivateTmp>),
         backend: Option<Backend>,
-        tmp: Option<PrivateTmp>,
+        spawner: Spawner,
     ) -> Spawned {
         if let Some(pid) = child.id() {
             lock(&RUNNING).insert(pid as i32);
@@ -318,7 +320,111 @@ impl Spawned {
             child,
             backend,
             _tmp: tmp,
+            _spawner: spawner,
         }
+    }
+}
+
+/// Keeps alive the thread that forked a command. A parent-death signal
+/// (bwrap's `--die-with-parent`, the guard's `setpriv --pdeathsig`) fires
+/// when the *thread* that forked the process ends, not the process: so each
+/// command is forked by a thread of its own that waits, parked, until the
+/// command is dropped, and ends with dsh however dsh ends (`kill -9`
+/// included), taking the command with it.
+struct Spawner(#[allow(dead_code)] std::sync::mpsc::Sender<()>);
+
+/// How long starting a command may take.
+const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `start` (which forks the command) on a thread of its own that then
+/// stays parked until the returned [`Spawner`] is dropped.
+async fn on_own_thread(
+    start: impl FnOnce() -> Result<(tokio::process::Child, Option<PrivateTmp>), SandboxError>
+    + Send
+    + 'static,
+) -> Result<((tokio::process::Child, Option<PrivateTmp>), Spawner), SandboxError> {
+    let rt = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (keep, parked) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("dsh-spawner".into())
+        .stack_size(256 * 1024)
+        .spawn(move || {
+            let _entered = rt.enter();
+            let started = start();
+            let ok = started.is_ok();
+            if tx.send(started).is_ok() && ok {
+                // Until the command's value is dropped (the sender with it).
+                let _ = parked.recv();
+            }
+        })
+        .map_err(|e| SandboxError::Spawn(format!("cannot start a spawner thread: {e}")))?;
+    match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
+        Ok(Ok(started)) => started.map(|s| (s, Spawner(keep))),
+        Ok(Err(_)) => Err(SandboxError::Spawn(
+            "the spawner thread ended without an answer".into(),
+        )),
+        Err(_) => Err(SandboxError::Spawn(format!(
+            "the command did not start within {} s",
+            SPAWN_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// The guard put in front of a command that no PID namespace holds
+/// (Landlock, unconfined): `setpriv --pdeathsig TERM -- sh -c '[ "$PPID" =
+/// "$0" ] && exec "$@"' <our pid> timeout --kill-after=1 0`. When dsh's
+/// spawner thread ends (dsh exits, even by `kill -9`), `timeout` gets
+/// SIGTERM and passes it to the command's whole process group, then SIGKILL
+/// a second later; otherwise it only runs the command (duration 0: no time
+/// limit) and exits as it does. The shell closes the race `setpriv` leaves
+/// open: a dsh that died before the death signal was set is no longer the
+/// parent, and the command does not start. `None` where util-linux's
+/// `setpriv`, coreutils' `timeout` or `sh` is missing.
+fn guard() -> Option<&'static [OsString]> {
+    static GUARD: OnceLock<Option<Vec<OsString>>> = OnceLock::new();
+    GUARD
+        .get_or_init(|| {
+            let (setpriv, sh, timeout) = (on_path("setpriv")?, on_path("sh")?, on_path("timeout")?);
+            let mut argv: Vec<OsString> = vec![setpriv.into()];
+            argv.extend(["--pdeathsig", "TERM", "--"].map(OsString::from));
+            argv.push(sh.into());
+            argv.extend(["-c", r#"[ "$PPID" = "$0" ] && exec "$@""#].map(OsString::from));
+            argv.push(std::process::id().to_string().into());
+            argv.push(timeout.into());
+            argv.extend(["--kill-after=1", "0"].map(OsString::from));
+            Some(argv)
+        })
+        .as_deref()
+}
+
+/// Where `program` runs from: a path with a slash (relative to `cwd`), else
+/// the first executable file of that name on `path`.
+fn found_in(program: &str, path: Option<&std::ffi::OsStr>, cwd: &Path) -> Option<PathBuf> {
+    if program.contains('/') {
+        let p = cwd.join(program);
+        return is_executable(&p).then_some(p);
+    }
+    std::env::split_paths(path?)
+        .map(|dir| dir.join(program))
+        .find(|p| is_executable(p))
+}
+
+/// `launch`'s argv behind the [`guard`], when there is one and the program
+/// can be found (else as it is: its spawn then fails as it would have).
+fn guarded(launch: &Launch) -> Vec<OsString> {
+    let program = launch.argv[0].to_string_lossy();
+    let path = launch
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var_os("PATH"));
+    match guard() {
+        Some(guard) if found_in(&program, path.as_deref(), &launch.cwd).is_some() => {
+            guard.iter().chain(&launch.argv).cloned().collect()
+        }
+        _ => launch.argv.clone(),
     }
 }
 
@@ -621,12 +727,16 @@ impl Sandbox {
         adopt_orphans();
         reap_orphans();
         if !policy.confines() {
-            let mut cmd = command(&launch.argv[0], &launch.argv[1..], &launch);
-            let child = cmd
-                .process_group(0)
-                .spawn()
-                .map_err(|e| SandboxError::Spawn(e.to_string()))?;
-            return Ok(Spawned::new(child, None, None));
+            let (child, spawner) = on_own_thread(move || {
+                let argv = guarded(&launch);
+                let child = command(&argv[0], &argv[1..], &launch)
+                    .process_group(0)
+                    .spawn()
+                    .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+                Ok((child, None))
+            })
+            .await?;
+            return Ok(Spawned::new(child, None, spawner));
         }
         let unavailable = |why: String| SandboxError::Unavailable {
             mode: policy.mode,
@@ -640,12 +750,15 @@ impl Sandbox {
         let backend = self.backend().await.map_err(|e| unavailable(e.0))?;
         match &backend {
             Backend::Bwrap(path) => {
-                let mut cmd = bwrap::command(path, &launch, policy)
-                    .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
-                let child = cmd
-                    .spawn()
-                    .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
-                Ok(Spawned::new(child, Some(backend), None))
+                let path = path.clone();
+                let (child, spawner) = on_own_thread(move || {
+                    let child = bwrap::command(&path, &launch, policy)
+                        .and_then(|mut cmd| cmd.spawn().map_err(|e| e.to_string()))
+                        .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
+                    Ok((child, None))
+                })
+                .await?;
+                Ok(Spawned::new(child, Some(backend), spawner))
             }
             Backend::Landlock { .. } => {
                 if !policy.network {
@@ -653,8 +766,9 @@ impl Sandbox {
                         "Landlock filters TCP only, so it cannot cut the network; bwrap can".into(),
                     ));
                 }
-                let (child, tmp) = landlock::spawn(launch, policy).await?;
-                Ok(Spawned::new(child, Some(backend), tmp))
+                let (started, spawner) =
+                    on_own_thread(move || landlock::start(launch, policy)).await?;
+                Ok(Spawned::new(started, Some(backend), spawner))
             }
         }
     }
@@ -708,10 +822,7 @@ async fn select((choice, bwrap): &Choice) -> Result<Backend, String> {
 
 /// `program` found on `$PATH`.
 fn on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| is_executable(p))
+    found_in(program, std::env::var_os("PATH").as_deref(), Path::new("/"))
 }
 
 fn is_executable(p: &Path) -> bool {
