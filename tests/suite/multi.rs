@@ -179,6 +179,36 @@ fn a_workflow_whose_children_fail_exits_4_and_lists_them() {
     assert!(err.contains("2 of 2 children failed (allowed)"), "{err}");
 }
 
+/// A Ralph loop's exit code follows how it ended: a worker that reports
+/// a blocker ends it `3`, a round whose model fails ends it `1`.
+#[test]
+fn a_ralph_loop_exits_3_when_blocked_and_1_when_a_round_fails() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    let blocked = serde_json::json!({"tool_calls": [{"name": "report", "arguments": {
+        "status": "blocked", "summary": "tried", "blocker": "the API key is missing"
+    }}]});
+    std::fs::write(
+        dir.join("blocked.json"),
+        serde_json::json!({"steps": [blocked, {"text": "blocked"}]}).to_string(),
+    )
+    .unwrap();
+    let run = dsh(&["ralph", "Ship it", "--script", "blocked.json"], &dir);
+    let said = format!("{}{}", text(&run.stdout), text(&run.stderr));
+    assert_eq!(run.status.code(), Some(3), "{said}");
+    assert!(said.contains("the API key is missing"), "{said}");
+
+    let refusal = serde_json::json!({"error": {"code": "INVALID_REQUEST", "message": "the model refused the request", "status": 400}});
+    std::fs::write(
+        dir.join("fails.json"),
+        serde_json::json!({"steps": [refusal, refusal]}).to_string(),
+    )
+    .unwrap();
+    let run = dsh(&["ralph", "Ship it", "--script", "fails.json"], &dir);
+    let said = format!("{}{}", text(&run.stdout), text(&run.stderr));
+    assert_eq!(run.status.code(), Some(1), "{said}");
+}
+
 #[test]
 fn a_ralph_loop_cut_after_a_round_resumes_from_its_handoff() {
     let _sweep = crate::suite::sweep();
