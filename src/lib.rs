@@ -17,10 +17,6 @@
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
 //! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent
 //!   per session (on a model, or on a recording).
-//! - [`compare`]: `dsh bench compare` — our W1/W2/W3 beside the AutoAgents
-//!   harness in interleaved processes, with ratios.
-//! - [`bench`](mod@bench): `dsh bench …` workloads, printing per-operation
-//!   costs and ratios.
 //! - [`node`]: `dsh node` — join a cluster and serve children to other
 //!   nodes; the `--nodes` options that place a command's children there.
 //! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
@@ -28,7 +24,9 @@
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
 //!
 //! Each command module owns its `…Args` (clap); `main.rs` parses the command
-//! line and dispatches.
+//! line and dispatches. The benchmarks (`dsh bench`) are modules of the
+//! binary, not of this library: they drive it through its public API, as an
+//! embedder would.
 //!
 //! The kernel, seams and actors are re-exported as [`kernel`], [`services`]
 //! and [`actors`] so an embedder depends on this one crate.
@@ -39,9 +37,7 @@ pub use dsh_supervisors as kernel;
 
 pub mod acp;
 pub mod args;
-pub mod bench;
 pub mod catalogue;
-pub mod compare;
 pub mod config;
 pub mod demo;
 pub mod exit;

@@ -4,7 +4,9 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dsh::{acp, bench, config, multi, node, replay, run, serve, sessions};
+use dsh::{acp, config, multi, node, replay, run, serve, sessions};
+
+mod bench;
 
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
@@ -121,7 +123,10 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Bench(args) => ("bench", bench::bench(args).await),
         Command::Acp(args) => ("acp", acp::acp(*args).await),
         Command::Mcp(args) => ("mcp", config::mcp(args).await),
-        Command::Node(args) => ("node", node::node(*args).await),
+        Command::Node(args) => (
+            "node",
+            node::node(*args, bench::workloads::node_services).await,
+        ),
     };
     exit.report(name)
 }

@@ -113,8 +113,18 @@ async fn join_all(cluster: &Cluster, peers: &[Peer]) -> exit::Result<()> {
     Ok(())
 }
 
-/// `dsh node --name NAME --cookie-env VAR …`.
-pub async fn node(args: NodeArgs) -> Exit {
+/// What `--bench-worker` serves instead of a model: provides the
+/// benchmark's worker model and tool on the runtime (the `dsh` binary's
+/// benchmarks pass theirs).
+pub type BenchWorker =
+    for<'a> fn(
+        &'a Runtime,
+    ) -> futures::future::BoxFuture<'a, Result<(), dsh_supervisors::BoxError>>;
+
+/// `dsh node --name NAME --cookie-env VAR …`: joins (or starts) a cluster
+/// and serves children until Ctrl-C, SIGTERM or SIGHUP; `bench_worker`
+/// serves `--bench-worker`.
+pub async fn node(args: NodeArgs, bench_worker: BenchWorker) -> Exit {
     let cookie = match cookie(&args.cookie_env) {
         Ok(c) => c,
         Err(e) => return e,
@@ -126,7 +136,7 @@ pub async fn node(args: NodeArgs) -> Exit {
         Ok(rt) => rt,
         Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
     };
-    let exit = Exit::from(serve_node(&rt, &args, cookie).await);
+    let exit = Exit::from(serve_node(&rt, &args, cookie, bench_worker).await);
     if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
         .await
         .is_err()
@@ -139,10 +149,15 @@ pub async fn node(args: NodeArgs) -> Exit {
     exit
 }
 
-async fn serve_node(rt: &Runtime, args: &NodeArgs, cookie: String) -> exit::Result<()> {
+async fn serve_node(
+    rt: &Runtime,
+    args: &NodeArgs,
+    cookie: String,
+    bench_worker: BenchWorker,
+) -> exit::Result<()> {
     let cwd = args.workspace.resolve()?;
     let (provider, model, store) = if args.bench_worker {
-        crate::bench::workloads::node_services(rt)
+        bench_worker(rt)
             .await
             .map_err(|e| Exit::failed(e.to_string()))?;
         // In memory, as the benchmark's own agents are.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use dsh_supervisors::BoxError;
 use serde_json::{Value, json};
 
-use crate::exit::Exit;
+use dsh::exit::Exit;
 
 /// `dsh bench compare`: the options.
 #[derive(clap::Args, Debug, Clone)]
@@ -92,13 +92,13 @@ async fn harness(args: &CompareArgs) -> Result<Option<PathBuf>, BoxError> {
         .clone()
         .or_else(|| std::env::var_os("DSH_AUTOAGENTS_DIR").map(PathBuf::from))
     else {
-        crate::errln!(
+        dsh::errln!(
             "dsh bench compare: no AutoAgents harness named (pass --peer DIR, the shared workspace's bench/autoagents, or set DSH_AUTOAGENTS_DIR); our figures alone follow"
         );
         return Ok(None);
     };
     if !dir.join("Cargo.toml").is_file() {
-        crate::errln!(
+        dsh::errln!(
             "dsh bench compare: no AutoAgents harness at {} (no Cargo.toml there); our figures alone follow",
             dir.display()
         );
@@ -109,7 +109,7 @@ async fn harness(args: &CompareArgs) -> Result<Option<PathBuf>, BoxError> {
         .unwrap_or_else(|| PathBuf::from("/var/tmp/aa-target"));
     let bin = target.join("release/aa-bench");
     if !bin.is_file() {
-        crate::errln!(
+        dsh::errln!(
             "dsh bench compare: building the AutoAgents harness in {} (once; a few minutes)",
             target.display()
         );
@@ -174,8 +174,8 @@ async fn run(args: CompareArgs) -> Result<(), BoxError> {
     if let Some(bad) = wanted.iter().find(|w| !all.iter().any(|c| c.name == **w)) {
         return Err(format!("unknown cell `{bad}` (known: w1, w1t1, w2k100, w2k1000, w3)").into());
     }
-    crate::outln!("| cell | metric | dsh (median) | AutoAgents (median) | dsh / AutoAgents |");
-    crate::outln!("|---|---|---:|---:|---:|");
+    dsh::outln!("| cell | metric | dsh (median) | AutoAgents (median) | dsh / AutoAgents |");
+    dsh::outln!("|---|---|---:|---:|---:|");
     let mut records = Vec::new();
     for cell in all.iter().filter(|c| wanted.contains(&c.name)) {
         let mut mine = Vec::new();
@@ -201,7 +201,7 @@ async fn run(args: CompareArgs) -> Result<(), BoxError> {
                 (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                 _ => None,
             };
-            crate::outln!(
+            dsh::outln!(
                 "| {} | {metric} | {} | {} | {} |",
                 cell.name,
                 show(a),
@@ -212,7 +212,7 @@ async fn run(args: CompareArgs) -> Result<(), BoxError> {
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    crate::outln!(
+    dsh::outln!(
         "RESULT {}",
         json!({"workload": "compare", "runs": args.runs, "quick": args.quick,
                "peer": theirs.is_some(), "loadavg_after": load.split(' ').next(), "cells": records})
