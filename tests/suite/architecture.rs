@@ -271,6 +271,134 @@ fn each_crate_is_layered_as_its_code_map_lists() {
     }
 }
 
+/// The sibling modules of the folder module at `dir` (module path `path`
+/// from its crate root), each with the siblings it uses: `super::x` from a
+/// file of the folder (`super::super::x` from one folder down, …),
+/// `crate::<path>::x`, and items the folder's `mod.rs` re-exports from a
+/// sibling.
+fn sibling_uses(dir: &Path, path: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let root = dir.join("mod.rs");
+    let siblings = declared(&root);
+    let items = reexports(&root);
+    let mut uses: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files(dir) {
+        let parts: Vec<String> = file
+            .strip_prefix(dir)
+            .unwrap()
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let top = parts[0].trim_end_matches(".rs").to_owned();
+        if !siblings.contains(&top) {
+            continue; // mod.rs itself
+        }
+        let depth = parts.len() - usize::from(parts.last().is_some_and(|f| f == "mod.rs"));
+        let text = code(&file);
+        let mut names = Vec::new();
+        for prefix in ["super::".repeat(depth), format!("crate::{path}::")] {
+            for (at, _) in text.match_indices(&prefix) {
+                if text[..at].ends_with("::") || text[..at].ends_with(char::is_alphanumeric) {
+                    continue;
+                }
+                let rest = &text[at + prefix.len()..];
+                if rest.starts_with("super::") {
+                    continue;
+                }
+                if let Some(group) = rest.strip_prefix('{') {
+                    let close = matching(rest, 0).unwrap_or(rest.len());
+                    names.extend(group_heads(&group[..close.saturating_sub(1)]));
+                } else {
+                    let end = rest
+                        .find(|c: char| !c.is_alphanumeric() && c != '_')
+                        .unwrap_or(rest.len());
+                    names.push(rest[..end].to_owned());
+                }
+            }
+        }
+        let entry = uses.entry(top.clone()).or_default();
+        for name in names {
+            let module = if siblings.contains(&name) {
+                Some(name)
+            } else {
+                items.get(&name).cloned()
+            };
+            if let Some(m) = module.filter(|m| *m != top) {
+                entry.insert(m);
+            }
+        }
+    }
+    uses
+}
+
+/// A circle in `uses`, as the modules along it (the first one repeated at
+/// the end), if there is one.
+fn circle(uses: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn walk(
+        at: &str,
+        uses: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|m| m == at) {
+            let mut found = path[start..].to_vec();
+            found.push(at.to_owned());
+            return Some(found);
+        }
+        if done.contains(at) {
+            return None;
+        }
+        path.push(at.to_owned());
+        for next in uses.get(at).into_iter().flatten() {
+            if let Some(found) = walk(next, uses, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(at.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    uses.keys()
+        .find_map(|m| walk(m, uses, &mut Vec::new(), &mut done))
+}
+
+/// No import circles between the modules of one folder either, except in
+/// the fiber runtime (ARCHITECTURE.md says why).
+#[test]
+fn no_module_folder_has_an_import_circle_but_the_fiber_runtime() {
+    let allowed = repo().join("supervisors/src/runtime/fiber");
+    let mut circles = Vec::new();
+    for krate in ["supervisors/src", "services/src", "actors/src", "src"] {
+        let src = repo().join(krate);
+        let mut folders = vec![src.clone()];
+        while let Some(dir) = folders.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                if entry.path().is_dir() {
+                    folders.push(entry.path());
+                }
+            }
+            if dir == src || dir == allowed || !dir.join("mod.rs").exists() {
+                continue;
+            }
+            let path = dir
+                .strip_prefix(&src)
+                .unwrap()
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join("::");
+            if let Some(found) = circle(&sibling_uses(&dir, &path)) {
+                circles.push(format!("{}: {}", dir.display(), found.join(" → ")));
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "import circles:\n{}",
+        circles.join("\n")
+    );
+}
+
 #[test]
 fn only_the_fiber_stops_kills_or_drains_another_actor() {
     let fiber = repo().join("supervisors/src/runtime/fiber");

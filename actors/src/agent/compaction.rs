@@ -20,7 +20,8 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::driver::log_append;
+use super::budget::{chars_of, price};
+use super::log_append;
 use super::{Agent, Awake};
 
 /// Compaction starts when the estimate passes this share of the window.
@@ -87,11 +88,6 @@ fn saved_since(events: &[Arc<dsh_services::session::SessionEvent>], answer: u64)
     saved
 }
 
-/// The estimated tokens of one message: a quarter token per character.
-pub(super) fn price(m: &Message) -> u64 {
-    (chars_of(m) as u64).div_ceil(4)
-}
-
 /// The event with `seq` (events are in seq order).
 fn event_at(
     events: &[Arc<dsh_services::session::SessionEvent>],
@@ -101,24 +97,6 @@ fn event_at(
         .binary_search_by_key(&seq, |e| e.seq)
         .ok()
         .map(|i| &events[i])
-}
-
-fn chars_of(m: &Message) -> usize {
-    m.content
-        .iter()
-        .map(|b| match b {
-            ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text.len(),
-            ContentBlock::ToolCall { arguments, .. } => arguments.len(),
-            ContentBlock::ToolResult { content, .. } => content
-                .iter()
-                .map(|c| match c {
-                    ContentBlock::Text { text } => text.len(),
-                    _ => 256,
-                })
-                .sum(),
-            _ => 256,
-        })
-        .sum()
 }
 
 /// Compacts when the estimate passes [`THRESHOLD`] of `window`; whether

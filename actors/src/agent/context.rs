@@ -20,7 +20,7 @@ use dsh_services::sandbox::Policy;
 use dsh_services::session::{EventData, SurfaceIntent};
 use serde_json::json;
 
-use super::driver::log_append;
+use super::log_append;
 use super::{Agent, Awake, lock};
 
 /// The plugin name a snapshot's source carries.

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use dsh_services::llm::{LlmFailure, Message, MessageSource, code};
-use dsh_services::session::{EventData, SessionEvent, SurfaceIntent, TurnEndReason};
+use dsh_services::session::{EventData, SurfaceIntent, TurnEndReason};
 use tokio_util::sync::CancellationToken;
 
 use super::events::{AgentPreStep, AgentTurnStopping, PreStepDecision};
 use super::step::{StepEnd, run_step};
 use super::summary::{publish_progress, publish_step};
-use super::{Agent, Awake, TurnSummary};
+use super::{Agent, Awake, TurnSummary, log_append};
 
 /// What the driver runs for: the agent and its awake part.
 pub(super) struct Driving {
@@ -129,22 +129,6 @@ fn settle(agent: &Agent, summary: TurnSummary) {
                 "a turn-end hook panicked: {}",
                 dsh_supervisors::events::panic_text(&p)
             );
-        }
-    }
-}
-
-/// Appends, logging (not propagating) refusals: the driver's own events are
-/// well-formed by construction, so a refusal is a bug worth a loud log.
-pub(super) fn log_append(
-    agent: &Agent,
-    data: EventData,
-    intent: Option<SurfaceIntent>,
-) -> Option<Arc<SessionEvent>> {
-    match agent.inner.session.append(data, intent) {
-        Ok(e) => Some(e),
-        Err(e) => {
-            tracing::error!(agent = %agent.inner.id, "session refused an append: {e}");
-            None
         }
     }
 }

@@ -10,7 +10,7 @@ use dsh_services::llm::Message;
 use dsh_services::session::EventData;
 use dsh_supervisors::tree::now_ms;
 
-use super::driver::log_append;
+use super::log_append;
 use super::{Agent, AgentError, Cancelled, Inbox, Life, lock};
 
 impl Agent {

@@ -67,11 +67,13 @@
 //! there too: an observer must not call the same agent's input or progress
 //! methods (it would wait on the inbox lock its own append holds).
 
+mod budget;
 mod compaction;
 mod context;
 mod driver;
 mod envelope;
 pub mod events;
+mod header;
 mod inbox;
 mod keeper;
 mod lifecycle;
@@ -91,7 +93,7 @@ use dsh_services::approval::Approval;
 use dsh_services::llm::{LlmRuntime, Message, ToolSchema};
 use dsh_services::sandbox::Policy;
 use dsh_services::session::compact::CompactError;
-use dsh_services::session::{EventData, SessionError, TurnEndReason};
+use dsh_services::session::{EventData, SessionError, SessionEvent, SurfaceIntent, TurnEndReason};
 use dsh_services::tools::{Bounds, ToolRegistry};
 use dsh_supervisors::registry::RegisterError;
 use dsh_supervisors::{Context, Disposer, Scope, Status};
@@ -674,13 +676,30 @@ struct Awake {
 struct Envelope {
     generation: u64,
     system: Option<String>,
-    call: envelope::CallConfig,
+    call: header::CallConfig,
     schemas: Arc<[ToolSchema]>,
     header: Arc<serde_json::Value>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Appends to the agent's log, logging (not propagating) refusals: the
+/// agent's own events are well-formed by construction, so a refusal is a
+/// bug worth a loud log.
+pub(super) fn log_append(
+    agent: &Agent,
+    data: EventData,
+    intent: Option<SurfaceIntent>,
+) -> Option<Arc<SessionEvent>> {
+    match agent.inner.session.append(data, intent) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            tracing::error!(agent = %agent.inner.id, "session refused an append: {e}");
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@ use dsh_services::session::{EventData, SurfaceIntent, SurfaceOp};
 use serde_json::json;
 
 use super::Agent;
-use super::compaction::price;
-use super::driver::log_append;
+use super::budget::price;
+use super::log_append;
 
 /// A tool result is pruned past this many code points of text.
 pub const THRESHOLD: usize = 8192;

@@ -16,9 +16,10 @@ use dsh_services::tools::{PipelineOutcome, ToolCall};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::driver::log_append;
-use super::envelope::{CallConfig, envelope};
+use super::envelope::envelope;
 use super::events::AgentRequest;
+use super::header::CallConfig;
+use super::log_append;
 use super::tool_exec::{Placement, execute, release_step_children};
 use super::{Agent, Awake};
 

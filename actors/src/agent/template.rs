@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use dsh_services::llm::ToolSchema;
 use dsh_services::tools::RegisteredTool;
 
-use super::envelope::{CallConfig, header_value};
+use super::header::{CallConfig, header_value};
 use super::spec::same_template;
 use super::{AgentSpec, lock};
 

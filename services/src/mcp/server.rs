@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use dsh_supervisors::{Context, Disposer, Restart, WorkerSpec};
 
 use super::link::{self, Connection, Tail, Watcher};
-use super::tool::McpTool;
+use super::tool::{self, McpTool};
 use super::{McpError, McpServers, ServerSpec, ServerStatus, State, ToolInfo};
 use crate::sandbox::Sandbox;
 use crate::tools::ToolRegistry;
@@ -595,7 +595,7 @@ impl Run {
                     .clear(format!("it lists the tool {:?} twice", t.name))
                     .await;
             }
-            match McpTool::new(shared.clone(), t) {
+            match McpTool::new(shared.clone() as Arc<dyn tool::Server>, t) {
                 Ok(tool) => wanted.push(tool),
                 Err(why) => return self.clear(why).await,
             }
@@ -663,6 +663,28 @@ fn backoff(r: &super::ReconnectConfig, failed: u32) -> Duration {
         .saturating_mul(1u64 << failed.min(20))
         .min(r.max_delay_ms.max(r.initial_delay_ms));
     Duration::from_millis(ms)
+}
+
+impl tool::Server for Shared {
+    fn spec(&self) -> &super::ServerSpec {
+        &self.spec
+    }
+
+    fn peer(&self) -> Result<(Peer<RoleClient>, u32), String> {
+        Shared::peer(self)
+    }
+
+    fn call_lost(&self, number: u32, why: String) {
+        Shared::call_lost(self, number, why)
+    }
+
+    fn in_flight(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.in_flight
+    }
+
+    fn too_large(&self) -> watch::Receiver<u64> {
+        self.too_large.subscribe()
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@ use rmcp::service::ServiceError;
 use serde_json::{Value, json};
 
 use super::Transport;
-use super::server::Shared;
 use crate::attachments::Attachments;
 use crate::llm::{ContentBlock, ToolSchema};
 use crate::sandbox::{PermissionMode, Policy};
@@ -35,9 +34,25 @@ const MAX_DESCRIPTION: usize = 4096;
 /// The largest input schema a tool may have, in bytes of JSON.
 const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 
+/// What a tool needs of its server, which hands it this narrow handle: the
+/// entry, the live connection, and where calls are counted and told.
+pub(crate) trait Server: Send + Sync + 'static {
+    /// The server's entry.
+    fn spec(&self) -> &super::ServerSpec;
+    /// The live connection and its number, or why there is none.
+    fn peer(&self) -> Result<(rmcp::Peer<rmcp::RoleClient>, u32), String>;
+    /// Connection `number` was lost during a call.
+    fn call_lost(&self, number: u32, why: String);
+    /// Calls sent and not yet answered.
+    fn in_flight(&self) -> &std::sync::atomic::AtomicU32;
+    /// The size of the last message over the transport's cap, changed
+    /// each time one arrives.
+    fn too_large(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
 /// One tool of one server.
 pub(crate) struct McpTool {
-    server: Arc<Shared>,
+    server: Arc<dyn Server>,
     raw: String,
     public: String,
     description: String,
@@ -49,15 +64,15 @@ impl McpTool {
     /// The tool `t` of `server`; refused when its schema is larger than
     /// [`MAX_SCHEMA_BYTES`] (it would ride every request). A description
     /// past [`MAX_DESCRIPTION`] characters is cut.
-    pub(crate) fn new(server: Arc<Shared>, t: &rmcp::model::Tool) -> Result<McpTool, String> {
+    pub(crate) fn new(server: Arc<dyn Server>, t: &rmcp::model::Tool) -> Result<McpTool, String> {
         let raw = t.name.to_string();
-        let public = super::public_name(&server.spec.name, &raw);
+        let public = super::public_name(&server.spec().name, &raw);
         let mut description = t
             .description
             .as_deref()
             .map(str::to_owned)
             .or_else(|| t.title.clone())
-            .unwrap_or_else(|| format!("Tool {raw} of MCP server {}.", server.spec.name));
+            .unwrap_or_else(|| format!("Tool {raw} of MCP server {}.", server.spec().name));
         if let Some((cut, _)) = description.char_indices().nth(MAX_DESCRIPTION) {
             description.truncate(cut);
             description.push('…');
@@ -76,7 +91,7 @@ impl McpTool {
         if let Err(e) = jsonschema::validator_for(&parameters) {
             tracing::warn!(
                 "MCP server {}: the input schema of {raw} does not compile ({e}); its arguments go unchecked",
-                server.spec.name
+                server.spec().name
             );
             parameters = json!({"type": "object", "properties": {}});
         }
@@ -113,7 +128,7 @@ impl McpTool {
 
     /// Refuses a call the agent's `policy` (in `workspace`) does not cover.
     fn admit(&self, policy: Policy, workspace: &std::path::Path) -> Result<(), ToolError> {
-        let spec = &self.server.spec;
+        let spec = self.server.spec();
         let networked = matches!(spec.transport, Transport::Http { .. }) || spec.policy.network;
         if networked && !policy.network {
             return Err(ToolError::new(
@@ -158,7 +173,7 @@ impl McpTool {
     }
 
     fn failure(&self, e: ServiceError, number: u32) -> ToolError {
-        let name = &self.server.spec.name;
+        let name = &self.server.spec().name;
         match e {
             ServiceError::McpError(e) => ToolError::new(
                 "MCP_ERROR",
@@ -224,7 +239,7 @@ impl McpTool {
         if content.is_empty() {
             content.push(ContentBlock::text(""));
         }
-        let mut mcp = json!({"server": self.server.spec.name, "tool": self.raw});
+        let mut mcp = json!({"server": self.server.spec().name, "tool": self.raw});
         if let Some(s) = result.structured_content {
             mcp["structuredContent"] = s;
         }
@@ -236,18 +251,18 @@ impl McpTool {
 }
 
 /// One call counted in flight until it is answered or dropped.
-struct InFlight<'a>(&'a Shared);
+struct InFlight<'a>(&'a dyn Server);
 
 impl<'a> InFlight<'a> {
-    fn enter(server: &'a Shared) -> InFlight<'a> {
-        server.in_flight.fetch_add(1, Ordering::AcqRel);
+    fn enter(server: &'a dyn Server) -> InFlight<'a> {
+        server.in_flight().fetch_add(1, Ordering::AcqRel);
         InFlight(server)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.in_flight().fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -305,7 +320,7 @@ impl Tool for McpTool {
     }
 
     fn timeout(&self) -> Option<Duration> {
-        Some(self.server.spec.call_timeout)
+        Some(self.server.spec().call_timeout)
     }
 
     fn execute(
@@ -329,12 +344,12 @@ impl Tool for McpTool {
                     ));
                 }
             }
-            let _counted = InFlight::enter(&self.server);
+            let _counted = InFlight::enter(&*self.server);
             // A message over the cap is dropped by the transport, unread:
             // which call it answered is unknown, so every call then in
             // flight on this server fails, saying why, instead of waiting
             // out its timeout.
-            let mut too_large = self.server.too_large.subscribe();
+            let mut too_large = self.server.too_large();
             too_large.mark_unchanged();
             let result = tokio::select! {
                 r = peer.call_tool(params) => r.map_err(|e| self.failure(e, number))?,
@@ -344,7 +359,7 @@ impl Tool for McpTool {
                         "TOO_LARGE",
                         format!(
                             "MCP server {} sent a message of {bytes} bytes, over the {} bytes a message may have; it was dropped",
-                            self.server.spec.name,
+                            self.server.spec().name,
                             super::link::MAX_MESSAGE
                         ),
                     ));

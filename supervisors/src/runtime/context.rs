@@ -24,7 +24,6 @@ use crate::runtime::Runtime;
 use crate::runtime::fiber::{
     self, ChildEntry, ChildKind, DisposeFn, FiberShared, LoadSpec, TaskEnd, TaskRef, WorkerStart,
 };
-use crate::runtime::plugin::{ErasedPlugin, Plugin, ValidConfig};
 use crate::scope::ScopeKey;
 use crate::services::{Provider, ServiceChange};
 use crate::tree::{Form, Node, NodeStats, Status};
@@ -143,65 +142,6 @@ impl Context {
     /// Sets the owning fiber's supervisor strategy and restart intensity.
     pub fn supervise(&self, spec: SupervisorSpec) {
         self.fiber.set_supervisor(spec);
-    }
-
-    /// Loads a plugin as a child fiber and waits until it settles (`active`,
-    /// `pending` on missing services, or an error when `apply` failed).
-    pub async fn plugin<P: Plugin>(&self, plugin: P, config: P::Config) -> Result<Fiber> {
-        self.plugin_with(plugin, config, PluginOptions::default())
-            .await
-    }
-
-    /// [`Context::plugin`] with a name and a child policy.
-    pub async fn plugin_with<P: Plugin>(
-        &self,
-        plugin: P,
-        config: P::Config,
-        options: PluginOptions,
-    ) -> Result<Fiber> {
-        let load = LoadSpec {
-            plugin: Arc::new(plugin),
-            config: Arc::new(config),
-        };
-        self.load_erased(load, options).await
-    }
-
-    /// Loads a validated catalogue plugin; a failed `apply` still returns
-    /// the (failed) fiber so the caller can dispose or inspect it.
-    pub(crate) async fn load_validated(
-        &self,
-        plugin: Arc<dyn ErasedPlugin>,
-        config: ValidConfig,
-        options: PluginOptions,
-    ) -> Result<Fiber> {
-        let load = LoadSpec {
-            plugin,
-            config: config.0,
-        };
-        let shared = spawn_plugin_fiber(self, load, options.policy, options.name).await?;
-        let fiber = Fiber {
-            shared,
-            rt: self.rt.clone(),
-        };
-        fiber.ready().await;
-        Ok(fiber)
-    }
-
-    async fn load_erased(&self, load: LoadSpec, options: PluginOptions) -> Result<Fiber> {
-        let plugin = load.plugin.name().to_owned();
-        let shared = spawn_plugin_fiber(self, load, options.policy, options.name).await?;
-        let fiber = Fiber {
-            shared,
-            rt: self.rt.clone(),
-        };
-        match fiber.ready().await {
-            Status::Failed => Err(Error::PluginFailed {
-                plugin,
-                fiber: fiber.id(),
-                reason: fiber.error().unwrap_or_else(|| "failed".to_owned()),
-            }),
-            _ => Ok(fiber),
-        }
     }
 
     /// Mints a scope under this context's fiber: a child fiber whose context

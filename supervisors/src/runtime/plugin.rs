@@ -11,7 +11,10 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 
 use crate::error::BoxError;
-use crate::runtime::context::Context;
+use crate::error::Error;
+use crate::runtime::context::{Context, Fiber, PluginOptions, spawn_plugin_fiber};
+use crate::runtime::fiber::LoadSpec;
+use crate::tree::Status;
 
 /// A plugin: configuration type, injected services and an `apply` body.
 ///
@@ -222,5 +225,76 @@ impl Catalogue {
 
     pub(crate) fn get(&self, name: &str) -> Option<&Arc<dyn CatalogueEntry>> {
         self.entries.get(name)
+    }
+}
+
+/// Loading plugins (here, beside the trait, so that the context does not
+/// need to know what a plugin is).
+impl Context {
+    /// Loads a plugin as a child fiber and waits until it settles (`active`,
+    /// `pending` on missing services, or an error when `apply` failed).
+    pub async fn plugin<P: Plugin>(
+        &self,
+        plugin: P,
+        config: P::Config,
+    ) -> crate::error::Result<Fiber> {
+        self.plugin_with(plugin, config, PluginOptions::default())
+            .await
+    }
+
+    /// [`Context::plugin`] with a name and a child policy.
+    pub async fn plugin_with<P: Plugin>(
+        &self,
+        plugin: P,
+        config: P::Config,
+        options: PluginOptions,
+    ) -> crate::error::Result<Fiber> {
+        let load = LoadSpec {
+            plugin: Arc::new(plugin),
+            config: Arc::new(config),
+        };
+        self.load_erased(load, options).await
+    }
+
+    /// Loads a validated catalogue plugin; a failed `apply` still returns
+    /// the (failed) fiber so the caller can dispose or inspect it.
+    pub(crate) async fn load_validated(
+        &self,
+        plugin: Arc<dyn ErasedPlugin>,
+        config: ValidConfig,
+        options: PluginOptions,
+    ) -> crate::error::Result<Fiber> {
+        let load = LoadSpec {
+            plugin,
+            config: config.0,
+        };
+        let shared = spawn_plugin_fiber(self, load, options.policy, options.name).await?;
+        let fiber = Fiber {
+            shared,
+            rt: self.runtime().clone(),
+        };
+        fiber.ready().await;
+        Ok(fiber)
+    }
+
+    async fn load_erased(
+        &self,
+        load: LoadSpec,
+        options: PluginOptions,
+    ) -> crate::error::Result<Fiber> {
+        let plugin = load.plugin.name().to_owned();
+        let shared = spawn_plugin_fiber(self, load, options.policy, options.name).await?;
+        let fiber = Fiber {
+            shared,
+            rt: self.runtime().clone(),
+        };
+        match fiber.ready().await {
+            Status::Failed => Err(Error::PluginFailed {
+                plugin,
+                fiber: fiber.id(),
+                reason: fiber.error().unwrap_or_else(|| "failed".to_owned()),
+            }),
+            _ => Ok(fiber),
+        }
     }
 }
