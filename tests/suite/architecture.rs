@@ -399,6 +399,113 @@ fn no_module_folder_has_an_import_circle_but_the_fiber_runtime() {
     );
 }
 
+/// ARCHITECTURE.md's code map section for one crate (`### `name``): its
+/// text, up to the next heading.
+fn map_section(map: &str, krate: &str) -> String {
+    let head = format!("### `{krate}`");
+    let start = map
+        .find(&head)
+        .unwrap_or_else(|| panic!("ARCHITECTURE.md has no `{head}` section"));
+    let body = &map[start + head.len()..];
+    let end = body.find("\n#").unwrap_or(body.len());
+    body[..end].to_owned()
+}
+
+/// The modules a map section's bullets are headed by: the backticked names
+/// before a bullet's `:`, outside parentheses.
+fn map_heads(section: &str) -> BTreeSet<String> {
+    // A bullet goes on over its indented lines.
+    let mut bullets: Vec<String> = Vec::new();
+    for line in section.lines() {
+        if let Some(start) = line.strip_prefix("- ") {
+            bullets.push(start.to_owned());
+        } else if let (Some(last), true) = (bullets.last_mut(), line.starts_with("  ")) {
+            last.push(' ');
+            last.push_str(line.trim());
+        }
+    }
+    let mut heads = BTreeSet::new();
+    for bullet in &bullets {
+        let (mut depth, mut name, mut inside) = (0usize, String::new(), false);
+        for c in bullet.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                ':' if depth == 0 && !inside => break,
+                '`' if depth == 0 => {
+                    if inside {
+                        heads.insert(std::mem::take(&mut name));
+                    }
+                    inside = !inside;
+                }
+                c if inside && depth == 0 => name.push(c),
+                _ => {}
+            }
+        }
+    }
+    heads
+}
+
+/// Every module below the top level of the crate at `src`: the names of
+/// the files and folders inside its module folders.
+fn nested_modules(src: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for file in rust_files(src) {
+        let parts: Vec<String> = file
+            .strip_prefix(src)
+            .unwrap()
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        for (i, part) in parts.iter().enumerate().skip(1) {
+            let name = part.trim_end_matches(".rs");
+            if name != "mod" && (i + 1 < parts.len() || part.ends_with(".rs")) {
+                out.insert(name.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md's code map cannot drift: each crate's section heads a
+/// bullet with every top-level module and with nothing else, and names
+/// every module below them.
+#[test]
+fn the_architecture_map_names_every_module_and_nothing_gone() {
+    let map = std::fs::read_to_string(repo().join("ARCHITECTURE.md")).unwrap();
+    let mut wrong = Vec::new();
+    for (krate, dir, roots) in [
+        ("supervisors", "supervisors/src", &["lib.rs"][..]),
+        ("services", "services/src", &["lib.rs"][..]),
+        ("actors", "actors/src", &["lib.rs"][..]),
+        ("dsh", "src", &["lib.rs", "main.rs"][..]),
+    ] {
+        let src = repo().join(dir);
+        let section = map_section(&map, krate);
+        let mut modules = BTreeSet::new();
+        for root in roots {
+            modules.extend(declared(&src.join(root)));
+        }
+        let heads = map_heads(&section);
+        for m in modules.difference(&heads) {
+            wrong.push(format!("{krate}: module `{m}` heads no bullet of the map"));
+        }
+        for m in heads.difference(&modules) {
+            wrong.push(format!("{krate}: the map lists `{m}`, which is no module"));
+        }
+        for m in nested_modules(&src) {
+            if !section.contains(&format!("`{m}`")) {
+                wrong.push(format!("{krate}: the map does not name the module `{m}`"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md's code map:\n{}",
+        wrong.join("\n")
+    );
+}
+
 #[test]
 fn only_the_fiber_stops_kills_or_drains_another_actor() {
     let fiber = repo().join("supervisors/src/runtime/fiber");
