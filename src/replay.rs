@@ -11,7 +11,6 @@ use dsh_services::replay::{CancelPoint, ReplayModel};
 use dsh_services::session::compare::{compare, prompts, shape};
 use dsh_services::session::jsonl;
 use dsh_services::tools::ToolRegistry;
-use dsh_services::tools::builtin::register_builtin;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::WorkspaceArgs;
@@ -158,7 +157,8 @@ pub(crate) async fn install(
         Arc::new(dsh_services::jobs::Jobs::new(Default::default())),
     )
     .map_err(|e| e.to_string())?;
-    register_builtin(root, &tools).map_err(|e| e.to_string())?;
+    dsh_services::tools::builtin::install(root, &tools, Default::default())
+        .map_err(|e| e.to_string())?;
     llm.register(root, &["replay"], model.clone())
         .map_err(|e| e.to_string())?;
     // Children: the recorded tool names, each child served its own recorded

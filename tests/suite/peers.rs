@@ -15,7 +15,6 @@ use dsh::services::approval::{Approval, ApprovalPolicy};
 use dsh::services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
 use dsh::services::llm::{LlmRuntime, LlmStream, Message, ToolSchema};
 use dsh::services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason};
-use dsh::services::tools::builtin::register_builtin;
 use dsh::services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 
 fn repo() -> PathBuf {
@@ -134,7 +133,7 @@ async fn runtime_with(
     .unwrap();
     let agents = Agents::start(&root, Default::default()).await.unwrap();
     root.provide(Agents::SERVICE, agents).unwrap();
-    register_builtin(&root, &registry).unwrap();
+    dsh::services::tools::builtin::install(&root, &registry, Default::default()).unwrap();
     for t in tools {
         registry.register(&root, t).unwrap();
     }

@@ -28,11 +28,30 @@ pub use workspace::confine;
 
 use super::ToolRegistry;
 
-/// Registers every built-in tool through `ctx` (removed with its fiber).
-pub fn register_builtin(
+/// Which of the optional built-ins to register, and what they need.
+#[derive(Clone, Debug, Default)]
+pub struct Builtins {
+    /// `skill`, reading skills under this user home (`Some(None)`: the
+    /// project's only); `None` leaves the tool out.
+    pub skills: Option<Option<std::path::PathBuf>>,
+    /// `web_fetch` with these settings; `None` leaves it out.
+    pub web_fetch: Option<WebFetchSettings>,
+}
+
+/// Registers the built-in tools through `ctx` (removed with its fiber): the
+/// ones every agent gets, and the optional ones `extra` names. The one place
+/// this crate's tools are registered.
+pub fn install(
     ctx: &Context,
     registry: &Arc<ToolRegistry>,
+    extra: Builtins,
 ) -> Result<(), dsh_supervisors::registry::RegisterError> {
+    if let Some(home) = extra.skills {
+        registry.register(ctx, Arc::new(SkillTool::new(home)))?;
+    }
+    if let Some(settings) = extra.web_fetch {
+        registry.register(ctx, Arc::new(WebFetch::new(settings)))?;
+    }
     let (read, write, edit) = file_tools();
     registry.register(ctx, Arc::new(Bash))?;
     registry.register(ctx, Arc::new(read))?;
