@@ -506,6 +506,78 @@ fn the_architecture_map_names_every_module_and_nothing_gone() {
     );
 }
 
+/// A Markdown heading's anchor as GitHub makes it: lower case, spaces to
+/// `-`, punctuation but `-` and `_` dropped.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.insert(slug(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Every relative link in README.md, ARCHITECTURE.md and `docs/` leads
+/// somewhere: the file exists, and a `#anchor` names one of its headings.
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut pages = vec![repo().join("README.md"), repo().join("ARCHITECTURE.md")];
+    for entry in std::fs::read_dir(repo().join("docs")).unwrap().flatten() {
+        if entry.path().extension().is_some_and(|e| e == "md") {
+            pages.push(entry.path());
+        }
+    }
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let linked = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(file)
+            };
+            if !linked.exists() {
+                broken.push(format!("{}: `{target}`: no such file", page.display()));
+                continue;
+            }
+            if !anchor.is_empty() {
+                let headings = anchors(&std::fs::read_to_string(&linked).unwrap_or_default());
+                if !headings.contains(anchor) {
+                    broken.push(format!("{}: `{target}`: no such heading", page.display()));
+                }
+            }
+        }
+    }
+    assert!(pages.len() > 3, "the docs were not found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
 #[test]
 fn only_the_fiber_stops_kills_or_drains_another_actor() {
     let fiber = repo().join("supervisors/src/runtime/fiber");

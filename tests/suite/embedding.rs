@@ -1,4 +1,4 @@
-//! The README's embedding example, run as written.
+//! The embedding example (`docs/embedding.md`), run as written.
 
 use std::sync::Arc;
 
