@@ -49,7 +49,7 @@ use dsh_services::attachments::Attachments;
 use dsh_services::llm::{ContentBlock, Message};
 use dsh_services::mcp::{McpServer, ServerSpec, Transport};
 use dsh_services::persistence::SessionPersistence;
-use dsh_services::replay::{CancelPoint, ReplayModel};
+use dsh_services::providers::replay::{CancelPoint, ReplayModel};
 use dsh_services::sandbox::{Policy, Sandbox};
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::{Context, Runtime, RuntimeSettings};

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use dsh_services::approval::ApprovalPolicy;
-use dsh_services::llm::openai::ReasoningEffort;
+use dsh_services::providers::openai::ReasoningEffort;
 use dsh_services::sandbox::{BackendChoice, PermissionMode, Settings};
 
 use dsh_actors::cluster::{Peer, Placement};
@@ -160,7 +160,8 @@ impl ModelArgs {
         let deepseek_key = env("DEEPSEEK_API_KEY").is_some_and(|k| !k.is_empty());
         if base_url.is_none() && deepseek_key {
             return Ok(Some(ModelChoice::DeepSeek {
-                model: model.unwrap_or_else(|| dsh_services::llm::openai::DEEPSEEK_MODEL.into()),
+                model: model
+                    .unwrap_or_else(|| dsh_services::providers::openai::DEEPSEEK_MODEL.into()),
                 effort,
                 request_timeout,
             }));

@@ -8,7 +8,6 @@
 //! - [`home`]: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`args`]: the options every agent-creating command shares (model,
 //!   policy, plugin tree, workspace, sessions store).
-//! - [`demo`]: the keyless demo model (a pure function of the conversation).
 //! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
@@ -33,13 +32,14 @@
 
 pub use dsh_actors as actors;
 pub use dsh_services as services;
+/// The keyless demo model (its home is with the other providers).
+pub use dsh_services::providers::demo;
 pub use dsh_supervisors as kernel;
 
 pub mod acp;
 pub mod args;
 pub mod catalogue;
 pub mod config;
-pub mod demo;
 pub mod exit;
 pub mod home;
 pub mod multi;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dsh_actors::agent::{Agent, AgentSpec, Agents};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
-use dsh_services::replay::{CancelPoint, ReplayModel};
+use dsh_services::providers::replay::{CancelPoint, ReplayModel};
 use dsh_services::session::compare::{compare, prompts, shape};
 use dsh_services::session::jsonl;
 use dsh_services::tools::ToolRegistry;

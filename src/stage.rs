@@ -18,9 +18,9 @@ use crate::catalogue::{
     AgentServices, AgentServicesConfig, DeepSeek, DeepSeekPluginConfig, OpenAi, OpenAiPluginConfig,
     Scripted, ScriptedPluginConfig, default_catalogue,
 };
-use crate::demo::DemoModel;
 use crate::exit::{self, Exit};
 use crate::sessions::open_store;
+use dsh_services::providers::demo::DemoModel;
 
 /// The provider route and model id a command's agents use.
 #[derive(Clone, Debug, PartialEq, Eq)]

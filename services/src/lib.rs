@@ -17,8 +17,10 @@
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
 //!   fold, forks at turn boundaries, the `session.jsonl` reader/writer,
 //!   compaction, structural comparison.
-//! - [`replay`]: the replay model — a provider serving a recorded session's
-//!   model output.
+//! - [`providers`]: the model providers, in one place — `openai` (any
+//!   OpenAI-compatible endpoint, DeepSeek's dialect included), `scripted`
+//!   (a script of steps), `replay` (a recorded session's model output),
+//!   `demo` (the keyless demo model).
 //! - [`approval`]: the approval seam (never / ask / always; fails closed).
 //! - [`sandbox`]: permission modes and policies, the process sandbox (bwrap,
 //!   else Landlock; fails closed with `SANDBOX_UNAVAILABLE`), and the
@@ -54,7 +56,7 @@ pub mod llm;
 pub mod mcp;
 pub mod persistence;
 pub mod prompt;
-pub mod replay;
+pub mod providers;
 pub mod sandbox;
 pub mod session;
 pub mod skills;

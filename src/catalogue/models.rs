@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsh_services::llm::LlmRuntime;
-use dsh_services::llm::openai::{
+use dsh_services::providers::openai::{
     Dialect, ModelEntry, OpenAiCompatible, OpenAiConfig, ReasoningEffort,
 };
-use dsh_services::llm::scripted::ScriptedModel;
+use dsh_services::providers::scripted::ScriptedModel;
 use dsh_supervisors::{BoxError, Context, Plugin};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -267,7 +267,7 @@ impl Plugin for DeepSeek {
                     .ok()
                     .filter(|u| !u.is_empty())
             })
-            .unwrap_or_else(|| dsh_services::llm::openai::DEEPSEEK_BASE_URL.into());
+            .unwrap_or_else(|| dsh_services::providers::openai::DEEPSEEK_BASE_URL.into());
         let settings = EndpointSettings {
             request_s: config.request_timeout_s,
             idle_s: config.idle_timeout_s,
@@ -277,7 +277,7 @@ impl Plugin for DeepSeek {
             context_window: config.context_window,
             models: match &config.models {
                 Some(list) => list.0.clone(),
-                None => dsh_services::llm::openai::deepseek_models(),
+                None => dsh_services::providers::openai::deepseek_models(),
             },
         };
         let dialect = Dialect::DeepSeek {

@@ -62,7 +62,8 @@ impl LlmAdapter for Board {
                 FinishReason::ToolCalls,
             )
         };
-        let chunks = dsh::services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+        let chunks =
+            dsh::services::providers::scripted::chunks_for(&blocks, Default::default(), finish);
         Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
     }
 }
@@ -210,7 +211,8 @@ impl LlmAdapter for Asker {
                 FinishReason::ToolCalls,
             ),
         };
-        let chunks = dsh::services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+        let chunks =
+            dsh::services::providers::scripted::chunks_for(&blocks, Default::default(), finish);
         Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use dsh::actors::agent::{Agent, AgentSpec, Agents};
 use dsh::kernel::{Runtime, RuntimeSettings};
 use dsh::services::approval::{Approval, ApprovalPolicy};
-use dsh::services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
 use dsh::services::llm::{LlmRuntime, LlmStream, Message, ToolSchema};
+use dsh::services::providers::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
 use dsh::services::session::{EventData, SessionHeader, SessionLog, SurfaceIntent, TurnEndReason};
 use dsh::services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 

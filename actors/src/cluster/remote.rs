@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsh_services::approval::ApprovalPolicy;
-use dsh_services::llm::scripted::chunks_for;
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, code,
 };
+use dsh_services::providers::scripted::chunks_for;
 use dsh_services::session::{SessionEvent, TurnEndReason};
 use futures::StreamExt as _;
 use futures::future::BoxFuture;

@@ -28,10 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dsh_services::approval::{Approval, ApprovalOutcome, ApprovalRequest};
-use dsh_services::llm::scripted::chunks_for;
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, TokenUsage,
 };
+use dsh_services::providers::scripted::chunks_for;
 use dsh_supervisors::{Context, NoMessages};
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};

@@ -4,10 +4,10 @@ use std::sync::{Arc, Mutex};
 
 use dsh_actors::agent::{Agent, AgentSpec};
 use dsh_services::approval::{ApprovalAsk, ApprovalOutcome, ApprovalPolicy};
-use dsh_services::llm::scripted::ScriptStep;
 use dsh_services::llm::{
     BlockType, ChunkStream, LlmAdapter, LlmFailure, LlmRequest, Role, StreamChunk,
 };
+use dsh_services::providers::scripted::ScriptStep;
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_services::tools::{
     Decision, PostExecute, PreExecute, Restriction, ToolExecute, ToolGuard, ToolResultEvent,
@@ -613,7 +613,7 @@ async fn a_provider_failure_ends_the_turn_with_the_structured_error() {
     h.script(
         "scripted",
         vec![ScriptStep {
-            error: Some(dsh_services::llm::scripted::ScriptedError {
+            error: Some(dsh_services::providers::scripted::ScriptedError {
                 code: "RATE_LIMITED".into(),
                 message: "slow down".into(),
                 status: Some(429),
@@ -750,7 +750,9 @@ async fn a_panicking_observer_is_isolated_and_routes_register_all_or_nothing() {
         .register(
             &h.rt.root(),
             &["fresh", "scripted"],
-            Arc::new(dsh_services::llm::scripted::ScriptedModel::new(vec![])),
+            Arc::new(dsh_services::providers::scripted::ScriptedModel::new(
+                vec![],
+            )),
         )
         .err()
         .unwrap();

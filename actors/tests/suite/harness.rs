@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentSpec, Agents, Hibernation};
 use dsh_services::approval::{Approval, ApprovalPolicy};
-use dsh_services::llm::scripted::{ScriptStep, ScriptedCall, ScriptedModel};
 use dsh_services::llm::{LlmAdapter, LlmRuntime, ToolSchema};
+use dsh_services::providers::scripted::{ScriptStep, ScriptedCall, ScriptedModel};
 use dsh_services::session::EventData;
 use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
 use dsh_supervisors::{Runtime, RuntimeSettings};
@@ -307,6 +307,6 @@ pub fn answer(blocks: Vec<dsh_services::llm::ContentBlock>) -> dsh_services::llm
     } else {
         dsh_services::llm::FinishReason::Stop
     };
-    let chunks = dsh_services::llm::scripted::chunks_for(&blocks, Default::default(), finish);
+    let chunks = dsh_services::providers::scripted::chunks_for(&blocks, Default::default(), finish);
     Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
 }

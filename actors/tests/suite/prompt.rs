@@ -343,7 +343,7 @@ impl dsh_services::llm::LlmAdapter for Crowded {
             output_tokens: 10,
             ..Default::default()
         };
-        let chunks = dsh_services::llm::scripted::chunks_for(
+        let chunks = dsh_services::providers::scripted::chunks_for(
             &[dsh_services::llm::ContentBlock::text(text)],
             usage,
             dsh_services::llm::FinishReason::Stop,
@@ -518,7 +518,7 @@ impl dsh_services::llm::LlmAdapter for Metered {
             None => (vec![ContentBlock::text("answered")], FinishReason::Stop),
         };
         self.sent.lock().unwrap().push(request);
-        let chunks = dsh_services::llm::scripted::chunks_for(&blocks, usage, finish);
+        let chunks = dsh_services::providers::scripted::chunks_for(&blocks, usage, finish);
         Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
     }
 }

@@ -57,7 +57,7 @@ impl LlmAdapter for Worker {
             .last()
             .is_some_and(|m| m.source.kind == "tool")
         {
-            let chunks = dsh_services::llm::scripted::chunks_for(
+            let chunks = dsh_services::providers::scripted::chunks_for(
                 &[ContentBlock::text("reported")],
                 Default::default(),
                 FinishReason::Stop,
@@ -78,7 +78,7 @@ impl LlmAdapter for Worker {
             name: "report".into(),
             arguments: handoff.to_string(),
         };
-        let chunks = dsh_services::llm::scripted::chunks_for(
+        let chunks = dsh_services::providers::scripted::chunks_for(
             &[call],
             Default::default(),
             FinishReason::ToolCalls,

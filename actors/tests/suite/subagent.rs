@@ -8,10 +8,10 @@ use std::time::Duration;
 use dsh_actors::agent::{Agent, AgentCreated, AgentSpec, Agents};
 use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
 use dsh_actors::subagent::{StartRequest, StopReason, SubagentError, Subagents};
-use dsh_services::llm::scripted::{ScriptStep, ScriptedError};
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage,
 };
+use dsh_services::providers::scripted::{ScriptStep, ScriptedError};
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::registry::RegisterError;
 use serde_json::json;
@@ -346,7 +346,7 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
                 .map(|m| m.text())
                 .unwrap_or_default();
             let blocks = vec![ContentBlock::text(format!("echo: {last}"))];
-            let chunks = dsh_services::llm::scripted::chunks_for(
+            let chunks = dsh_services::providers::scripted::chunks_for(
                 &blocks,
                 TokenUsage::default(),
                 FinishReason::Stop,

@@ -66,7 +66,7 @@ fn escalate(justification: &str) -> serde_json::Value {
 async fn turn(
     h: &Harness,
     provider: &str,
-    steps: Vec<dsh_services::llm::scripted::ScriptStep>,
+    steps: Vec<dsh_services::providers::scripted::ScriptStep>,
     policy: Option<Policy>,
 ) -> (Agent, Vec<String>) {
     h.script(provider, steps);

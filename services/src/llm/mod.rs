@@ -5,9 +5,7 @@
 //! Messages are immutable once built and shared as `Arc<Message>`.
 
 mod assembler;
-pub mod openai;
 mod runtime;
-pub mod scripted;
 pub mod sse;
 
 use std::borrow::Cow;

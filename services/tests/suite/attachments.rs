@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use dsh_services::attachments::{Attachments, sniff};
-use dsh_services::llm::openai::{Dialect, Images, request_body_with};
 use dsh_services::llm::{ContentBlock, History, LlmRequest, Message, MessageSource, Role};
+use dsh_services::providers::openai::{Dialect, Images, request_body_with};
 use dsh_supervisors::scratch::fresh_dir;
 
 /// A minimal PNG header of `w` x `h`.

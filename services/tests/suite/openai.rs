@@ -5,11 +5,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dsh_services::llm::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
 use dsh_services::llm::{
     BlockAssembler, ContentBlock, FinishReason, History, LlmFailure, LlmRequest, LlmRuntime,
     Message, ToolSchema,
 };
+use dsh_services::providers::openai::{OpenAiCompatible, OpenAiConfig, RetryListener};
 use dsh_supervisors::{Runtime, RuntimeSettings};
 use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -422,8 +422,8 @@ async fn every_wait_for_an_endpoint_has_an_end() {
 /// tool-call turn's reasoning passed back with `content: ""`.
 #[test]
 fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
-    use dsh_services::llm::openai::{Dialect, ReasoningEffort, request_body};
     use dsh_services::llm::{MessageSource, Role};
+    use dsh_services::providers::openai::{Dialect, ReasoningEffort, request_body};
     let assistant = Message {
         id: Message::new_id(),
         role: Role::Assistant,
@@ -494,11 +494,11 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
     );
     // A catalogue entry wins for its model, the route's window for others.
     config.context_window = Some(500_000);
-    config.models = vec![dsh_services::llm::openai::ModelEntry {
+    config.models = vec![dsh_services::providers::openai::ModelEntry {
         context_window: Some(64_000),
         max_tokens: Some(8_000),
         images: Some(true),
-        ..dsh_services::llm::openai::ModelEntry::new("small")
+        ..dsh_services::providers::openai::ModelEntry::new("small")
     }];
     let listed = OpenAiCompatible::new(config.clone()).unwrap();
     assert_eq!(
@@ -630,7 +630,7 @@ async fn an_auxiliary_request_names_its_purpose_in_a_header() {
 /// listener's backoff.
 #[test]
 fn retry_after_reads_seconds_and_http_dates() {
-    use dsh_services::llm::openai::retry_after_ms;
+    use dsh_services::providers::openai::retry_after_ms;
     let now = std::time::UNIX_EPOCH + Duration::from_secs(1_780_000_000);
     assert_eq!(retry_after_ms("7", now), Some(7_000));
     assert_eq!(retry_after_ms(" 2 ", now), Some(2_000));

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dsh_services::llm::scripted::ScriptedModel;
 use dsh_services::llm::{ContentBlock, LlmRuntime};
+use dsh_services::providers::scripted::ScriptedModel;
 use dsh_services::sandbox::{PermissionMode, Policy};
 use dsh_services::tools::builtin::{Bash, Glob, Grep, file_tools};
 use dsh_services::tools::{Resolution, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dsh_actors::agent::Agent;
 use dsh_actors::subagent::{StartRequest, StopReason, Subagents};
-use dsh_services::llm::scripted::chunks_for;
 use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage, ToolSchema,
 };
+use dsh_services::providers::scripted::chunks_for;
 use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
 use futures::FutureExt;
 use futures::future::BoxFuture;

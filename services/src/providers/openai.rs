@@ -18,10 +18,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults};
-use super::{
+use crate::llm::{
     BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage, code,
 };
+use crate::llm::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults};
 
 /// Where and how to reach an endpoint.
 #[derive(Clone)]
@@ -395,7 +395,7 @@ fn image_fields(blocks: &[ContentBlock]) -> Vec<&serde_json::Map<String, Value>>
 }
 
 fn wire_messages(m: &Message, deepseek: bool, images: &Images, out: &mut Vec<Value>) {
-    let text = super::joined_text(&m.content, "\n");
+    let text = crate::llm::joined_text(&m.content, "\n");
     match m.role {
         Role::System => out.push(json!({"role": "system", "content": text})),
         Role::User => {
@@ -1019,7 +1019,7 @@ fn async_stream(
         Start(Box<reqwest::RequestBuilder>),
         Body(
             std::pin::Pin<
-                Box<dyn futures::Stream<Item = Result<String, super::sse::SseError>> + Send>,
+                Box<dyn futures::Stream<Item = Result<String, crate::llm::sse::SseError>> + Send>,
             >,
             Box<Translator>,
         ),
@@ -1089,8 +1089,10 @@ fn async_stream(
                             );
                             return Some((Err(f), (State::Done, queue, cancel)));
                         }
-                        let events =
-                            super::sse::events(response.bytes_stream(), super::sse::MAX_EVENT);
+                        let events = crate::llm::sse::events(
+                            response.bytes_stream(),
+                            crate::llm::sse::MAX_EVENT,
+                        );
                         state = State::Body(Box::pin(events), Box::default());
                     }
                     State::Body(mut events, mut tr) => {
@@ -1120,11 +1122,11 @@ fn async_stream(
                             }
                             Ok(Some(Err(e))) => {
                                 let f = match e {
-                                    super::sse::SseError::TooLarge { .. } => LlmFailure::new(
+                                    crate::llm::sse::SseError::TooLarge { .. } => LlmFailure::new(
                                         code::MALFORMED_RESPONSE,
                                         format!("the endpoint sent {e}; refusing to buffer more"),
                                     ),
-                                    super::sse::SseError::Transport(e) => LlmFailure::new(
+                                    crate::llm::sse::SseError::Transport(e) => LlmFailure::new(
                                         code::CONNECTION_LOST,
                                         format!("the stream broke: {e}"),
                                     ),

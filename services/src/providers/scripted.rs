@@ -18,8 +18,8 @@ use futures::StreamExt as _;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::runtime::{ChunkStream, LlmAdapter, LlmRequest};
-use super::{ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage, code};
+use crate::llm::{ChunkStream, LlmAdapter, LlmRequest};
+use crate::llm::{ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage, code};
 
 /// One scripted tool call.
 #[derive(Clone, Debug, Deserialize, PartialEq)]

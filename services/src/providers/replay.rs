@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::llm::scripted::chunks_for;
 use crate::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, StreamChunk,
     TokenUsage, code,
 };
+use crate::providers::scripted::chunks_for;
 use crate::session::{EventData, SessionEvent, TurnEndReason};
 
 /// One recorded model answer.

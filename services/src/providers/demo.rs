@@ -6,10 +6,8 @@
 //! - After its tool result it answers `Handoff reported.`
 //! - Any other prompt gets one line about its subject.
 
-use dsh_services::llm::scripted::chunks_for;
-use dsh_services::llm::{
-    ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage,
-};
+use crate::llm::{ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, TokenUsage};
+use crate::providers::scripted::chunks_for;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
