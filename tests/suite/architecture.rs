@@ -205,35 +205,58 @@ fn module_uses(src: &Path, root: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 names.extend(group_heads(&text[open + 1..close]));
             }
         }
-        let climb = "super::".repeat(depth);
-        for (at, _) in text.match_indices(&climb) {
-            let rest = &text[at + climb.len()..];
-            if rest.starts_with("super::") {
-                continue;
-            }
-            if let Some(group) = rest.strip_prefix('{') {
-                let close = matching(rest, 0).unwrap_or(rest.len());
-                names.extend(group_heads(&group[..close.saturating_sub(1)]));
-            } else {
-                let end = rest
-                    .find(|c: char| !c.is_alphanumeric() && c != '_')
-                    .unwrap_or(rest.len());
-                names.push(rest[..end].to_owned());
-            }
-        }
+        names.extend(names_after(&text, &"super::".repeat(depth)));
         let entry = uses.entry(top.clone()).or_default();
-        for name in names {
-            let module = if modules.contains(&name) {
+        entry.extend(modules_named(names, &modules, &items, &top));
+    }
+    uses
+}
+
+/// The names that follow `prefix` (a `super::` chain, a module path) in
+/// `text`: one path's first name, or each of a `{…}` group's; a longer
+/// `super::` chain than `prefix` is not counted.
+fn names_after(text: &str, prefix: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for (at, _) in text.match_indices(prefix) {
+        if text[..at].ends_with("::") || text[..at].ends_with(char::is_alphanumeric) {
+            continue;
+        }
+        let rest = &text[at + prefix.len()..];
+        if rest.starts_with("super::") {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let close = matching(rest, 0).unwrap_or(rest.len());
+            names.extend(group_heads(&group[..close.saturating_sub(1)]));
+        } else {
+            let end = rest
+                .find(|c: char| !c.is_alphanumeric() && c != '_')
+                .unwrap_or(rest.len());
+            names.push(rest[..end].to_owned());
+        }
+    }
+    names
+}
+
+/// The modules `names` refer to: a module by its name, an item by the
+/// module that re-exports it (`items`); `top` itself left out.
+fn modules_named(
+    names: Vec<String>,
+    modules: &BTreeSet<String>,
+    items: &BTreeMap<String, String>,
+    top: &str,
+) -> Vec<String> {
+    names
+        .into_iter()
+        .filter_map(|name| {
+            if modules.contains(&name) {
                 Some(name)
             } else {
                 items.get(&name).cloned()
-            };
-            if let Some(m) = module.filter(|m| *m != top) {
-                entry.insert(m);
             }
-        }
-    }
-    uses
+        })
+        .filter(|m| m != top)
+        .collect()
 }
 
 #[test]
@@ -294,38 +317,10 @@ fn sibling_uses(dir: &Path, path: &str) -> BTreeMap<String, BTreeSet<String>> {
         }
         let depth = parts.len() - usize::from(parts.last().is_some_and(|f| f == "mod.rs"));
         let text = code(&file);
-        let mut names = Vec::new();
-        for prefix in ["super::".repeat(depth), format!("crate::{path}::")] {
-            for (at, _) in text.match_indices(&prefix) {
-                if text[..at].ends_with("::") || text[..at].ends_with(char::is_alphanumeric) {
-                    continue;
-                }
-                let rest = &text[at + prefix.len()..];
-                if rest.starts_with("super::") {
-                    continue;
-                }
-                if let Some(group) = rest.strip_prefix('{') {
-                    let close = matching(rest, 0).unwrap_or(rest.len());
-                    names.extend(group_heads(&group[..close.saturating_sub(1)]));
-                } else {
-                    let end = rest
-                        .find(|c: char| !c.is_alphanumeric() && c != '_')
-                        .unwrap_or(rest.len());
-                    names.push(rest[..end].to_owned());
-                }
-            }
-        }
+        let mut names = names_after(&text, &"super::".repeat(depth));
+        names.extend(names_after(&text, &format!("crate::{path}::")));
         let entry = uses.entry(top.clone()).or_default();
-        for name in names {
-            let module = if siblings.contains(&name) {
-                Some(name)
-            } else {
-                items.get(&name).cloned()
-            };
-            if let Some(m) = module.filter(|m| *m != top) {
-                entry.insert(m);
-            }
-        }
+        entry.extend(modules_named(names, &siblings, &items, &top));
     }
     uses
 }
