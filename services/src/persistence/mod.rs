@@ -556,6 +556,18 @@ impl SessionPersistence for JsonlStore {
         self.single.is_some()
     }
 
+    fn holds_more_than(&self, id: &str, n: u64) -> Result<bool, StoreError> {
+        // Asked at every wake: the last line's seq, from the file's tail,
+        // when it tells; else the whole log.
+        if self.compression == Compression::None {
+            let path = self.path(id)?;
+            if let Some(last) = last_line_seq(&path).map_err(|e| io(&path, e))? {
+                return Ok(last + 1 > n);
+            }
+        }
+        self.read_from(id, n).map(|rest| !rest.is_empty())
+    }
+
     fn lock_writer(&self, id: &str) -> Result<Option<WriterLock>, StoreError> {
         let path = match &self.single {
             Some(file) => {
@@ -958,5 +970,77 @@ fn summarize(l: &Loaded) -> SessionSummary {
             .filter(|e| matches!(e.data, EventData::TurnStart { .. }))
             .count() as u64,
         title,
+    }
+}
+
+/// The `seq` of a plain log's last line, read from the file's last 64 KiB
+/// alone; `None` where the tail does not say (a torn last line, a packed
+/// chunk row, the header alone, a line longer than the tail).
+fn last_line_seq(path: &Path) -> std::io::Result<Option<u64>> {
+    use std::io::{Read, Seek, SeekFrom};
+    const TAIL: u64 = 64 * 1024;
+    #[derive(serde::Deserialize)]
+    struct Last {
+        #[serde(rename = "type")]
+        kind: String,
+        seq: Option<u64>,
+    }
+    let mut file = std::fs::File::open(path)?;
+    let start = file.metadata()?.len().saturating_sub(TAIL);
+    file.seek(SeekFrom::Start(start))?;
+    let mut tail = Vec::new();
+    file.read_to_end(&mut tail)?;
+    let Some(body) = tail.strip_suffix(b"\n") else {
+        return Ok(None);
+    };
+    let line = match memchr::memrchr(b'\n', body) {
+        Some(i) => &body[i + 1..],
+        None if start == 0 => body,
+        None => return Ok(None),
+    };
+    Ok(match serde_json::from_slice::<Last>(line) {
+        Ok(last) if !last.kind.ends_with("-chunks") => last.seq,
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_line_seq;
+
+    #[test]
+    fn the_last_seq_comes_from_the_tail_or_not_at_all() {
+        let dir = dsh_supervisors::scratch::fresh_dir("dsh-tail").unwrap();
+        let file = dir.join("session.jsonl");
+        let cases: [(&str, Option<u64>); 5] = [
+            ("{\"type\":\"session\",\"version\":0}\n", None),
+            (
+                "{\"type\":\"session\"}\n{\"type\":\"turn/start\",\"seq\":0}\n{\"type\":\"turn/end\",\"seq\":1}\n",
+                Some(1),
+            ),
+            (
+                "{\"type\":\"session\"}\n{\"type\":\"turn/start\",\"seq\":0}\n{\"type\":\"turn/e",
+                None,
+            ),
+            (
+                "{\"type\":\"session\"}\n{\"type\":\"text-chunks\",\"data\":{\"seq0\":0}}\n",
+                None,
+            ),
+            ("{\"type\":\"session\"}\nnot json\n", None),
+        ];
+        for (text, seq) in cases {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(last_line_seq(&file).unwrap(), seq, "{text}");
+        }
+        let long = format!(
+            "{{\"type\":\"x\",\"seq\":7,\"pad\":\"{}\"}}\n",
+            "a".repeat(70_000)
+        );
+        std::fs::write(&file, format!("{{\"type\":\"session\"}}\n{long}")).unwrap();
+        assert_eq!(
+            last_line_seq(&file).unwrap(),
+            None,
+            "a line longer than the tail"
+        );
     }
 }
