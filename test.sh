@@ -63,10 +63,23 @@ command -v openssl >/dev/null 2>&1 || debian+=(openssl)
 command -v python3 >/dev/null 2>&1 || debian+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || debian+=(python3-venv)
 command -v npm >/dev/null 2>&1 || debian+=(npm)
+command -v curl >/dev/null 2>&1 || debian+=(curl)
 if [ "${#debian[@]}" -gt 0 ]; then
   say "installing Debian packages: ${debian[*]}"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${debian[@]}"
+fi
+
+# mold links the test binaries faster than the default rust-lld (a one-line
+# change in actors/: 9.2-10.2 s instead of 11.7-12.8 s; docs/development.md).
+# Installed when it can be, used when present, never required.
+if ! command -v mold >/dev/null 2>&1; then
+  say "installing mold (optional: the default linker is used without it)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mold \
+    >/dev/null 2>&1 || say "mold is not available here; linking with the default"
+fi
+if command -v mold >/dev/null 2>&1; then
+  export RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-fuse-ld=mold"
 fi
 
 say "installing the third-party peers (once per machine)"
