@@ -70,17 +70,8 @@ if [ "${#debian[@]}" -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${debian[@]}"
 fi
 
-# mold links the test binaries faster than the default rust-lld (a one-line
-# change in actors/: 9.2-10.2 s instead of 11.7-12.8 s; docs/development.md).
-# Installed when it can be, used when present, never required.
-if ! command -v mold >/dev/null 2>&1; then
-  say "installing mold (optional: the default linker is used without it)"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mold \
-    >/dev/null 2>&1 || say "mold is not available here; linking with the default"
-fi
-if command -v mold >/dev/null 2>&1; then
-  export RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-fuse-ld=mold"
-fi
+# The linker stays the toolchain's rust-lld: mold was slower here
+# (docs/development.md, "The linker").
 
 say "installing the third-party peers (once per machine)"
 bash tests/peers/install.sh >/dev/null
