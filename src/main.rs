@@ -99,9 +99,10 @@ fn main() -> ExitCode {
         }
     };
     let code = rt.block_on(dispatch(cli.command));
-    // Whatever a tool started and nothing reaped dies with us (before the
-    // runtime's drop, which waits for blocking tasks that may wait on it).
-    dsh::services::sandbox::kill_running();
+    // Whatever a tool started and nothing reaped dies with us, reaped
+    // (before the runtime's drop, which waits for blocking tasks that may
+    // wait on it).
+    rt.block_on(dsh::services::sandbox::end_commands());
     drop(rt);
     code
 }

@@ -20,7 +20,7 @@ use dsh_actors::subagent::{SubagentStart, Subagents};
 use dsh_actors::workflow::{WorkflowEngine, WorkflowRequest, WorkflowStop, WorkflowUpdate};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::tools::ToolRegistry;
-use dsh_supervisors::tree::render;
+use dsh_supervisors::tree::{RecvError, render};
 use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 
@@ -82,16 +82,20 @@ impl TreePrint {
         if let Some(cluster) = &self.cluster {
             self.due.notified().await;
             let deadline = tokio::time::Instant::now() + MIRROR_WAIT;
+            let tree = self.rt.tree();
             // Children placed while the mirrors came in (siblings start
-            // at once) show their subtree too, within the wait.
+            // at once) show their subtree too, within the wait: a mirrored
+            // node arriving is a change of the tree.
+            let mut changes = tree.subscribe();
+            cluster.mirrored(MIRROR_WAIT).await;
             let nodes = loop {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                cluster.mirrored(left).await;
-                let nodes = self.rt.tree().snapshot();
-                if left.is_zero() || every_part_rooted(&nodes) {
+                let nodes = tree.snapshot();
+                let next = tokio::time::timeout_at(deadline, changes.recv());
+                if every_part_rooted(&nodes)
+                    || matches!(next.await, Err(_) | Ok(Err(RecvError::Closed)))
+                {
                     break nodes;
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
             };
             crate::errln!("live actor tree:\n{}", render(&nodes));
         }

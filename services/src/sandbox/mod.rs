@@ -564,40 +564,50 @@ pub async fn kill_marked(marker: String) {
     let _ = tokio::task::spawn_blocking(scan).await;
 }
 
-/// Kills the process group of every command still running: the last thing
-/// a process that started commands does, whatever path ended it (a signal,
-/// a drain budget that ran out), so no command outlives it even where the
-/// sandbox's own parent-death watch does not hold.
-pub fn kill_running() {
+/// Kills the process group of every command still running, and reaps them
+/// and what they leave: the last thing a process that started commands
+/// does, whatever path ended it (a signal, a drain budget that ran out), so
+/// no command outlives it even where the sandbox's own parent-death watch
+/// does not hold, and none is left a zombie for a PID 1 that may never reap
+/// it. Waits for the killed ones on `SIGCHLD`, at most [`REAP_BUDGET`].
+pub async fn end_commands() {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Listening before the kill: no exit goes unnoticed.
+    let mut exits = signal(SignalKind::child()).ok();
     let groups = std::mem::take(&mut *lock(&RUNNING));
-    for pgid in groups {
+    for &pgid in &groups {
+        lock(&ORPHANS).extend(descendants(pgid));
         kill_command(pgid, false);
     }
-    reap_children(REAP_BUDGET);
-}
-
-/// How long an exiting process waits for killed children to end.
-const REAP_BUDGET: Duration = Duration::from_millis(500);
-
-/// Reaps every child of this process that has ended or ends within
-/// `budget` (a blocking wait; call it at exit, off the async workers):
-/// otherwise killed commands outlive us as zombies, waiting for a PID 1
-/// that may never reap them.
-pub fn reap_children(budget: Duration) {
-    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-    let deadline = std::time::Instant::now() + budget;
+    lock(&ORPHANS).extend(groups);
+    let deadline = tokio::time::Instant::now() + REAP_BUDGET;
     loop {
-        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            // One reaped: there may be more.
-            Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => {}
-            // Children live on: wait a little for the killed ones.
-            Ok(_) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            // None left (ECHILD), or the budget is spent.
-            _ => return,
+        reap_orphans();
+        reap_ended();
+        if lock(&ORPHANS).is_empty() {
+            return;
+        }
+        let Some(exits) = exits.as_mut() else {
+            return;
+        };
+        if tokio::time::timeout_at(deadline, exits.recv())
+            .await
+            .is_err()
+        {
+            return;
         }
     }
+}
+
+/// How long an exiting process waits for killed commands to end.
+const REAP_BUDGET: Duration = Duration::from_millis(500);
+
+/// Reaps every child of this process that has ended (never waits).
+fn reap_ended() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+        waitpid(None, Some(WaitPidFlag::WNOHANG))
+    {}
 }
 
 /// A temp directory only one command may write, removed when dropped.
