@@ -327,16 +327,7 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
                 "{}",
                 serde_json::to_string_pretty(&ran.value).unwrap_or_default()
             );
-            let exit = ran.exit(opts.allow_failures);
-            if exit.is_ok() && !ran.failures.is_empty() {
-                crate::errln!(
-                    "dsh workflow: {} of {} children failed (allowed):\n  {}",
-                    ran.failures.len(),
-                    ran.started,
-                    ran.failures.join("\n  ")
-                );
-            }
-            exit
+            ran.exit(opts.allow_failures)
         }
         Err(e) => e,
     };
@@ -356,21 +347,28 @@ struct Ran {
 }
 
 impl Ran {
-    /// 0, or [`exit::CHILD_FAILED`] with the failures listed, unless
-    /// `allowed`.
+    /// 0, or [`exit::CHILD_FAILED`] with the failures listed; `allowed`
+    /// (`--allow-failures`): 0, the failures still said on stderr.
     fn exit(&self, allowed: bool) -> Exit {
-        if self.failures.is_empty() || allowed {
+        if self.failures.is_empty() {
             return Exit::ok();
         }
-        Exit::with(
-            exit::CHILD_FAILED,
-            Some(format!(
-                "{} of {} children failed (--allow-failures exits 0):\n  {}",
-                self.failures.len(),
-                self.started,
-                self.failures.join("\n  ")
-            )),
-        )
+        let said = if allowed {
+            "allowed"
+        } else {
+            "--allow-failures exits 0"
+        };
+        let listed = format!(
+            "{} of {} children failed ({said}):\n  {}",
+            self.failures.len(),
+            self.started,
+            self.failures.join("\n  ")
+        );
+        if allowed {
+            crate::errln!("dsh workflow: {listed}");
+            return Exit::ok();
+        }
+        Exit::with(exit::CHILD_FAILED, Some(listed))
     }
 }
 

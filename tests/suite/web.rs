@@ -956,6 +956,33 @@ async fn a_token_in_the_query_opens_reads_only() {
     assert!(terminate(child).await.success());
 }
 
+/// Creates an agent through the API with the prompt `go`; its id and its
+/// session's event stream (`?stream=1`).
+async fn created_and_followed(
+    c: &reqwest::Client,
+    base: &str,
+) -> (
+    String,
+    impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+) {
+    let created = post(
+        c,
+        format!("{base}/api/agents"),
+        serde_json::json!({"prompt": "go"}),
+    )
+    .await;
+    assert_eq!(created.status(), 201);
+    let created: serde_json::Value = created.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let events = c
+        .get(format!("{base}/api/sessions/{id}/events?stream=1"))
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    (id, events)
+}
+
 /// Reads an SSE body until a line contains `needle` (within the wait).
 async fn until_line(
     body: &mut (impl futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
@@ -994,22 +1021,7 @@ async fn an_http_client_answers_approvals() {
         script.display().to_string(),
     ];
     let (child, base, c) = dsh_serve(&args, &[]).await;
-    let created: serde_json::Value = post(
-        &c,
-        format!("{base}/api/agents"),
-        serde_json::json!({"prompt": "go"}),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let id = created["id"].as_str().unwrap().to_owned();
-    let mut events = c
-        .get(format!("{base}/api/sessions/{id}/events?stream=1"))
-        .send()
-        .await
-        .unwrap()
-        .bytes_stream();
+    let (_, mut events) = created_and_followed(&c, &base).await;
     let mut seen = String::new();
     until_line(&mut events, &mut seen, "approval/asked").await;
     // Logged first, then listed: wait (bounded) for the listing.
@@ -1125,21 +1137,7 @@ done"#
         } else {
             made
         };
-        let created = post(
-            &c,
-            format!("{base}/api/agents"),
-            serde_json::json!({"prompt": "go"}),
-        )
-        .await;
-        assert_eq!(created.status(), 201, "configured: {configured}");
-        let created: serde_json::Value = created.json().await.unwrap();
-        let id = created["id"].as_str().unwrap().to_owned();
-        let mut events = c
-            .get(format!("{base}/api/sessions/{id}/events?stream=1"))
-            .send()
-            .await
-            .unwrap()
-            .bytes_stream();
+        let (_, mut events) = created_and_followed(&c, &base).await;
         let mut seen = String::new();
         until_line(&mut events, &mut seen, "approval/asked").await;
         // The job has tried, several times, while the ask was open.
