@@ -52,6 +52,7 @@ use dsh_services::persistence::SessionPersistence;
 use dsh_services::providers::replay::{CancelPoint, ReplayModel};
 use dsh_services::sandbox::{Policy, Sandbox};
 use dsh_services::session::{EventData, TurnEndReason};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, Runtime, RuntimeSettings};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
@@ -109,7 +110,7 @@ const INTERNAL_ERROR: i64 = -32603;
 pub async fn acp(args: AcpArgs) -> Exit {
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
     };
     let exit = Exit::from(serve(&rt, &args).await);
     if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
@@ -152,7 +153,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
     let scope = root
         .scope(dsh_supervisors::ScopeKey::new("acp-connection"))
         .await
-        .map_err(|e| Exit::failed(format!("cannot open the connection's scope: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot open the connection's scope: {}", chain(&e))))?;
     let (out, lines) = mpsc::unbounded_channel::<String>();
     let conn = Arc::new(Connection {
         root: scope.ctx().clone(),
@@ -178,7 +179,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
             if let Err(e) = done
                 && e.is_panic()
             {
-                crate::errln!("dsh acp: a connection task panicked: {e}");
+                crate::errln!("dsh acp: a connection task panicked: {}", chain(&e));
             }
         }
     };
@@ -225,7 +226,7 @@ async fn replay_models(root: &Context, log: &std::path::Path) -> exit::Result<Mo
 /// The ready files of the `hang` entries of a `replay.override.json`.
 fn hang_files(text: &str) -> Result<Vec<String>, String> {
     let entries: Vec<Value> =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON list: {e}"))?;
+        serde_json::from_str(text).map_err(|e| format!("not a JSON list: {}", chain(&e)))?;
     let mut out = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         match entry["kind"].as_str() {
@@ -288,7 +289,7 @@ async fn read_until_closed(conn: &Arc<Connection>, tasks: &mut JoinSet<()>, max_
             ),
             Ok(None) => return,
             Err(e) => {
-                crate::errln!("dsh acp: cannot read stdin: {e}");
+                crate::errln!("dsh acp: cannot read stdin: {}", chain(&e));
                 return;
             }
         }
@@ -412,7 +413,7 @@ impl Connection {
             Err(e) => {
                 self.respond(
                     &Value::Null,
-                    Err(RpcError(PARSE_ERROR, format!("not JSON: {e}"))),
+                    Err(RpcError(PARSE_ERROR, format!("not JSON: {}", chain(&e)))),
                 );
                 return;
             }
@@ -535,7 +536,7 @@ impl Connection {
 
     async fn new_session(self: &Arc<Self>, params: Value) -> Result<Value, RpcError> {
         let request: acp::NewSessionRequest = serde_json::from_value(params)
-            .map_err(|e| RpcError::params(format!("session/new: {e}")))?;
+            .map_err(|e| RpcError::params(format!("session/new: {}", chain(&e))))?;
         let cwd = request.cwd;
         if !cwd.is_absolute() || !cwd.is_dir() {
             return Err(RpcError::params(format!(
@@ -571,7 +572,7 @@ impl Connection {
     /// session takes prompts.
     async fn load_session(self: &Arc<Self>, params: Value) -> Result<Value, RpcError> {
         let request: acp::LoadSessionRequest = serde_json::from_value(params)
-            .map_err(|e| RpcError::params(format!("session/load: {e}")))?;
+            .map_err(|e| RpcError::params(format!("session/load: {}", chain(&e))))?;
         let (Some(store), true) = (self.store.clone(), self.loads()) else {
             return Err(RpcError(
                 METHOD_NOT_FOUND,
@@ -602,10 +603,10 @@ impl Connection {
         };
         let loaded = store
             .load(&id)
-            .map_err(|e| RpcError::params(format!("session/load: {e}")))?;
+            .map_err(|e| RpcError::params(format!("session/load: {}", chain(&e))))?;
         store
             .prepare_resume(&id, &loaded)
-            .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/load: {e}")))?;
+            .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/load: {}", chain(&e))))?;
         for event in &loaded.events {
             self.history_update(&id, event);
         }
@@ -672,16 +673,22 @@ impl Connection {
         cwd: PathBuf,
         servers: Vec<ServerSpec>,
     ) -> Result<Option<Value>, RpcError> {
-        let agent = Agent::create(&self.root, spec)
-            .await
-            .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot create the agent: {e}")))?;
+        let agent = Agent::create(&self.root, spec).await.map_err(|e| {
+            RpcError(
+                INTERNAL_ERROR,
+                format!("cannot create the agent: {}", chain(&e)),
+            )
+        })?;
         self.answer_permissions(&agent, id)
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot route permissions: {e}")))?;
         let mut mcp = Vec::new();
         if !servers.is_empty() {
-            let ctx = agent
-                .context()
-                .map_err(|e| RpcError(INTERNAL_ERROR, format!("the agent is not up: {e}")))?;
+            let ctx = agent.context().map_err(|e| {
+                RpcError(
+                    INTERNAL_ERROR,
+                    format!("the agent is not up: {}", chain(&e)),
+                )
+            })?;
             // Together: the answer waits for the slowest, not for the sum.
             let starts = servers
                 .into_iter()
@@ -691,7 +698,7 @@ impl Connection {
                     Ok(s) => mcp.push(s),
                     Err(e) => {
                         agent.dispose().await;
-                        return Err(RpcError(INTERNAL_ERROR, e.to_string()));
+                        return Err(RpcError(INTERNAL_ERROR, chain(&e).to_string()));
                     }
                 }
             }
@@ -722,7 +729,7 @@ impl Connection {
     /// Routes the agent's approval asks to the client as
     /// `session/request_permission`.
     fn answer_permissions(self: &Arc<Self>, agent: &Agent, session: &str) -> Result<(), String> {
-        let ctx = agent.context().map_err(|e| e.to_string())?;
+        let ctx = agent.context().map_err(|e| chain(&e).to_string())?;
         let conn = Arc::downgrade(self);
         let session = session.to_owned();
         ctx.on_waterfall(move |ask: ApprovalAsk, _next| {
@@ -735,7 +742,7 @@ impl Connection {
             }
         })
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(|e| chain(&e).to_string())
     }
 
     async fn permission(&self, session: &str, ask: &ApprovalAsk) -> ApprovalOutcome {
@@ -798,7 +805,7 @@ impl Connection {
     /// Checks a `session/prompt` and claims the session's prompt slot.
     async fn admit(&self, params: Value) -> Result<(Arc<Session>, Message), RpcError> {
         let request: acp::PromptRequest = serde_json::from_value(params)
-            .map_err(|e| RpcError::params(format!("session/prompt: {e}")))?;
+            .map_err(|e| RpcError::params(format!("session/prompt: {}", chain(&e))))?;
         let sid = request.session_id.to_string();
         let session = lock(&self.sessions)
             .get(&sid)
@@ -832,7 +839,7 @@ impl Connection {
         let before = agent.last_turn().map(|t| t.turn);
         let outcome = match agent.followup(message) {
             Ok(()) => self.until_idle(session).await,
-            Err(e) => Err(RpcError(INTERNAL_ERROR, e.to_string())),
+            Err(e) => Err(RpcError(INTERNAL_ERROR, chain(&e).to_string())),
         };
         agent.session().unobserve(watcher);
         // Cancelled, or the connection closing under it (the agent may be
@@ -870,13 +877,13 @@ impl Connection {
         let Models::Replay { model, ready } = &self.models else {
             return idle
                 .await
-                .map_err(|e| RpcError(INTERNAL_ERROR, e.to_string()));
+                .map_err(|e| RpcError(INTERNAL_ERROR, chain(&e).to_string()));
         };
         tokio::pin!(idle);
         let mut hangs = ready.iter();
         loop {
             tokio::select! {
-                done = &mut idle => return done.map_err(|e| RpcError(INTERNAL_ERROR, e.to_string())),
+                done = &mut idle => return done.map_err(|e| RpcError(INTERNAL_ERROR, chain(&e).to_string())),
                 point = model.cancel_point() => {
                     if let (CancelPoint::Streaming, Some(file)) = (point, hangs.next()) {
                         let _ = tokio::fs::write(session.cwd.join(file), b"").await;
@@ -1052,10 +1059,11 @@ fn mcp_specs(
                 (s.name, transport)
             }
             acp::McpServer::Http(h) => {
-                dsh_services::mcp::check_url(&h.url).map_err(|e| at(e.to_string()))?;
+                dsh_services::mcp::check_url(&h.url).map_err(|e| at(chain(&e).to_string()))?;
                 let headers: Vec<(String, String)> =
                     h.headers.into_iter().map(|v| (v.name, v.value)).collect();
-                dsh_services::mcp::check_headers(&headers).map_err(|e| at(e.to_string()))?;
+                dsh_services::mcp::check_headers(&headers)
+                    .map_err(|e| at(chain(&e).to_string()))?;
                 (
                     h.name,
                     Transport::Http {
@@ -1072,7 +1080,7 @@ fn mcp_specs(
             }
             _ => return Err(at("an unknown transport".into())),
         };
-        dsh_services::mcp::check_name(&name).map_err(|e| at(e.to_string()))?;
+        dsh_services::mcp::check_name(&name).map_err(|e| at(chain(&e).to_string()))?;
         if specs.iter().any(|s| s.name == name) {
             return Err(at(format!("the name {name:?} is used twice")));
         }
@@ -1085,8 +1093,8 @@ fn mcp_specs(
 /// (`loadSession` only where stored sessions can be continued; MCP
 /// servers over stdio and HTTP, not SSE).
 fn initialize(params: Value, loads: bool, images: bool) -> Result<Value, RpcError> {
-    let request: acp::InitializeRequest =
-        serde_json::from_value(params).map_err(|e| RpcError::params(format!("initialize: {e}")))?;
+    let request: acp::InitializeRequest = serde_json::from_value(params)
+        .map_err(|e| RpcError::params(format!("initialize: {}", chain(&e))))?;
     let asked: u16 = serde_json::to_value(request.protocol_version)
         .ok()
         .and_then(|v| v.as_u64())
@@ -1137,7 +1145,10 @@ async fn prompt_message(
                 let bytes = base64::engine::general_purpose::STANDARD
                     .decode(image.data.as_bytes())
                     .map_err(|e| {
-                        RpcError::params(format!("session/prompt: block {i}: bad base64: {e}"))
+                        RpcError::params(format!(
+                            "session/prompt: block {i}: bad base64: {}",
+                            chain(&e)
+                        ))
                     })?;
                 let info = dsh_services::attachments::sniff(&bytes).ok_or_else(|| {
                     RpcError::params(format!(
@@ -1174,8 +1185,13 @@ async fn prompt_message(
                 let Some(store) = store.clone() else { continue };
                 let fields = tokio::task::spawn_blocking(move || store.put(&bytes, None))
                     .await
-                    .map_err(|e| RpcError(INTERNAL_ERROR, format!("the image was not kept: {e}")))?
-                    .map_err(|e| RpcError::params(format!("session/prompt: {e}")))?;
+                    .map_err(|e| {
+                        RpcError(
+                            INTERNAL_ERROR,
+                            format!("the image was not kept: {}", chain(&e)),
+                        )
+                    })?
+                    .map_err(|e| RpcError::params(format!("session/prompt: {}", chain(&e))))?;
                 content.push(ContentBlock::Image { fields });
                 continue;
             }

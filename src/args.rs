@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use dsh_services::approval::ApprovalPolicy;
 use dsh_services::providers::openai::ReasoningEffort;
 use dsh_services::sandbox::{BackendChoice, PermissionMode, Settings};
+use dsh_supervisors::error::chain;
 
 use dsh_actors::cluster::{Peer, Placement};
 
@@ -154,7 +155,7 @@ impl ModelArgs {
             (None, Some(v)) => Some(
                 v.trim()
                     .parse()
-                    .map_err(|e| Exit::usage(format!("$DSH_REASONING_EFFORT: {e}")))?,
+                    .map_err(|e| Exit::usage(format!("$DSH_REASONING_EFFORT: {}", chain(&e))))?,
             ),
         };
         let deepseek_key = env("DEEPSEEK_API_KEY").is_some_and(|k| !k.is_empty());
@@ -255,7 +256,7 @@ impl PolicyArgs {
             Some(v) => v
                 .parse()
                 .map(Some)
-                .map_err(|e| Exit::usage(format!("$DSH_APPROVAL: {e}"))),
+                .map_err(|e| Exit::usage(format!("$DSH_APPROVAL: {}", chain(&e)))),
         }
     }
 
@@ -276,7 +277,7 @@ impl PolicyArgs {
         } else if let Some(v) = var("DSH_PERMISSION_MODE") {
             settings.defaults.mode = v
                 .parse()
-                .map_err(|e| Exit::usage(format!("$DSH_PERMISSION_MODE: {e}")))?;
+                .map_err(|e| Exit::usage(format!("$DSH_PERMISSION_MODE: {}", chain(&e))))?;
         }
         if self.no_network {
             settings.defaults.network = false;
@@ -296,7 +297,7 @@ impl PolicyArgs {
         } else if let Some(v) = var("DSH_SANDBOX") {
             settings.backend = v
                 .parse()
-                .map_err(|e| Exit::usage(format!("$DSH_SANDBOX: {e}")))?;
+                .map_err(|e| Exit::usage(format!("$DSH_SANDBOX: {}", chain(&e))))?;
         }
         let listed = var("DSH_PASS_ENV").unwrap_or_default();
         let passed = listed

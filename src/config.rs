@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Loader, Runtime, RuntimeSettings, Source};
 
@@ -104,7 +105,7 @@ pub async fn mcp(args: McpArgs) -> Exit {
 async fn booted(args: TreeArgs, report: impl FnOnce(&Runtime, Vec<String>) -> Vec<String>) -> Exit {
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
     };
     let source = Source {
         base: args.file,

@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use dsh_services::persistence::StoreError;
 use dsh_supervisors::BootError;
+use dsh_supervisors::error::chain;
 
 /// Done.
 pub const OK: u8 = 0;
@@ -187,9 +188,12 @@ impl From<StoreError> for Exit {
             | StoreError::Exists(_)
             | StoreError::Encoding { .. }
             | StoreError::Load { .. } => USAGE,
-            StoreError::Io { .. } | StoreError::Busy { .. } | StoreError::Stale { .. } => FAILED,
+            StoreError::Io { .. }
+            | StoreError::Database { .. }
+            | StoreError::Busy { .. }
+            | StoreError::Stale { .. } => FAILED,
         };
-        Exit::with(code, Some(e.to_string()))
+        Exit::with(code, Some(chain(&e).to_string()))
     }
 }
 
@@ -199,7 +203,7 @@ impl From<BootError> for Exit {
     fn from(e: BootError) -> Exit {
         match e {
             BootError::Config(problems) => Exit::placed(USAGE, problems.to_string()),
-            BootError::Kernel(e) => Exit::failed(e.to_string()),
+            BootError::Kernel(e) => Exit::failed(chain(&e).to_string()),
         }
     }
 }

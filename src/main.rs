@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use dsh::{acp, config, multi, node, replay, run, serve, sessions};
+use dsh_supervisors::error::chain;
 
 mod bench;
 
@@ -94,7 +95,7 @@ fn main() -> ExitCode {
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            dsh::errln!("dsh: cannot start the async runtime: {e}");
+            dsh::errln!("dsh: cannot start the async runtime: {}", chain(&e));
             return ExitCode::from(dsh::exit::FAILED);
         }
     };

@@ -20,6 +20,7 @@ use dsh_actors::subagent::{SubagentStart, Subagents};
 use dsh_actors::workflow::{WorkflowEngine, WorkflowRequest, WorkflowStop, WorkflowUpdate};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::tools::ToolRegistry;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::tree::{RecvError, render};
 use dsh_supervisors::{Runtime, RuntimeSettings};
 use serde_json::{Value, json};
@@ -123,7 +124,7 @@ async fn stage(
     let cwd = workspace.resolve()?;
     let rt = Runtime::start(RuntimeSettings::default())
         .await
-        .map_err(|e| Exit::failed(format!("cannot start the runtime: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot start the runtime: {}", chain(&e))))?;
     let staged = async {
         let (coordinator, subagents, store) =
             coordinate(&rt, agents, store_args, cwd, resume, name).await?;
@@ -164,7 +165,7 @@ async fn coordinate(
     let subagents = match root.get::<Subagents>(Subagents::SERVICE) {
         Some(s) => s,
         None => install(&root, &tools, &MultiAgentConfig::default())
-            .map_err(|e| Exit::failed(e.to_string()))?,
+            .map_err(|e| Exit::failed(chain(&e).to_string()))?,
     };
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.name = Some(name.to_owned());
@@ -178,20 +179,20 @@ async fn coordinate(
             .map_err(|e| Exit::from(e).context(&format!("cannot resume {id}")))?;
         store
             .prepare_resume(id, &loaded)
-            .map_err(|e| Exit::failed(e.to_string()))?;
+            .map_err(|e| Exit::failed(chain(&e).to_string()))?;
         spec.durable = Some(loaded.durable);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));
     }
     let coordinator = Agent::create(&root, spec)
         .await
-        .map_err(|e| Exit::failed(format!("cannot create the coordinator: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot create the coordinator: {}", chain(&e))))?;
     Ok((coordinator, subagents, store))
 }
 
 async fn finish(stage: Stage) -> Option<String> {
     let flushed = stage.coordinator.session().flush().await.err();
     let _ = tokio::time::timeout(Duration::from_secs(60), stage.rt.shutdown()).await;
-    flushed.map(|e| format!("the coordinator's log was not fully written: {e}"))
+    flushed.map(|e| format!("the coordinator's log was not fully written: {}", chain(&e)))
 }
 
 /// `exit`, and a log that was not fully written (`unwritten`): that fails
@@ -261,7 +262,8 @@ pub struct WorkflowArgs {
 }
 
 fn parse_json(what: &str, text: &str) -> exit::Result<Value> {
-    serde_json::from_str(text).map_err(|e| Exit::usage(format!("{what} is not valid JSON: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| Exit::usage(format!("{what} is not valid JSON: {}", chain(&e))))
 }
 
 /// A kebab-case name from a file stem.
@@ -455,7 +457,7 @@ async fn run_workflow(
     let run = engine
         .start(request)
         .await
-        .map_err(|e| Exit::usage(e.to_string()))?;
+        .map_err(|e| Exit::usage(chain(&e).to_string()))?;
     let mut stopped = None;
     // One result future: it takes the run's answer when first polled, so a
     // stop must go on awaiting the same one.
@@ -642,7 +644,7 @@ async fn run_ralph(
     }
     let result = match result {
         Ok(r) => r,
-        Err(e) => return Exit::usage(e.to_string()),
+        Err(e) => return Exit::usage(chain(&e).to_string()),
     };
     for r in &result.completed {
         crate::outln!(

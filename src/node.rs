@@ -20,6 +20,7 @@ use dsh_actors::subagent::Subagents;
 use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
 use dsh_services::sandbox::Sandbox;
 use dsh_services::tools::ToolRegistry;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, Group, PluginOptions, Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, ClusterArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
@@ -99,7 +100,7 @@ async fn cluster_fiber(rt: &Runtime) -> exit::Result<Context> {
         .root()
         .plugin_with(Group, (), options)
         .await
-        .map_err(|e| Exit::failed(format!("cannot start the cluster: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot start the cluster: {}", chain(&e))))?;
     Ok(fiber.context())
 }
 
@@ -108,7 +109,7 @@ async fn join_all(cluster: &Cluster, peers: &[Peer]) -> exit::Result<()> {
         cluster
             .connect(peer, JOIN_TIMEOUT)
             .await
-            .map_err(|e| Exit::failed(e.to_string()))?;
+            .map_err(|e| Exit::failed(chain(&e).to_string()))?;
     }
     Ok(())
 }
@@ -130,11 +131,11 @@ pub async fn node(args: NodeArgs, bench_worker: BenchWorker) -> Exit {
         Err(e) => return e,
     };
     if let Err(e) = dsh_actors::cluster::valid_name(&args.name) {
-        return Exit::usage(format!("--name: {e}"));
+        return Exit::usage(format!("--name: {}", chain(&e)));
     }
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
     };
     let exit = Exit::from(serve_node(&rt, &args, cookie, bench_worker).await);
     if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
@@ -174,7 +175,8 @@ async fn serve_node(
     let ctx = cluster_fiber(rt).await?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(
-            Tls::node(cert, key, args.tls_ca.as_deref()).map_err(|e| Exit::usage(e.to_string()))?,
+            Tls::node(cert, key, args.tls_ca.as_deref())
+                .map_err(|e| Exit::usage(chain(&e).to_string()))?,
         ),
         _ => None,
     };
@@ -186,7 +188,7 @@ async fn serve_node(
     };
     let cluster = Cluster::start(&ctx, settings)
         .await
-        .map_err(|e| Exit::failed(e.to_string()))?;
+        .map_err(|e| Exit::failed(chain(&e).to_string()))?;
     let hosting = HostSettings {
         max_agents: args.max_agents,
         route: (provider, model.clone()),
@@ -201,7 +203,7 @@ async fn serve_node(
     };
     host::serve(&cluster, hosting)
         .await
-        .map_err(|e| Exit::failed(e.to_string()))?;
+        .map_err(|e| Exit::failed(chain(&e).to_string()))?;
     if let Some(addr) = cluster.listen_addr() {
         crate::errln!("dsh node {} listening on {addr}", args.name);
     }
@@ -239,7 +241,7 @@ impl ClusterArgs {
         let provider = RemoteProvider::new(cluster.clone(), placement);
         subagents
             .register(&ctx, Arc::new(provider))
-            .map_err(|e| Exit::failed(e.to_string()))?;
+            .map_err(|e| Exit::failed(chain(&e).to_string()))?;
         Ok(Some(cluster))
     }
 
@@ -253,7 +255,7 @@ impl ClusterArgs {
         let ctx = cluster_fiber(rt).await?;
         let id = dsh_services::llm::Message::new_id();
         let tls = match &self.tls_ca {
-            Some(ca) => Some(Tls::client(ca).map_err(|e| Exit::usage(e.to_string()))?),
+            Some(ca) => Some(Tls::client(ca).map_err(|e| Exit::usage(chain(&e).to_string()))?),
             None => None,
         };
         let settings = ClusterSettings {
@@ -264,7 +266,7 @@ impl ClusterArgs {
         };
         let cluster = Cluster::start(&ctx, settings)
             .await
-            .map_err(|e| Exit::failed(e.to_string()))?;
+            .map_err(|e| Exit::failed(chain(&e).to_string()))?;
         Ok((ctx, cluster))
     }
 }
@@ -282,10 +284,11 @@ pub async fn offer_remote(rt: &Runtime, args: &ClusterArgs) -> exit::Result<()> 
     args.join(rt, &subagents).await?;
     let mut config = SubagentToolConfig::new("remote", REMOTE_TOOL);
     config.remote = true;
-    let tool = SubagentTool::new(subagents, config).map_err(|e| Exit::failed(e.to_string()))?;
+    let tool =
+        SubagentTool::new(subagents, config).map_err(|e| Exit::failed(chain(&e).to_string()))?;
     tools
         .register(&root, Arc::new(tool))
-        .map_err(|e| Exit::failed(e.to_string()))?;
+        .map_err(|e| Exit::failed(chain(&e).to_string()))?;
     Ok(())
 }
 
@@ -293,7 +296,7 @@ pub async fn offer_remote(rt: &Runtime, args: &ClusterArgs) -> exit::Result<()> 
 pub async fn trees(args: ClusterArgs, json: bool) -> Exit {
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
     };
     let exit = Exit::from(print_trees(&rt, &args, json).await);
     let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
@@ -307,15 +310,15 @@ async fn print_trees(rt: &Runtime, args: &ClusterArgs, json: bool) -> exit::Resu
         let host = cluster
             .connect(peer, JOIN_TIMEOUT)
             .await
-            .map_err(|e| Exit::failed(e.to_string()))?;
+            .map_err(|e| Exit::failed(chain(&e).to_string()))?;
         let view: TreeView = host
             .call(&Request::Tree {}, JOIN_TIMEOUT)
             .await
-            .map_err(|e| Exit::failed(format!("the tree of {peer}: {e}")))?;
+            .map_err(|e| Exit::failed(format!("the tree of {peer}: {}", chain(&e))))?;
         let hello: Hello = host
             .call(&Request::Hello {}, JOIN_TIMEOUT)
             .await
-            .map_err(|e| Exit::failed(format!("the capacity of {peer}: {e}")))?;
+            .map_err(|e| Exit::failed(format!("the capacity of {peer}: {}", chain(&e))))?;
         if json {
             let both = serde_json::json!({
                 "nodes": view.nodes,

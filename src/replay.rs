@@ -11,6 +11,7 @@ use dsh_services::providers::replay::{CancelPoint, ReplayModel};
 use dsh_services::session::compare::{compare, prompts, shape};
 use dsh_services::session::jsonl;
 use dsh_services::tools::ToolRegistry;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::WorkspaceArgs;
@@ -56,7 +57,7 @@ async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
     let cwd = opts.workspace.resolve()?;
     let rt = Runtime::start(RuntimeSettings::default())
         .await
-        .map_err(|e| Exit::failed(format!("cannot start the runtime: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot start the runtime: {}", chain(&e))))?;
     let outcome = drive(&rt, model, &children, cwd, opts.out.clone(), &inputs).await;
     let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
     let (replayed, replayed_children) = outcome.map_err(Exit::failed)?;
@@ -139,28 +140,28 @@ pub(crate) async fn install(
     let llm = Arc::new(LlmRuntime::new());
     let tools = Arc::new(ToolRegistry::new());
     root.provide(LlmRuntime::SERVICE, llm.clone())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     root.provide(ToolRegistry::SERVICE, tools.clone())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     root.provide(
         Approval::SERVICE,
         Arc::new(Approval::new(ApprovalPolicy::Never)),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| chain(&e).to_string())?;
     let agents = Agents::start(root, Default::default())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     root.provide(Agents::SERVICE, agents)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     root.provide(
         dsh_services::jobs::Jobs::SERVICE,
         Arc::new(dsh_services::jobs::Jobs::new(Default::default())),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| chain(&e).to_string())?;
     dsh_services::tools::builtin::install(root, &tools, Default::default())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     llm.register(root, &["replay"], model.clone())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     // Children: the recorded tool names, each child served its own recorded
     // model output (`replay-<n>`, in creation order).
     dsh_actors::multi_agent::install(
@@ -168,7 +169,7 @@ pub(crate) async fn install(
         &tools,
         &dsh_actors::multi_agent::MultiAgentConfig::default(),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| chain(&e).to_string())?;
     for (i, events) in children.iter().enumerate() {
         let route = format!("replay-{}", i + 1);
         llm.register(
@@ -176,7 +177,7 @@ pub(crate) async fn install(
             &[route.as_str()],
             Arc::new(ReplayModel::from_events(events)),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     }
     let agents = root
         .get::<Agents>(Agents::SERVICE)
@@ -189,7 +190,7 @@ pub(crate) async fn install(
             list.push(a);
         }
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| chain(&e).to_string())?;
     let order = created.clone();
     root.on_waterfall(move |mut r: dsh_actors::agent::AgentRequest, next| {
         let index = order
@@ -201,7 +202,7 @@ pub(crate) async fn install(
         }
         async move { next.run(r).await }
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| chain(&e).to_string())?;
     Ok(created)
 }
 
@@ -222,7 +223,7 @@ async fn drive(
     });
     let agent = Agent::create(&root, spec)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     // Tool calls the agent has made, for a cancel due while they run.
     let (calls_tx, calls) = tokio::sync::watch::channel(0usize);
     let watcher = agent.session().observe(Arc::new(move |e| {
@@ -233,7 +234,7 @@ async fn drive(
     for prompt in inputs {
         agent
             .followup(dsh_services::llm::Message::user_text(prompt.clone()))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| chain(&e).to_string())?;
         // The recorded client's cancels, where the recording has them.
         loop {
             tokio::select! {
@@ -245,7 +246,7 @@ async fn drive(
                         tokio::select! {
                             _ = calls.wait_for(|made| *made >= n) => {}
                             idle = agent.when_idle(Duration::from_secs(600)) => {
-                                idle.map_err(|e| e.to_string())?;
+                                idle.map_err(|e| chain(&e).to_string())?;
                                 break;
                             }
                         }
@@ -253,14 +254,18 @@ async fn drive(
                     agent.cancel();
                 }
                 idle = agent.when_idle(Duration::from_secs(600)) => {
-                    idle.map_err(|e| e.to_string())?;
+                    idle.map_err(|e| chain(&e).to_string())?;
                     break;
                 }
             }
         }
     }
     agent.session().unobserve(watcher);
-    agent.session().flush().await.map_err(|e| e.to_string())?;
+    agent
+        .session()
+        .flush()
+        .await
+        .map_err(|e| chain(&e).to_string())?;
     let children: Vec<Events> = created
         .lock()
         .map(|l| l.iter().skip(1).map(|a| a.session().events()).collect())

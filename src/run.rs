@@ -10,6 +10,7 @@ use dsh_actors::agent::{Agent, AgentError, AgentSpec};
 use dsh_services::llm::{ContentBlock, StreamChunk};
 use dsh_services::persistence::{JsonlStore, SessionPersistence};
 use dsh_services::session::{EventData, TurnEndReason};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
@@ -85,7 +86,7 @@ fn place_session(
     }
     store
         .prepare_resume(id, &loaded)
-        .map_err(|e| Exit::failed(e.to_string()))?;
+        .map_err(|e| Exit::failed(chain(&e).to_string()))?;
     for r in &loaded.repairs {
         crate::errln!("dsh run: resumed {id}: {r}");
     }
@@ -264,7 +265,7 @@ pub async fn run(args: RunArgs) -> Exit {
     };
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
     };
     let exit = Exit::from(drive(&rt, &args, cwd).await);
     crate::serve::hold(&args.dashboard).await;
@@ -295,7 +296,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     crate::serve::dashboard(rt, &args.dashboard).await?;
     let agent = Agent::create(&root, spec)
         .await
-        .map_err(|e| Exit::failed(format!("cannot create the agent: {e}")))?;
+        .map_err(|e| Exit::failed(format!("cannot create the agent: {}", chain(&e))))?;
     let spinner = if !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let state = Arc::new(AtomicU8::new(IDLE));
         let spec = dsh_supervisors::WorkerSpec::new(
@@ -329,7 +330,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         .flush()
         .await
         .err()
-        .map(|e| format!("the session log was not fully written: {e}"));
+        .map(|e| format!("the session log was not fully written: {}", chain(&e)));
     if args.tree {
         crate::err!("{}", render(&rt.tree().snapshot()));
     }
@@ -349,7 +350,7 @@ fn ended(
     outcome: Result<dsh_actors::agent::TurnSummary, AgentError>,
     stopped: Option<crate::exit::Stop>,
 ) -> exit::Result<()> {
-    let summary = outcome.map_err(|e| Exit::failed(e.to_string()))?;
+    let summary = outcome.map_err(|e| Exit::failed(chain(&e).to_string()))?;
     match summary.reason {
         TurnEndReason::Completed => Ok(()),
         // As upstream: an answer cut at the output-token limit is not done.

@@ -1,6 +1,7 @@
 //! `dsh serve`: the HTTP/SSE API and dashboard over the live actor tree,
 //! until Ctrl-C or SIGTERM; then the runtime shuts down in order.
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Error, Runtime, RuntimeSettings};
 
 use std::sync::Arc;
@@ -39,7 +40,7 @@ pub struct ServeArgs {
 pub async fn serve(args: ServeArgs) -> Exit {
     let rt = match Runtime::start(RuntimeSettings::default()).await {
         Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {e}")),
+        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
     };
     let exit = Exit::from(serve_in(&rt, args).await);
     rt.shutdown().await;

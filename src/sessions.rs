@@ -7,6 +7,7 @@ use std::sync::Arc;
 use dsh_services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
 use dsh_services::session::compare::shape;
 use dsh_services::session::{SessionHeader, SessionLog, jsonl};
+use dsh_supervisors::error::chain;
 
 use crate::args::StoreArgs;
 use crate::exit::{self, Exit};
@@ -84,7 +85,8 @@ pub fn open_store(choice: &StoreArgs) -> exit::Result<Arc<dyn SessionPersistence
         Some(db) => match SqliteStore::open(&db) {
             Ok(s) => Ok(Arc::new(s)),
             Err(e) => Err(Exit::usage(format!(
-                "cannot open the sessions database: {e}"
+                "cannot open the sessions database: {}",
+                chain(&e)
             ))),
         },
         None => Ok(Arc::new(
@@ -113,7 +115,7 @@ fn list(store: &dyn SessionPersistence, json: bool) -> exit::Result<()> {
                     .unwrap_or_default(),
                 s.title
             ),
-            Err(e) => crate::errln!("unreadable: {e}"),
+            Err(e) => crate::errln!("unreadable: {}", chain(&e)),
         }
     }
     Ok(())
@@ -169,11 +171,11 @@ fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> exit::Resu
     let loaded = store.load(id)?;
     let last = loaded.events.len() as u64;
     let log = SessionLog::from_seed(loaded.header.clone(), loaded.events, 0)
-        .map_err(|e| Exit::usage(format!("{id}: {e}")))?;
+        .map_err(|e| Exit::usage(format!("{id}: {}", chain(&e))))?;
     let boundary = at.unwrap_or(last.saturating_sub(1));
     let prefix = log
         .fork_prefix(Some(boundary))
-        .map_err(|e| Exit::usage(e.to_string()))?;
+        .map_err(|e| Exit::usage(chain(&e).to_string()))?;
     let mut header = SessionHeader::new(
         dsh_services::llm::Message::new_id(),
         loaded.header.cwd.clone(),

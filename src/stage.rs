@@ -309,8 +309,8 @@ pub async fn workspace_sections(
     crate::home::workspace_sections(cwd).await
 }
 
-fn failed(e: impl std::fmt::Display) -> Exit {
-    Exit::failed(e.to_string())
+fn failed(e: impl std::error::Error) -> Exit {
+    Exit::failed(dsh_supervisors::error::chain(&e).to_string())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::Context;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::registry::RegisterError;
 
 use crate::ralph::tool::RalphTool;
@@ -57,7 +58,7 @@ pub fn install(
         let tool = SubagentTool::new(subagents.clone(), c).map_err(|e| RegisterError::Invalid {
             what: "tool",
             name,
-            reason: e.to_string(),
+            reason: chain(&e).to_string(),
         })?;
         tools.register(ctx, Arc::new(tool))?;
     }

@@ -16,6 +16,7 @@ use dsh_services::session::compact::{CompactError, CompactLog};
 use dsh_services::session::{
     EventData, SessionError, SessionEvent, SessionHeader, SessionLog, SurfaceIntent,
 };
+use dsh_supervisors::error::chain;
 use dsh_supervisors::events::panic_text;
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, WorkerRef, WorkerSpec};
@@ -27,7 +28,7 @@ pub enum FlushError {
     /// The store refused the write (a full disk, a locked database).
     /// Retryable: the events stay pending, in order, and are written by the
     /// next attempt.
-    #[error("cannot write the session log: {0}")]
+    #[error("cannot write the session log")]
     Store(#[from] StoreError),
     /// The writer task panicked (a bug in the store backend). The events
     /// stay in the in-memory log only.
@@ -79,7 +80,7 @@ impl Slot {
 fn restore(c: &CompactLog) -> SessionLog {
     match c.restore() {
         Ok(log) => log,
-        Err(e) => panic!("a compact session log does not restore: {e}"),
+        Err(e) => panic!("a compact session log does not restore: {}", chain(&e)),
     }
 }
 
@@ -347,7 +348,7 @@ impl SessionHandle {
             Some(a) => a
                 .call(SessionMsg::Flush, std::time::Duration::from_secs(30))
                 .await
-                .map_err(|e| FlushError::Unanswered(e.to_string()))?,
+                .map_err(|e| FlushError::Unanswered(chain(&e).to_string()))?,
         }
     }
 }
@@ -421,7 +422,7 @@ impl SessionState {
             }
             // The batch went down with the panicking task; this is a bug in
             // the backend, and the events stay in the in-memory log.
-            Err(e) => Err(FlushError::Writer(e.to_string())),
+            Err(e) => Err(FlushError::Writer(chain(&e).to_string())),
         }
     }
 }
@@ -470,7 +471,7 @@ impl Actor for SessionActor {
                 state.pending.push(event);
                 if state.pending.len() >= FLUSH_EVENTS {
                     if let Err(e) = state.write_pending().await {
-                        tracing::error!("{e}; keeping the events for the next write");
+                        tracing::error!("{}; keeping the events for the next write", chain(&e));
                     }
                 } else if !state.scheduled {
                     // The batching window: the first pending event
@@ -482,7 +483,7 @@ impl Actor for SessionActor {
             SessionMsg::Tick => {
                 state.scheduled = false;
                 if let Err(e) = state.write_pending().await {
-                    tracing::error!("{e}; keeping the events for the next write");
+                    tracing::error!("{}; keeping the events for the next write", chain(&e));
                     // A failed write keeps its events; try again later.
                     state.scheduled = true;
                     me.send_after(BATCH_WINDOW, || SessionMsg::Tick);
@@ -501,7 +502,7 @@ impl Actor for SessionActor {
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
         if let Err(e) = state.write_pending().await {
-            tracing::error!("session log not fully written at shutdown: {e}");
+            tracing::error!("session log not fully written at shutdown: {}", chain(&e));
         }
         // Released before the actor counts as stopped: a wake that follows
         // takes it again.

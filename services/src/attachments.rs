@@ -31,11 +31,12 @@ pub enum AttachmentError {
     #[error("`{0}` is not an attachment id")]
     BadId(String),
     /// The store could not be written or read.
-    #[error("the attachment store at {path}: {error}")]
+    #[error("the attachment store at {}", .path.display())]
     Store {
         /// Where.
         path: PathBuf,
         /// What happened.
+        #[source]
         error: std::io::Error,
     },
 }

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, Emit, Event, Shutdown, TaskSpec};
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -501,7 +502,10 @@ pub async fn run_job(
     match started {
         Ok(_) => Ok(()),
         Err(e) => {
-            job.settle(JobStatus::Failed, Some(format!("could not start: {e}")));
+            job.settle(
+                JobStatus::Failed,
+                Some(format!("could not start: {}", chain(&e))),
+            );
             Err(e)
         }
     }
@@ -627,7 +631,10 @@ async fn pump(
             };
             (JobStatus::Failed, Some(detail))
         }
-        Some(Err(e)) => (JobStatus::Failed, Some(format!("cannot wait for it: {e}"))),
+        Some(Err(e)) => (
+            JobStatus::Failed,
+            Some(format!("cannot wait for it: {}", chain(&e))),
+        ),
         None => (JobStatus::Failed, Some("it ended unobserved".to_owned())),
     }
 }

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use dsh_supervisors::BoxError;
+use dsh_supervisors::error::chain;
 use serde_json::{Value, json};
 
 use dsh::exit::Exit;
@@ -159,7 +160,7 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 pub async fn compare(args: CompareArgs) -> Exit {
     match run(args).await {
         Ok(()) => Exit::ok(),
-        Err(e) => Exit::failed(e.to_string()),
+        Err(e) => Exit::failed(chain(&*e).to_string()),
     }
 }
 

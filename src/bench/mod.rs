@@ -11,6 +11,7 @@
 //! - [`compare`]: our W1/W2/W3 beside the AutoAgents harness.
 
 use dsh_supervisors::BoxError;
+use dsh_supervisors::error::chain;
 
 use kernel::kernel;
 use session::{derive_costs, persist};
@@ -139,7 +140,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
         // It prints its own figures and RESULT line.
         Bench::Kernel { rounds } => match kernel(rounds).await {
             Ok(_) => Exit::ok(),
-            Err(e) => Exit::failed(e.to_string()),
+            Err(e) => Exit::failed(chain(&*e).to_string()),
         },
         Bench::Persist { events, backend } => report(persist(events, &backend).await),
         Bench::Derive => {
@@ -238,7 +239,10 @@ async fn workload(
         return report(across_processes(args, processes, key).await);
     }
     let run = tokio::spawn(run);
-    report(run.await.unwrap_or_else(|e| Err(e.to_string().into())))
+    report(
+        run.await
+            .unwrap_or_else(|e| Err(chain(&e).to_string().into())),
+    )
 }
 
 /// Prints a workload's `RESULT` line, or says why it failed.
@@ -248,7 +252,7 @@ fn report(result: Result<serde_json::Value, BoxError>) -> Exit {
             dsh::outln!("RESULT {v}");
             Exit::ok()
         }
-        Err(e) => Exit::failed(e.to_string()),
+        Err(e) => Exit::failed(chain(&*e).to_string()),
     }
 }
 

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use dsh_services::sandbox::{Policy, Sandbox};
 use dsh_services::tools::ToolRegistry;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{BoxError, Context, Plugin};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -20,7 +21,8 @@ impl TryFrom<dsh_services::mcp::ServerConfig> for McpConfig {
     type Error = String;
 
     fn try_from(c: dsh_services::mcp::ServerConfig) -> Result<McpConfig, String> {
-        c.spec(Policy::default()).map_err(|e| e.to_string())?;
+        c.spec(Policy::default())
+            .map_err(|e| chain(&e).to_string())?;
         Ok(McpConfig(c))
     }
 }

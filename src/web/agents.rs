@@ -16,6 +16,7 @@ use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence};
 use dsh_services::sandbox::{PermissionMode, Policy, Sandbox};
 use dsh_services::session::SessionEvent;
 use dsh_supervisors::Runtime;
+use dsh_supervisors::error::chain;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -169,10 +170,14 @@ pub(super) async fn events(
                     .map(SessionEvent::to_json)
                     .collect(),
                 Ok(Err(e)) => {
-                    return error(StatusCode::NOT_FOUND, "NOT_FOUND", e.to_string());
+                    return error(StatusCode::NOT_FOUND, "NOT_FOUND", chain(&e).to_string());
                 }
                 Err(e) => {
-                    return error(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", e.to_string());
+                    return error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "INTERNAL",
+                        chain(&e).to_string(),
+                    );
                 }
             }
         }
@@ -256,7 +261,7 @@ pub(super) async fn body<T: serde::de::DeserializeOwned>(
         Box::new(error(
             StatusCode::BAD_REQUEST,
             "BAD_JSON",
-            format!("the body is not the expected JSON: {e}"),
+            format!("the body is not the expected JSON: {}", chain(&e)),
         ))
     })
 }
@@ -341,10 +346,10 @@ pub(super) async fn create(State(api): State<Api>, request: Request) -> Response
     }
     let agent = match Agent::create(&root, agent_spec).await {
         Ok(a) => a,
-        Err(e) => return error(StatusCode::CONFLICT, "CREATE_FAILED", e.to_string()),
+        Err(e) => return error(StatusCode::CONFLICT, "CREATE_FAILED", chain(&e).to_string()),
     };
     if let Err(e) = agent.followup(Message::user_text(spec.prompt)) {
-        return error(StatusCode::CONFLICT, "CLOSED", e.to_string());
+        return error(StatusCode::CONFLICT, "CLOSED", chain(&e).to_string());
     }
     (
         StatusCode::CREATED,
@@ -400,12 +405,14 @@ pub(super) async fn act(
                 }))
                 .into_response(),
                 Err(e @ dsh_actors::agent::AgentError::Busy(_)) => {
-                    error(StatusCode::CONFLICT, "BUSY", e.to_string())
+                    error(StatusCode::CONFLICT, "BUSY", chain(&e).to_string())
                 }
-                Err(e @ dsh_actors::agent::AgentError::Compaction(_)) => {
-                    error(StatusCode::BAD_GATEWAY, "COMPACTION_FAILED", e.to_string())
-                }
-                Err(e) => error(StatusCode::CONFLICT, "CLOSED", e.to_string()),
+                Err(e @ dsh_actors::agent::AgentError::Compaction(_)) => error(
+                    StatusCode::BAD_GATEWAY,
+                    "COMPACTION_FAILED",
+                    chain(&e).to_string(),
+                ),
+                Err(e) => error(StatusCode::CONFLICT, "CLOSED", chain(&e).to_string()),
             };
         }
         "followup" | "steer" => {
@@ -431,7 +438,7 @@ pub(super) async fn act(
     match done {
         Ok(()) => Json(json!({"id": id, "accepted": action, "progress": agent.progress()}))
             .into_response(),
-        Err(e) => error(StatusCode::CONFLICT, "CLOSED", e.to_string()),
+        Err(e) => error(StatusCode::CONFLICT, "CLOSED", chain(&e).to_string()),
     }
 }
 

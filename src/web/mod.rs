@@ -56,6 +56,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::tree::{NodeSnapshot, RecvError, Tree, TreeChange, TryRecvError};
 use dsh_supervisors::{BoxError, Context, NoMessages, Plugin, Runtime, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -632,7 +633,12 @@ async fn bind_address(bind: &str) -> Result<SocketAddr, BoxError> {
         tokio::time::timeout(Duration::from_secs(10), tokio::net::lookup_host(bind))
             .await
             .map_err(|_| format!("`bind: {bind}`: the name did not resolve in time"))?
-            .map_err(|e| format!("`bind: {bind}` is not an address (ip:port or host:port): {e}"))?
+            .map_err(|e| {
+                format!(
+                    "`bind: {bind}` is not an address (ip:port or host:port): {}",
+                    chain(&e)
+                )
+            })?
             .collect();
     resolved
         .iter()
@@ -677,7 +683,7 @@ impl Plugin for Web {
         }
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            .map_err(|e| format!("cannot listen on {addr}: {}", chain(&e)))?;
         let bound = listener.local_addr()?;
         let stop = CancellationToken::new();
         if let Some(var) = &config.token_env {
@@ -754,7 +760,7 @@ impl Actor for Server {
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
             if let Err(e) = served {
-                tracing::error!("the web server failed: {e}");
+                tracing::error!("the web server failed: {}", chain(&e));
             }
         }
         me.stop(None);

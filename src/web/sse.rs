@@ -14,6 +14,7 @@ use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
+use dsh_supervisors::error::chain;
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 
@@ -48,7 +49,7 @@ impl Events {
         if let Err(e) = serde_json::to_writer((&mut self.buf).writer(), value) {
             self.buf.clear();
             self.head(name);
-            let error = serde_json::json!({ "error": e.to_string() });
+            let error = serde_json::json!({ "error": chain(&e).to_string() });
             // A `Value` with string keys always serializes.
             let _ = serde_json::to_writer((&mut self.buf).writer(), &error);
         }

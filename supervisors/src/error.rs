@@ -79,3 +79,77 @@ pub enum Error {
 
 /// Kernel result.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// An error and every cause under it, on one line: `outer: cause: root`.
+///
+/// Errors here say their own part only and hand their cause to
+/// [`std::error::Error::source`]; whoever shows an error to a person (an
+/// exit message, an API answer, a tool result, a log line) renders it with
+/// [`chain`], so each cause appears once. A part that already ends with
+/// its cause's text (a foreign error that prints its source) is not
+/// repeated.
+#[derive(Clone, Copy)]
+pub struct Chain<'a>(&'a (dyn std::error::Error + 'a));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !text.is_empty() && !shown.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
+            next = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// `error` and its causes, for display: see [`Chain`].
+pub fn chain<'a>(error: &'a (dyn std::error::Error + 'a)) -> Chain<'a> {
+    Chain(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot load {path}")]
+    struct Load {
+        path: &'static str,
+        #[source]
+        cause: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("agent a1 could not start")]
+    struct Start(#[from] Load);
+
+    #[test]
+    fn a_chain_shows_every_cause_once_outermost_first() {
+        let e = Start(Load {
+            path: "/s/session.jsonl",
+            cause: std::io::Error::other("disk full"),
+        });
+        assert_eq!(
+            chain(&e).to_string(),
+            "agent a1 could not start: cannot load /s/session.jsonl: disk full"
+        );
+        // A part that already printed its cause does not print it again.
+        #[derive(Debug, thiserror::Error)]
+        #[error("wrapped: {0}")]
+        struct Loud(#[source] std::io::Error);
+        let loud = Loud(std::io::Error::other("gone"));
+        assert_eq!(chain(&loud).to_string(), "wrapped: gone");
+    }
+}

@@ -17,6 +17,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use crate::config::{ConfigError, Plan, PlannedEntry, Source, diff};
 use crate::error::Error;
 use crate::error::Result;
+use crate::error::chain;
 use crate::runtime::Runtime;
 use crate::runtime::context::{Context, Fiber, PluginOptions, WorkerSpec};
 use crate::runtime::plugin::{Catalogue, Group};
@@ -136,7 +137,10 @@ impl Loader {
         let new_plan = match self.inner.source.plan(&self.inner.catalogue) {
             Ok(p) => p,
             Err(e) => {
-                tracing::error!("config reload rejected, keeping the running config:\n{e}");
+                tracing::error!(
+                    "config reload rejected, keeping the running config:\n{}",
+                    chain(&e)
+                );
                 report.rejected = Some(e);
                 return report;
             }
@@ -333,7 +337,7 @@ fn start_tree<'a>(
                     start_tree(&ctx, child, running, failures).await;
                 }
             }
-            Err(e) => failures.push((entry.id.clone(), e.to_string())),
+            Err(e) => failures.push((entry.id.clone(), chain(&e).to_string())),
         }
     })
 }

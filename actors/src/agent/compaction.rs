@@ -16,6 +16,7 @@ use dsh_services::llm::{
     BlockAssembler, ContentBlock, History, LlmRequest, Message, MessageSource, Role,
 };
 use dsh_services::session::{EventData, SurfaceIntent, SurfaceOp};
+use dsh_supervisors::error::chain;
 use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -288,7 +289,7 @@ async fn summarise(
     }
     let text = assembler
         .blocks()
-        .map_err(|e| e.to_string())?
+        .map_err(|e| chain(&e).to_string())?
         .iter()
         .filter_map(|b| match b {
             ContentBlock::Text { text } => Some(text.as_str()),

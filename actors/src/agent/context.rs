@@ -18,6 +18,7 @@ use dsh_services::approval::ApprovalPolicy;
 use dsh_services::llm::{ContentBlock, Message, MessageSource, Role};
 use dsh_services::sandbox::Policy;
 use dsh_services::session::{EventData, SurfaceIntent};
+use dsh_supervisors::error::chain;
 use serde_json::json;
 
 use super::log_append;
@@ -178,7 +179,7 @@ pub(super) fn ask_for_title(agent: &Agent, me: &Awake, seq: u64, prompt: String)
     });
     // Nobody waits for the title: the agent's teardown cancels and awaits it.
     if let Err(e) = started {
-        tracing::debug!(agent = %agent.inner.id, "no title request: {e}");
+        tracing::debug!(agent = %agent.inner.id, "no title request: {}", chain(&e));
     }
 }
 

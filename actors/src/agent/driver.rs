@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use dsh_services::llm::{LlmFailure, Message, MessageSource, code};
 use dsh_services::session::{EventData, SurfaceIntent, TurnEndReason};
+use dsh_supervisors::error::chain;
 use tokio_util::sync::CancellationToken;
 
 use super::events::{AgentPreStep, AgentTurnStopping, PreStepDecision};
@@ -251,7 +252,7 @@ async fn pre_step(
     match me.ctx.events().waterfall(&target, event, terminal).await {
         Ok(PreStepDecision::Enter(batch)) => Ok(batch),
         Ok(PreStepDecision::Reject(why)) => Err(why),
-        Err(e) => Err(format!("agent/pre-step failed: {e}")),
+        Err(e) => Err(format!("agent/pre-step failed: {}", chain(&e))),
     }
 }
 

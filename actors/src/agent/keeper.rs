@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, WorkerRef, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -153,7 +154,7 @@ impl Agents {
         keeper
             .call(KeeperMsg::Ping, timeout)
             .await
-            .map_err(|e| KeeperUnanswered(e.to_string()))
+            .map_err(|e| KeeperUnanswered(chain(&e).to_string()))
     }
 
     /// Backpressure on creation: with far more agents awake than the cap
@@ -166,7 +167,7 @@ impl Agents {
         if self.awake_count() > cap.saturating_mul(2).max(cap + 8) {
             self.over_cap(usize::MAX);
             if let Err(e) = self.settled(Duration::from_secs(30)).await {
-                tracing::warn!("creating an agent over the awake cap: {e}");
+                tracing::warn!("creating an agent over the awake cap: {}", chain(&e));
             }
         }
     }
@@ -376,7 +377,7 @@ impl Actor for Keeper {
                 if let Err(e) = agent.wake().await {
                     // It cannot run any more: its input is refused and it
                     // is disposed (writing what it holds), not left parked.
-                    agent.abandon(&e.to_string());
+                    agent.abandon(&chain(&e).to_string());
                     agent.dispose().await;
                 }
             }

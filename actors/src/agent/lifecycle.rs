@@ -16,6 +16,7 @@ use dsh_services::sandbox::Sandbox;
 use dsh_services::session::{EventData, SessionHeader, SessionLog};
 use dsh_services::tools::Bounds;
 use dsh_services::tools::ToolRegistry;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::tree::now_ms;
 use dsh_supervisors::{Context, ScopeKey, Status, TaskSpec};
 
@@ -423,9 +424,11 @@ impl Agent {
                 .durable
                 .store(session.next_seq(), Ordering::Release),
             Ok(Err(e)) => {
-                tracing::error!(agent = %self.inner.id, "the session's last events were not written: {e}")
+                tracing::error!(agent = %self.inner.id, "the session's last events were not written: {}", chain(&e))
             }
-            Err(e) => tracing::error!(agent = %self.inner.id, "the session writer failed: {e}"),
+            Err(e) => {
+                tracing::error!(agent = %self.inner.id, "the session writer failed: {}", chain(&e))
+            }
         }
     }
 
@@ -556,7 +559,7 @@ impl Agent {
                 .store(session.written(), Ordering::Release);
         }
         if let Err(e) = session.compact() {
-            tracing::warn!(agent = %self.inner.id, "the session stays uncompressed: {e}");
+            tracing::warn!(agent = %self.inner.id, "the session stays uncompressed: {}", chain(&e));
         }
         let summary = self.summary_fn();
         let owner = &self.inner.owner;
@@ -627,7 +630,7 @@ async fn take_writer(
         .await
         .map_err(|e| StoreError::Io {
             path: at,
-            error: std::io::Error::other(format!("the lock taker failed: {e}")),
+            error: std::io::Error::other(format!("the lock taker failed: {}", chain(&e))),
         })?
         .map_err(AgentError::from)
 }

@@ -95,6 +95,7 @@ use dsh_services::sandbox::Policy;
 use dsh_services::session::compact::CompactError;
 use dsh_services::session::{EventData, SessionError, SessionEvent, SurfaceIntent, TurnEndReason};
 use dsh_services::tools::{Bounds, ToolRegistry};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::registry::RegisterError;
 use dsh_supervisors::{Context, Disposer, Scope, Status};
 use tokio_util::sync::CancellationToken;
@@ -267,7 +268,7 @@ impl Agent {
             data: Arc::new(data),
         };
         if let Err(e) = self.inner.session.append(event, None) {
-            tracing::warn!(agent = %self.inner.id, "cannot record {kind}: {e}");
+            tracing::warn!(agent = %self.inner.id, "cannot record {kind}: {}", chain(&e));
         }
     }
 
@@ -350,7 +351,7 @@ pub enum AgentError {
     #[error("the `{0}` service is not provided; load its plugin first")]
     MissingService(&'static str),
     /// The seed could not become a session. Fatal: the stored log must change.
-    #[error("cannot seed the session: {0}")]
+    #[error("cannot seed the session")]
     Seed(#[from] SessionError),
     /// The session's store refused it a writer: another process writes it
     /// (`SESSION_BUSY`), or its lock cannot be taken. Retryable once that
@@ -367,7 +368,7 @@ pub enum AgentError {
     Register(#[from] RegisterError),
     /// A hibernated agent's compact session did not restore (a codec bug).
     /// Fatal for this agent: its input is dropped and it is disposed.
-    #[error("the session does not restore: {0}")]
+    #[error("the session does not restore")]
     Restore(#[from] CompactError),
     /// The agent no longer takes input (it is being disposed). Fatal.
     #[error("agent {0} is closed and takes no more input")]
@@ -696,7 +697,7 @@ pub(super) fn log_append(
     match agent.inner.session.append(data, intent) {
         Ok(e) => Some(e),
         Err(e) => {
-            tracing::error!(agent = %agent.inner.id, "session refused an append: {e}");
+            tracing::error!(agent = %agent.inner.id, "session refused an append: {}", chain(&e));
             None
         }
     }

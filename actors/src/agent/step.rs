@@ -13,6 +13,7 @@ use dsh_services::llm::{
 use dsh_services::prompt::SystemPrompt;
 use dsh_services::session::{EventData, RequestContext, SurfaceIntent};
 use dsh_services::tools::{PipelineOutcome, ToolCall};
+use dsh_supervisors::error::chain;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -110,7 +111,7 @@ async fn request(at: At<'_>, token: &CancellationToken) -> Result<LlmRequest, Ll
         Some(prompt) => match prompt.assemble(&me.ctx).await {
             Ok(text) if text.is_empty() => None,
             Ok(text) => Some(Arc::from(text)),
-            Err(e) => return Err(LlmFailure::new(code::SYSTEM_PROMPT, e.to_string())),
+            Err(e) => return Err(LlmFailure::new(code::SYSTEM_PROMPT, chain(&e).to_string())),
         },
         None => inner.spec.system.as_deref().map(Arc::from),
     };
@@ -148,7 +149,7 @@ async fn request(at: At<'_>, token: &CancellationToken) -> Result<LlmRequest, Ll
         .events()
         .waterfall(&target, wrapped, |r: AgentRequest| async move { r.request })
         .await
-        .map_err(|e| LlmFailure::new(code::LISTENER_PANICKED, e.to_string()))?;
+        .map_err(|e| LlmFailure::new(code::LISTENER_PANICKED, chain(&e).to_string()))?;
     // What is sent is what is logged: the defaults go into the request, and
     // a step that named its own effort or cap logs those.
     let call = CallConfig::of(&request, defaults);
@@ -277,7 +278,7 @@ async fn stream(
     let message = match assembler.message(source) {
         Ok(m) => Arc::new(m),
         Err(e) => {
-            let failure = LlmFailure::new(code::MALFORMED_STREAM, e.to_string());
+            let failure = LlmFailure::new(code::MALFORMED_STREAM, chain(&e).to_string());
             return Err(StepEnd::Failed(failure));
         }
     };

@@ -9,6 +9,7 @@ use std::future::Future;
 
 use dsh_services::llm::ContentBlock;
 use dsh_services::tools::{PipelineOutcome, ToolCall, ToolError, run_pipeline};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{TaskEnd, TaskSpec};
 use futures::FutureExt;
 use futures::future::Either;
@@ -41,7 +42,7 @@ pub(super) async fn execute(
     };
     match ended {
         Ok(outcome) => outcome,
-        Err(Ended::Refused(e)) => aborted(format!("the call could not start: {e}")),
+        Err(Ended::Refused(e)) => aborted(format!("the call could not start: {}", chain(&e))),
         Err(Ended::Task(TaskEnd::Panicked(message))) => {
             aborted(format!("the tool panicked: {message}"))
         }

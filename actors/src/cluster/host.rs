@@ -31,6 +31,7 @@ use dsh_services::persistence::SessionPersistence;
 use dsh_services::sandbox::Policy;
 use dsh_services::session::EventData;
 use dsh_services::tools::{Restriction, ToolRegistry};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, Fiber, Group, PluginOptions, TaskSpec, WorkerSpec};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
@@ -165,7 +166,7 @@ pub async fn serve(cluster: &Arc<Cluster>, settings: HostSettings) -> Result<(),
             hosted,
         ))
         .await
-        .map_err(|e| ClusterError::Supervise(e.to_string()))?;
+        .map_err(|e| ClusterError::Supervise(chain(&e).to_string()))?;
     Ok(())
 }
 
@@ -220,7 +221,7 @@ impl Actor for Host {
                 }
             }
             HostMsg::Cast { notice } => match Notice::parse(&notice) {
-                Err(e) => tracing::warn!("host: a notice was refused: {e}"),
+                Err(e) => tracing::warn!("host: a notice was refused: {}", chain(&e)),
                 Ok(Notice::Cancel { child }) => {
                     if let Some(agent) = hosted.agent(&child) {
                         agent.cancel();
@@ -259,7 +260,7 @@ impl Hosted {
     ) {
         let spec = TaskSpec::new(kind, format!("{kind}/{}", crate::session::short(child)));
         if let Err(e) = self.ctx.spawn_task(spec, move |_stop| work) {
-            tracing::warn!("host: cannot {kind} {child}: {e}");
+            tracing::warn!("host: cannot {kind} {child}: {}", chain(&e));
         }
     }
 
@@ -307,7 +308,10 @@ impl Hosted {
     /// (it may wait for a change).
     fn watch(&self, node: String, cursor: Option<u64>, reply: Reply) {
         if let Err(e) = super::valid_name(&node) {
-            return reply.send(Err::<(), _>(WireError::new("BAD_REQUEST", e.to_string())));
+            return reply.send(Err::<(), _>(WireError::new(
+                "BAD_REQUEST",
+                chain(&e).to_string(),
+            )));
         }
         // Only a node connected now, by the name it proved (a watcher
         // follows the whole tree feed: none for names made up).
@@ -349,7 +353,7 @@ impl Hosted {
             reply.send(Ok(changes));
         });
         if let Err(e) = started {
-            tracing::warn!("host: a watch could not start: {e}");
+            tracing::warn!("host: a watch could not start: {}", chain(&e));
         }
     }
 
@@ -359,7 +363,7 @@ impl Hosted {
 
     async fn open(&self, open: OpenChild) -> Result<Opened, WireError> {
         let bad = |m: String| WireError::new("BAD_REQUEST", m);
-        super::valid_name(&open.parent_node).map_err(|e| bad(e.to_string()))?;
+        super::valid_name(&open.parent_node).map_err(|e| bad(chain(&e).to_string()))?;
         let id_ok = !open.child.is_empty()
             && open.child.len() <= 64
             && open
@@ -486,22 +490,26 @@ impl Hosted {
         ];
         let agent = Agent::create(&scope.context(), spec)
             .await
-            .map_err(|e| WireError::new("START_FAILED", e.to_string()))?;
+            .map_err(|e| WireError::new("START_FAILED", chain(&e).to_string()))?;
         let capture = match &open.output_schema {
             None => None,
             Some(schema) => {
                 let slot = Arc::new(Mutex::new(None));
-                let registered = agent.context().map_err(|e| e.to_string()).and_then(|ctx| {
-                    let tools = ctx
-                        .get::<ToolRegistry>(ToolRegistry::SERVICE)
-                        .ok_or("no tool registry")?;
-                    tools
-                        .register(
-                            &ctx,
-                            crate::subagent::report_tool(schema.clone(), slot.clone()),
-                        )
-                        .map_err(|e| e.to_string())
-                });
+                let registered =
+                    agent
+                        .context()
+                        .map_err(|e| chain(&e).to_string())
+                        .and_then(|ctx| {
+                            let tools = ctx
+                                .get::<ToolRegistry>(ToolRegistry::SERVICE)
+                                .ok_or("no tool registry")?;
+                            tools
+                                .register(
+                                    &ctx,
+                                    crate::subagent::report_tool(schema.clone(), slot.clone()),
+                                )
+                                .map_err(|e| chain(&e).to_string())
+                        });
                 if let Err(e) = registered {
                     agent.dispose().await;
                     self.drop_scope_if_empty(&key).await;
@@ -562,7 +570,7 @@ impl Hosted {
             .ctx
             .plugin_with(Group, (), options)
             .await
-            .map_err(|e| WireError::new("START_FAILED", e.to_string()))?;
+            .map_err(|e| WireError::new("START_FAILED", chain(&e).to_string()))?;
         // Two opens for one parent may race here: the first live scope stays.
         let kept = {
             let mut scopes = lock(&self.scopes);
@@ -598,7 +606,7 @@ impl Hosted {
             reply.send(run_turn(&agent, prompt, capture.as_ref(), stop).await);
         });
         if let Err(e) = started {
-            tracing::warn!("host: a turn could not start: {e}");
+            tracing::warn!("host: a turn could not start: {}", chain(&e));
         }
     }
 
@@ -653,7 +661,10 @@ impl Hosted {
             }
         });
         if let Err(e) = started {
-            tracing::warn!("host: cannot dispose the children of `{node}`: {e}");
+            tracing::warn!(
+                "host: cannot dispose the children of `{node}`: {}",
+                chain(&e)
+            );
         }
     }
 }
@@ -683,7 +694,7 @@ async fn run_turn(
     let before = agent.last_turn().map(|t| t.turn);
     agent
         .followup(Message::user_text(prompt))
-        .map_err(|e| WireError::new("TURN_REFUSED", e.to_string()))?;
+        .map_err(|e| WireError::new("TURN_REFUSED", chain(&e).to_string()))?;
     let waited = tokio::select! {
         r = agent.when_idle(Duration::MAX) => r,
         () = stop.cancelled() => {
@@ -691,7 +702,7 @@ async fn run_turn(
             agent.when_idle(Duration::from_secs(30)).await
         }
     };
-    waited.map_err(|e| WireError::new("TURN_FAILED", e.to_string()))?;
+    waited.map_err(|e| WireError::new("TURN_FAILED", chain(&e).to_string()))?;
     let summary = agent
         .last_turn()
         .filter(|t| Some(t.turn) != before)

@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, TaskSpec, WorkerRef, WorkerSpec};
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, SupervisionEvent};
 use ractor_cluster::node::NodeServerSessionInformation;
@@ -90,7 +91,7 @@ impl FromStr for Peer {
         let (name, addr) = s
             .split_once('@')
             .ok_or_else(|| format!("`{s}` is not NAME@HOST:PORT (no `@`)"))?;
-        valid_name(name).map_err(|e| format!("`{s}`: {e}"))?;
+        valid_name(name).map_err(|e| format!("`{s}`: {}", chain(&e)))?;
         let port = addr
             .rsplit_once(':')
             .map(|(_, p)| p)
@@ -398,7 +399,7 @@ impl Cluster {
         ctx: &Context,
         settings: ClusterSettings,
     ) -> Result<Arc<Cluster>, ClusterError> {
-        valid_name(&settings.name).map_err(|e| ClusterError::Supervise(e.to_string()))?;
+        valid_name(&settings.name).map_err(|e| ClusterError::Supervise(chain(&e).to_string()))?;
         let cannot = |addr: String, why: String| ClusterError::Listen {
             name: settings.name.clone(),
             addr,
@@ -410,14 +411,14 @@ impl Cluster {
             (Some(t), Some(a)) if t.accepts() => Some(
                 tokio::net::TcpListener::bind(a)
                     .await
-                    .map_err(|e| cannot(a.to_string(), e.to_string()))?,
+                    .map_err(|e| cannot(a.to_string(), chain(&e).to_string()))?,
             ),
             _ => None,
         };
         let listen = match (&front, settings.listen) {
             (Some(l), _) => Some(
                 l.local_addr()
-                    .map_err(|e| cannot("?".into(), e.to_string()))?,
+                    .map_err(|e| cannot("?".into(), chain(&e).to_string()))?,
             ),
             (None, Some(a)) if a.port() == 0 => {
                 Some(free_port(a).map_err(|why| cannot(a.to_string(), why))?)
@@ -457,7 +458,7 @@ impl Cluster {
             .map_err(|e| ClusterError::Listen {
                 name: settings.name.clone(),
                 addr: bind.to_string(),
-                why: e.to_string(),
+                why: chain(&e).to_string(),
             })?;
         let shared = Arc::new(Shared {
             name: settings.name.clone(),
@@ -477,7 +478,7 @@ impl Cluster {
                 shared.clone(),
             ))
             .await
-            .map_err(|e| ClusterError::Supervise(e.to_string()))?;
+            .map_err(|e| ClusterError::Supervise(chain(&e).to_string()))?;
         let subscription = Subscription {
             watch: watch.actor().clone(),
         };
@@ -491,14 +492,14 @@ impl Cluster {
         ctx.spawn_task(TaskSpec::new("heartbeat", "heartbeat"), move |stop| {
             heartbeat(beat, stop)
         })
-        .map_err(|e| ClusterError::Supervise(e.to_string()))?;
+        .map_err(|e| ClusterError::Supervise(chain(&e).to_string()))?;
         if let (Some(front), Some(t), Some(addr)) = (front, tls.clone(), listen) {
             let (actor, owner) = (server.actor().clone(), ctx.clone());
             ctx.spawn_task(
                 TaskSpec::new("tls-listener", format!("tls/{addr}")),
                 move |stop| tls::accept(front, t, actor, owner, stop),
             )
-            .map_err(|e| ClusterError::Supervise(e.to_string()))?;
+            .map_err(|e| ClusterError::Supervise(chain(&e).to_string()))?;
         }
         Ok(Arc::new(Cluster {
             shared,
@@ -556,7 +557,7 @@ impl Cluster {
             .map_err(|e| {
                 failed(match e {
                     ractor_cluster::ClientConnectErr::Encryption(e) => {
-                        format!("the TLS handshake failed: {e}")
+                        format!("the TLS handshake failed: {}", chain(&e))
                     }
                     other => other.to_string(),
                 })
@@ -697,7 +698,7 @@ impl FromStr for Placement {
 fn free_port(addr: SocketAddr) -> Result<SocketAddr, String> {
     std::net::TcpListener::bind(addr)
         .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())
+        .map_err(|e| chain(&e).to_string())
 }
 
 /// Node session events, forwarded to the watcher.
@@ -904,7 +905,7 @@ async fn identify(shared: &Shared, cells: Vec<ActorCell>) {
         let hello: Hello = match probe.call(&Request::Hello {}, PING_TIMEOUT).await {
             Ok(h) => h,
             Err(e) => {
-                tracing::warn!("cluster: a host did not say who it is: {e}");
+                tracing::warn!("cluster: a host did not say who it is: {}", chain(&e));
                 continue;
             }
         };
@@ -986,7 +987,7 @@ async fn heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
                 Err(e) => {
                     let missed = h.misses.fetch_add(1, Ordering::Relaxed) + 1;
                     if missed >= PING_MISSES {
-                        shared.suspect(h, &format!("{missed} pings unanswered ({e})"));
+                        shared.suspect(h, &format!("{missed} pings unanswered ({})", chain(&e)));
                     }
                 }
             }

@@ -24,6 +24,7 @@ use dsh_services::llm::{
 };
 use dsh_services::providers::scripted::chunks_for;
 use dsh_services::session::{SessionEvent, TurnEndReason};
+use dsh_supervisors::error::chain;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
@@ -265,7 +266,12 @@ fn relay(
     let done = match done {
         Ok(d) => d,
         Err(e) if e.code == NODE_DOWN => return fail(NODE_DOWN, e.message),
-        Err(e) => return fail("SUBAGENT_FAILED", format!("on node `{node}`: {e}")),
+        Err(e) => {
+            return fail(
+                "SUBAGENT_FAILED",
+                format!("on node `{node}`: {}", chain(&e)),
+            );
+        }
     };
     let finish = match &done.reason {
         TurnEndReason::Completed => FinishReason::Stop,

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, TaskSpec};
 use ractor::ActorRef;
 use ractor_cluster::{NetworkStream, NodeServerMessage};
@@ -93,12 +94,12 @@ impl Tls {
         for c in certificates(ca)? {
             roots.add(c).map_err(|e| TlsError::File {
                 path: ca.to_owned(),
-                why: format!("not a usable trust anchor: {e}"),
+                why: format!("not a usable trust anchor: {}", chain(&e)),
             })?;
         }
         let client = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Config(e.to_string()))?
+            .map_err(|e| TlsError::Config(chain(&e).to_string()))?
             .with_root_certificates(roots)
             .with_no_client_auth();
         Ok(Tls {
@@ -121,8 +122,12 @@ impl Tls {
 pub(super) fn server_name(addr: &str) -> Result<ServerName<'static>, String> {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    ServerName::try_from(host.to_owned())
-        .map_err(|e| format!("`{host}` is not a name a certificate can hold: {e}"))
+    ServerName::try_from(host.to_owned()).map_err(|e| {
+        format!(
+            "`{host}` is not a name a certificate can hold: {}",
+            chain(&e)
+        )
+    })
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -135,14 +140,14 @@ fn pem(path: &Path) -> Result<Vec<u8>, TlsError> {
         why,
     };
     let len = std::fs::metadata(path)
-        .map_err(|e| bad(e.to_string()))?
+        .map_err(|e| bad(chain(&e).to_string()))?
         .len();
     if len > MAX_PEM {
         return Err(bad(format!(
             "{len} bytes; a PEM file here is at most {MAX_PEM}"
         )));
     }
-    std::fs::read(path).map_err(|e| bad(e.to_string()))
+    std::fs::read(path).map_err(|e| bad(chain(&e).to_string()))
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -151,7 +156,7 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::File {
             path: path.to_owned(),
-            why: format!("not PEM: {e}"),
+            why: format!("not PEM: {}", chain(&e)),
         })?;
     if certs.is_empty() {
         return Err(TlsError::File {
@@ -166,7 +171,7 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = pem(path)?;
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| TlsError::File {
         path: path.to_owned(),
-        why: format!("holds no private key: {e}"),
+        why: format!("holds no private key: {}", chain(&e)),
     })
 }
 
@@ -187,7 +192,7 @@ pub(super) async fn accept(
             r = listener.accept() => match r {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    tracing::warn!("tls: accepting a peer: {e}");
+                    tracing::warn!("tls: accepting a peer: {}", chain(&e));
                     // A full table of descriptors: give it a moment.
                     tokio::select! {
                         () = tokio::time::sleep(Duration::from_millis(100)) => continue,
@@ -208,7 +213,7 @@ pub(super) async fn accept(
             handshake(stream, peer, acceptor, server, stop).await;
         });
         if let Err(e) = started {
-            tracing::warn!("tls: cannot take {peer}: {e}");
+            tracing::warn!("tls: cannot take {peer}: {}", chain(&e));
         }
     }
 }
@@ -222,7 +227,7 @@ async fn handshake(
 ) {
     let local = match stream.set_nodelay(true).and_then(|()| stream.local_addr()) {
         Ok(a) => a,
-        Err(e) => return tracing::warn!("tls: {peer}: {e}"),
+        Err(e) => return tracing::warn!("tls: {peer}: {}", chain(&e)),
     };
     let done = tokio::select! {
         r = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => r,
@@ -230,7 +235,7 @@ async fn handshake(
     };
     let stream = match done {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return tracing::warn!("tls: {peer}: the handshake failed: {e}"),
+        Ok(Err(e)) => return tracing::warn!("tls: {peer}: the handshake failed: {}", chain(&e)),
         Err(_) => {
             return tracing::warn!(
                 "tls: {peer}: no handshake within {HANDSHAKE_TIMEOUT:?}; closed"

@@ -6,6 +6,7 @@
 //! a payload that does not parse is answered with a `BAD_REQUEST` error,
 //! never a panic, whoever sent it.
 
+use dsh_supervisors::error::chain;
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::{Message, RpcReplyPort};
 use serde::de::DeserializeOwned;
@@ -351,7 +352,7 @@ fn read<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, WireError> {
         ));
     }
     serde_json::from_slice(bytes)
-        .map_err(|e| WireError::new("BAD_REQUEST", format!("the {what}: {e}")))
+        .map_err(|e| WireError::new("BAD_REQUEST", format!("the {what}: {}", chain(&e))))
 }
 
 /// An answer as bytes.
@@ -368,7 +369,7 @@ pub fn read_answer<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     match serde_json::from_slice::<Reply<T>>(bytes) {
         Ok(Reply::Ok(v)) => Ok(v),
         Ok(Reply::Error(e)) => Err(e),
-        Err(e) => Err(WireError::new("BAD_ANSWER", e.to_string())),
+        Err(e) => Err(WireError::new("BAD_ANSWER", chain(&e).to_string())),
     }
 }
 

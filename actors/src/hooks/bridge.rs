@@ -22,6 +22,7 @@ use dsh_services::sandbox::{Policy, Sandbox};
 use dsh_services::session::{EventData, SESSION_SERVICE, SessionWriter};
 use dsh_services::tools::{Decision, PostExecute, PreExecute};
 use dsh_supervisors::Context;
+use dsh_supervisors::error::chain;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -145,7 +146,7 @@ impl Site {
                 data: Arc::new(data),
             })
         {
-            tracing::warn!("a {kind} record was refused: {e}");
+            tracing::warn!("a {kind} record was refused: {}", chain(&e));
         }
     }
 }

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use serde_json::Value;
 
 pub use bridge::{Hooks, HooksSettings, install};
@@ -234,7 +235,8 @@ impl HookSet {
 
     fn read(dialect: Dialect, source: &Path, text: &str) -> Result<HookSet, String> {
         let at = source.display();
-        let root: Value = serde_json::from_str(text).map_err(|e| format!("{at}: not JSON: {e}"))?;
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| format!("{at}: not JSON: {}", chain(&e)))?;
         let project = source
             .parent()
             .filter(|dir| {
@@ -388,7 +390,7 @@ pub async fn load(files: &[(Dialect, PathBuf)]) -> (Vec<HookSet>, Vec<String>) {
         match HookSet::parse(*dialect, &path, &text) {
             Ok(set) if set.points.is_empty() => {}
             Ok(set) => sets.push(set),
-            Err(e) => problems.push(e.to_string()),
+            Err(e) => problems.push(chain(&e).to_string()),
         }
     }
     (sets, problems)
@@ -613,10 +615,10 @@ mod tests {
         );
         let huge = r#"{"hooks": {"Stop": [{"hooks": [{"command": "x", "timeout": 1e300}]}]}}"#;
         let e = HookSet::parse(Dialect::Codex, Path::new("h"), huge).unwrap_err();
-        assert!(e.message.contains("at most a day"), "{e}");
+        assert!(e.message.contains("at most a day"), "{}", chain(&e));
         let bad = r#"{"hooks": {"Stop": [{"hooks": [{"command": "x", "timeout": -1}]}]}}"#;
         let e = HookSet::parse(Dialect::Codex, Path::new("h"), bad).unwrap_err();
-        assert!(e.message.contains("timeout"), "{e}");
+        assert!(e.message.contains("timeout"), "{}", chain(&e));
     }
 
     #[test]

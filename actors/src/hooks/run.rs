@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use std::sync::Arc;
 
 use dsh_services::sandbox::{Launch, Policy, Sandbox};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, TaskEnd, TaskSpec};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -54,7 +55,7 @@ pub(super) async fn supervised(
         Ok(task) => task.join().await,
         Err(e) => {
             return Ran {
-                failure: Some(format!("the hook could not be supervised: {e}")),
+                failure: Some(format!("the hook could not be supervised: {}", chain(&e))),
                 ..Ran::default()
             };
         }
@@ -91,7 +92,7 @@ async fn run(sandbox: &Sandbox, inv: Invocation) -> Ran {
         Ok(s) => s,
         Err(e) => {
             return Ran {
-                failure: Some(format!("the hook could not start: {e}")),
+                failure: Some(format!("the hook could not start: {}", chain(&e))),
                 duration: started.elapsed(),
                 ..Ran::default()
             };

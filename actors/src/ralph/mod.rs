@@ -15,6 +15,7 @@
 //! `ralph/end`), so a killed loop resumes after its last completed round.
 
 use dsh_services::session::{EventData, SessionEvent};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, ScopeKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -113,7 +114,7 @@ impl Handoff {
             });
         }
         let h: Handoff = serde_json::from_value(value.clone())
-            .map_err(|e| BadHandoff::Malformed(e.to_string()))?;
+            .map_err(|e| BadHandoff::Malformed(chain(&e).to_string()))?;
         if h.summary.trim().is_empty() {
             return Err(BadHandoff::EmptySummary);
         }
@@ -428,7 +429,7 @@ pub async fn run(
         json!({"runId": run_id, "outcome": outcome, "rounds": rounds}),
     );
     if let Err(e) = request.parent.session().flush().await {
-        tracing::warn!("the Ralph records were not fully written: {e}");
+        tracing::warn!("the Ralph records were not fully written: {}", chain(&e));
     }
     Ok(RalphResult {
         run_id,
@@ -474,7 +475,7 @@ async fn run_round(
         Err(e) => {
             return Err(RalphOutcome::Failed {
                 round,
-                error: e.to_string(),
+                error: chain(&e).to_string(),
             });
         }
     };
@@ -486,7 +487,7 @@ async fn run_round(
     }
     let handoff = match (result.stop_reason, result.structured) {
         (StopReason::Completed, Some(v)) => {
-            Handoff::validate(&v, request.max_handoff_chars).map_err(|e| e.to_string())
+            Handoff::validate(&v, request.max_handoff_chars).map_err(|e| chain(&e).to_string())
         }
         (reason, _) => Err(format!(
             "the worker ended {}{}",
@@ -503,7 +504,7 @@ async fn run_round(
         json!({"runId": at.run_id, "round": round, "child": child, "handoff": handoff}),
     );
     if let Err(e) = request.parent.session().flush().await {
-        tracing::warn!(round, "the round's record was not written: {e}");
+        tracing::warn!(round, "the round's record was not written: {}", chain(&e));
     }
     Ok(Round {
         round,

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use dsh_services::llm::{ContentBlock, ToolSchema};
 use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
@@ -96,7 +97,7 @@ impl Tool for RalphTool {
             request.provider = self.provider.clone();
             let result = super::run(&self.subagents, request, None)
                 .await
-                .map_err(|e| ToolError::new("RALPH_START", e.to_string()))?;
+                .map_err(|e| ToolError::new("RALPH_START", chain(&e).to_string()))?;
             let report = json!({
                 "runId": result.run_id,
                 "rounds": result.rounds,

@@ -32,6 +32,7 @@ use dsh_services::llm::{
     ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmFailure, LlmRequest, TokenUsage,
 };
 use dsh_services::providers::scripted::chunks_for;
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, NoMessages};
 use futures::future::BoxFuture;
 use futures::{FutureExt as _, StreamExt as _};
@@ -210,7 +211,7 @@ impl AcpChild {
             ))
             .await
         {
-            return Err(format!("cannot supervise the ACP child: {e}"));
+            return Err(format!("cannot supervise the ACP child: {}", chain(&e)));
         }
         let started = async {
             inner
@@ -251,7 +252,7 @@ impl Inner {
             .write_all(line.as_bytes())
             .await
             .and(stdin.flush().await)
-            .map_err(|e| format!("the child's stdin: {e}"))
+            .map_err(|e| format!("the child's stdin: {}", chain(&e)))
     }
 
     /// A request and its result (or error, or the process ending).

@@ -30,6 +30,7 @@ use dsh_services::llm::{ContentBlock, Message, MessageSource, ToolSchema};
 use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence, StoreError};
 use dsh_services::session::{EventData, SessionError, SessionEvent, SessionHeader, TurnEndReason};
 use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::registry::RegisterError;
 use dsh_supervisors::{Context, Disposer, Emit, Event};
 use futures::FutureExt;
@@ -183,16 +184,16 @@ pub enum SubagentError {
     Start(String),
     /// The child agent could not be created or refused its prompt (nothing
     /// was left behind).
-    #[error("the subagent could not start: {0}")]
+    #[error("the subagent could not start")]
     Agent(#[from] AgentError),
     /// The parent's log could not be forked at its last completed turn.
-    #[error("the subagent could not start: {0}")]
+    #[error("the subagent could not start")]
     Fork(#[from] SessionError),
     /// The child's `report` tool was refused.
-    #[error("the subagent could not start: {0}")]
+    #[error("the subagent could not start")]
     Register(#[from] RegisterError),
     /// A stored child could not be read back.
-    #[error("the subagent's session could not be loaded: {0}")]
+    #[error("the subagent's session could not be loaded")]
     Store(#[from] StoreError),
     /// The caller is not the child's direct parent.
     #[error("agent {caller} is not the parent of subagent {child}")]
@@ -377,7 +378,7 @@ async fn settle(
     };
     let summary = match (waited, agent.last_turn()) {
         (Ok(()), Some(s)) => s,
-        (Err(e), _) => return failed(StopReason::Aborted, e.to_string()),
+        (Err(e), _) => return failed(StopReason::Aborted, chain(&e).to_string()),
         (Ok(()), None) => return failed(StopReason::Aborted, "the child ran no turn".into()),
     };
     outcome(&summary, capture)
@@ -754,7 +755,7 @@ impl Subagents {
             from.prepare_resume(&id, &loaded).map(|()| loaded)
         })
         .await
-        .map_err(|e| SubagentError::Start(e.to_string()))?
+        .map_err(|e| SubagentError::Start(chain(&e).to_string()))?
         .map_err(|e| match e {
             dsh_services::persistence::StoreError::NotFound(..) => {
                 SubagentError::NotFound(child.into())
@@ -1197,7 +1198,7 @@ async fn compose(
                 if let Some(place) = place {
                     let part = ctx
                         .part("remote-child", place)
-                        .map_err(|e| SubagentError::Start(e.to_string()))?;
+                        .map_err(|e| SubagentError::Start(chain(&e).to_string()))?;
                     if let Some(placed) = placed {
                         placed(part);
                     }
@@ -1206,7 +1207,7 @@ async fn compose(
                     Some(close) => ctx
                         .effect_async("close the remote child", move || close)
                         .map(|_| ())
-                        .map_err(|e| SubagentError::Start(e.to_string())),
+                        .map_err(|e| SubagentError::Start(chain(&e).to_string())),
                     None => Ok(()),
                 }
             });

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use dsh_services::llm::ToolSchema;
 use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput, parameters};
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
@@ -133,7 +134,7 @@ fn caller(cx: &ToolContext) -> Result<Agent, ToolError> {
 }
 
 fn refused(e: SubagentError) -> ToolError {
-    ToolError::new(e.code(), e.to_string())
+    ToolError::new(e.code(), chain(&e).to_string())
 }
 
 impl Tool for SubagentTool {

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
+use dsh_supervisors::error::chain;
 use rquickjs::context::EvalOptions;
 use rquickjs::function::Opt;
 use rquickjs::promise::PromiseState;
@@ -126,7 +127,8 @@ struct State {
 }
 
 fn run(setup: Setup, rx: Receiver<ToJs>, stop: Arc<AtomicBool>) -> Result<Value, String> {
-    let rt = rquickjs::Runtime::new().map_err(|e| format!("cannot start QuickJS: {e}"))?;
+    let rt =
+        rquickjs::Runtime::new().map_err(|e| format!("cannot start QuickJS: {}", chain(&e)))?;
     rt.set_memory_limit(setup.memory);
     rt.set_max_stack_size(1 << 20);
     let deadline = Instant::now() + setup.time;
@@ -134,7 +136,8 @@ fn run(setup: Setup, rx: Receiver<ToJs>, stop: Arc<AtomicBool>) -> Result<Value,
     rt.set_interrupt_handler(Some(Box::new(move || {
         flag.load(Ordering::Acquire) || Instant::now() >= deadline
     })));
-    let context = rquickjs::Context::full(&rt).map_err(|e| format!("cannot start QuickJS: {e}"))?;
+    let context =
+        rquickjs::Context::full(&rt).map_err(|e| format!("cannot start QuickJS: {}", chain(&e)))?;
     let state = Rc::new(State {
         pending: RefCell::default(),
         fatal: RefCell::default(),
@@ -163,7 +166,8 @@ fn event_loop(
     let time = setup.time;
     let limit = move || format!("TIME_LIMIT: the workflow ran past its {time:?} limit");
     let main = context.with(|ctx| -> Result<Persistent<Promise<'static>>, String> {
-        install(&ctx, state, &setup.args).map_err(|e| format!("cannot set up the script: {e}"))?;
+        install(&ctx, state, &setup.args)
+            .map_err(|e| format!("cannot set up the script: {}", chain(&e)))?;
         let wrapped = format!("{PREFIX}{}\n}})()", setup.script);
         let mut options = EvalOptions::default();
         options.global = true;
@@ -203,7 +207,7 @@ fn event_loop(
         let settled = context.with(|ctx| -> Option<Result<Value, String>> {
             let promise = match main.clone().restore(&ctx) {
                 Ok(p) => p,
-                Err(e) => return Some(Err(format!("lost the script's promise: {e}"))),
+                Err(e) => return Some(Err(format!("lost the script's promise: {}", chain(&e)))),
             };
             match promise.state() {
                 PromiseState::Pending => None,
@@ -252,7 +256,7 @@ fn event_loop(
                     }
                 });
                 if let Err(e) = delivered {
-                    return Err(format!("cannot deliver an agent() result: {e}"));
+                    return Err(format!("cannot deliver an agent() result: {}", chain(&e)));
                 }
             }
             Ok(ToJs::Stop) | Err(RecvTimeoutError::Disconnected) => {
@@ -279,8 +283,8 @@ fn returned<'js>(ctx: &Ctx<'js>, promise: &Promise<'js>) -> Result<Value, String
     match text {
         None => Err("RESULT_UNSERIALIZABLE: the return value is not JSON data".into()),
         Some(s) => {
-            let s = s.to_string().map_err(|e| e.to_string())?;
-            serde_json::from_str(&s).map_err(|e| format!("RESULT_UNSERIALIZABLE: {e}"))
+            let s = s.to_string().map_err(|e| chain(&e).to_string())?;
+            serde_json::from_str(&s).map_err(|e| format!("RESULT_UNSERIALIZABLE: {}", chain(&e)))
         }
     }
 }
@@ -323,7 +327,7 @@ fn describe(error: CaughtError<'_>, code: &str) -> String {
                 .unwrap_or_else(|| format!("{v:?}"));
             format!("{code}: uncaught {shown}")
         }
-        CaughtError::Error(e) => format!("{code}: {e}"),
+        CaughtError::Error(e) => format!("{code}: {}", chain(&e)),
     }
 }
 
@@ -444,7 +448,7 @@ fn agent_call<'js>(
                     return Err(fatal(
                         ctx,
                         state,
-                        format!("UNSUPPORTED_OPTION: agent() options: {e}"),
+                        format!("UNSUPPORTED_OPTION: agent() options: {}", chain(&e)),
                     ));
                 }
             }

@@ -24,6 +24,7 @@ mod js;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Emit, Event, NoMessages, Scope, ScopeKey, WorkerSpec};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -263,10 +264,10 @@ impl WorkflowEngine {
             .parent
             .awake_context()
             .await
-            .map_err(|e| WorkflowError::Start(e.to_string()))?
+            .map_err(|e| WorkflowError::Start(chain(&e).to_string()))?
             .scope(ScopeKey::new(format!("workflow/{}", meta.name)))
             .await
-            .map_err(|e| WorkflowError::Start(e.to_string()))?;
+            .map_err(|e| WorkflowError::Start(chain(&e).to_string()))?;
         let cancel = request.cancel.child_token();
         let (tx, rx) = oneshot::channel();
         let host = Host {
@@ -297,7 +298,7 @@ impl WorkflowEngine {
             .await;
         if let Err(e) = spawned {
             scope.dispose().await;
-            return Err(WorkflowError::Start(e.to_string()));
+            return Err(WorkflowError::Start(chain(&e).to_string()));
         }
         Ok(WorkflowRun {
             id,
@@ -474,7 +475,7 @@ async fn drive(host: &mut Host) -> WorkflowResult {
             return WorkflowResult {
                 value: Value::Null,
                 stop_reason: WorkflowStop::Error,
-                error: Some(format!("the script engine could not start: {e}")),
+                error: Some(format!("the script engine could not start: {}", chain(&e))),
                 agents_started: 0,
             };
         }
@@ -574,7 +575,12 @@ fn child(
     Box::pin(async move {
         let run = match subagents.start(&provider, request).await {
             Ok(run) => run,
-            Err(e) => return (seq, js::Answer::Fatal(format!("AGENT_START: {e}"))),
+            Err(e) => {
+                return (
+                    seq,
+                    js::Answer::Fatal(format!("AGENT_START: {}", chain(&e))),
+                );
+            }
         };
         emit(
             "workflow/agent-start",

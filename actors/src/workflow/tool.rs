@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use dsh_services::llm::{ContentBlock, ToolSchema};
 use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput, parameters};
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
@@ -86,7 +87,7 @@ impl Tool for WorkflowTool {
                 .0
                 .start(request)
                 .await
-                .map_err(|e| ToolError::new("WORKFLOW_START", e.to_string()))?;
+                .map_err(|e| ToolError::new("WORKFLOW_START", chain(&e).to_string()))?;
             parent.record(
                 "tool-workflow/run-start",
                 json!({"runId": run.id(), "name": run.meta().name, "callId": cx.call_id}),

@@ -10,6 +10,7 @@ use dsh_services::persistence::{
     JsonlStore, Loaded, SessionPersistence, SessionSummary, StoreError,
 };
 use dsh_services::session::{EventData, SessionEvent, SessionHeader, SessionLog, SurfaceIntent};
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
 /// A JSONL store whose writes fail, as on a full disk, while `broken`.
@@ -107,7 +108,9 @@ async fn a_failed_write_keeps_its_events_and_disposal_drains_the_rest() {
     let first = session.flush().await.unwrap_err();
     assert!(matches!(first, FlushError::Store(_)), "{first}");
     assert!(
-        first.to_string().contains("no space left on device"),
+        chain(&first)
+            .to_string()
+            .contains("no space left on device"),
         "{first}"
     );
     assert!(inner.load("s-flaky").is_err());

@@ -361,6 +361,77 @@ async fn a_session_written_by_another_writer_while_asleep_is_not_written_over() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The parts of `error` from the outside in: its text, its source's, ….
+fn causes(error: &dyn std::error::Error) -> Vec<String> {
+    std::iter::successors(Some(error), |e| e.source())
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// An agent whose session store cannot take its writer lock (the `locks`
+/// folder is a file) fails with every cause: which file, and what the OS
+/// said, each once; a log that does not load says which file and which
+/// line, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_reaches_the_caller_with_each_cause_once() {
+    use dsh_services::persistence::{JsonlStore, SessionPersistence, StoreError};
+    use dsh_supervisors::error::chain;
+    let dir = dsh_supervisors::scratch::fresh_dir("dsh-error-chain").unwrap();
+    std::fs::write(dir.join("locks"), "a file where the lock folder goes").unwrap();
+    let store = JsonlStore::new(&dir);
+    let h = Harness::new().await;
+    recorder(&h, "rec");
+    let mut spec = AgentSpec::new("rec", "m", std::env::temp_dir());
+    spec.store = Some(Arc::new(store.clone()) as Arc<dyn SessionPersistence>);
+    let Err(err) = Agent::create(&h.rt.root(), spec).await else {
+        panic!("an agent was created without its writer lock");
+    };
+    let parts = causes(&err);
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert!(
+        parts[0].contains("locks") && parts[0].ends_with(".lock"),
+        "{parts:?}"
+    );
+    let os = std::io::Error::from_raw_os_error(match std::fs::create_dir_all(dir.join("locks")) {
+        Err(e) => e.raw_os_error().unwrap(),
+        Ok(()) => panic!("a file became a folder"),
+    });
+    assert_eq!(parts[1], os.to_string());
+    for pair in parts.windows(2) {
+        assert!(
+            !pair[0].contains(&pair[1]),
+            "a cause is said twice: {parts:?}"
+        );
+    }
+    let shown = chain(&err).to_string();
+    assert_eq!(shown, parts.join(": "));
+    assert_eq!(shown.matches(&parts[1]).count(), 1, "{shown}");
+    h.rt.shutdown().await;
+
+    // A log damaged on its second line: the file, then the line.
+    let id = "damaged";
+    store
+        .create(&dsh_services::session::SessionHeader::new(id, None), &[])
+        .unwrap();
+    let log = dir.join(id).join("session.jsonl");
+    let header = std::fs::read_to_string(&log).unwrap();
+    std::fs::write(&log, format!("{header}{{not json\n{{}}\n")).unwrap();
+    let err = store.load(id).unwrap_err();
+    assert!(matches!(err, StoreError::Load { .. }), "{err:?}");
+    let parts = causes(&err);
+    assert!(parts.len() >= 2, "{parts:?}");
+    assert!(parts[0].contains("session.jsonl"), "{parts:?}");
+    assert!(parts[1].starts_with("line "), "{parts:?}");
+    for pair in parts.windows(2) {
+        assert!(
+            !pair[0].contains(&pair[1]),
+            "a cause is said twice: {parts:?}"
+        );
+    }
+    assert_eq!(chain(&err).to_string(), parts.join(": "));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_session_is_written_once_across_sleeps_without_gaps_or_repeats() {
     use dsh_services::persistence::{JsonlStore, SessionPersistence};

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, Disposer, Event, Waterfall};
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
@@ -221,7 +222,10 @@ impl LlmRuntime {
             .await
         {
             Ok(out) => out,
-            Err(e) => Err(LlmFailure::new(code::LISTENER_PANICKED, e.to_string())),
+            Err(e) => Err(LlmFailure::new(
+                code::LISTENER_PANICKED,
+                chain(&e).to_string(),
+            )),
         }
     }
 }

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 
+use dsh_supervisors::error::chain;
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation};
 use rmcp::service::{
     NotificationContext, RoleClient, RunningService, RxJsonRpcMessage, TxJsonRpcMessage,
@@ -232,7 +233,7 @@ pub(super) async fn connect(
             let mut spawned = sandbox
                 .spawn(launch, spec.policy)
                 .await
-                .map_err(|e| format!("cannot start {command}: {e}"))?;
+                .map_err(|e| format!("cannot start {command}: {}", chain(&e)))?;
             let stdin = spawned
                 .child
                 .stdin
@@ -259,8 +260,8 @@ pub(super) async fn connect(
             handler.serve(transport).await.map_err(|e| {
                 let said = lock(&tail).last_line();
                 match said {
-                    Some(line) => format!("the handshake failed: {e} (stderr: {line})"),
-                    None => format!("the handshake failed: {e}"),
+                    Some(line) => format!("the handshake failed: {} (stderr: {line})", chain(&e)),
+                    None => format!("the handshake failed: {}", chain(&e)),
                 }
             })
         }
@@ -277,13 +278,13 @@ pub(super) async fn connect(
                 .redirect(reqwest::redirect::Policy::none())
                 .pool_max_idle_per_host(0)
                 .build()
-                .map_err(|e| format!("no HTTP client: {e}"))?;
+                .map_err(|e| format!("no HTTP client: {}", chain(&e)))?;
             let mut map = HashMap::new();
             for (k, v) in headers {
                 let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|e| format!("header {k:?}: {e}"))?;
+                    .map_err(|e| format!("header {k:?}: {}", chain(&e)))?;
                 let value = reqwest::header::HeaderValue::from_str(v)
-                    .map_err(|e| format!("header {k:?}: {e}"))?;
+                    .map_err(|e| format!("header {k:?}: {}", chain(&e)))?;
                 map.insert(name, value);
             }
             let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
@@ -299,7 +300,7 @@ pub(super) async fn connect(
             handler
                 .serve(transport)
                 .await
-                .map_err(|e| format!("the handshake with {url} failed: {e}"))
+                .map_err(|e| format!("the handshake with {url} failed: {}", chain(&e)))
         }
     }
 }

@@ -32,6 +32,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox::{PermissionMode, Policy};
@@ -281,7 +282,10 @@ pub fn check_url(url: &str) -> Result<(), McpError> {
             "url {url:?} must be http or https with a host (scheme {:?})",
             u.scheme()
         ))),
-        Err(e) => Err(McpError::Config(format!("url {url:?} is not a URL: {e}"))),
+        Err(e) => Err(McpError::Config(format!(
+            "url {url:?} is not a URL: {}",
+            chain(&e)
+        ))),
     }
 }
 
@@ -333,7 +337,7 @@ impl ServerConfig {
     }
 
     fn checked(&self, defaults: Policy) -> Result<ServerSpec, String> {
-        check_name(&self.server_name).map_err(|e| e.to_string())?;
+        check_name(&self.server_name).map_err(|e| chain(&e).to_string())?;
         let transport = match self.transport {
             TransportKind::Stdio => {
                 if self.url.is_some()
@@ -353,7 +357,7 @@ impl ServerConfig {
                 // Absolute: the sandbox binds it by path, and a relative
                 // one would mean different places to the kernel and to it.
                 let here = std::env::current_dir()
-                    .map_err(|e| format!("no working directory for the server: {e}"))?;
+                    .map_err(|e| format!("no working directory for the server: {}", chain(&e)))?;
                 let cwd = match &self.cwd {
                     Some(c) => here.join(c),
                     None => here,
@@ -380,12 +384,12 @@ impl ServerConfig {
                     .url
                     .clone()
                     .ok_or("transport streamable-http needs a url")?;
-                check_url(&url).map_err(|e| e.to_string())?;
+                check_url(&url).map_err(|e| chain(&e).to_string())?;
                 let mut headers: Vec<(String, String)> = self.headers.clone().into_iter().collect();
                 for (name, from) in &self.headers_from_env {
                     headers.push((name.clone(), header_from_env(name, from)?));
                 }
-                check_headers(&headers).map_err(|e| e.to_string())?;
+                check_headers(&headers).map_err(|e| chain(&e).to_string())?;
                 Transport::Http { url, headers }
             }
         };
@@ -596,8 +600,9 @@ mod tests {
     #[test]
     fn a_config_is_checked_for_its_transport() {
         let parse = |yaml: serde_json::Value| -> Result<ServerSpec, String> {
-            let c: ServerConfig = serde_json::from_value(yaml).map_err(|e| e.to_string())?;
-            c.spec(Policy::default()).map_err(|e| e.to_string())
+            let c: ServerConfig =
+                serde_json::from_value(yaml).map_err(|e| chain(&e).to_string())?;
+            c.spec(Policy::default()).map_err(|e| chain(&e).to_string())
         };
         let ok =
             parse(serde_json::json!({"server_name": "e", "transport": "stdio", "command": "node"}));

@@ -13,6 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use dsh_supervisors::error::chain;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use rmcp::service::{Peer, RoleClient};
 use tokio::sync::watch;
@@ -222,7 +223,7 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpErro
     })
     .map_err(|e| McpError::Start {
         name: shared.spec.name.clone(),
-        why: format!("its owner is going away: {e}"),
+        why: format!("its owner is going away: {}", chain(&e)),
     })?;
     let args = Args {
         shared: shared.clone(),
@@ -236,7 +237,7 @@ pub async fn start(ctx: &Context, spec: ServerSpec) -> Result<McpServer, McpErro
     .restart(Restart::Permanent);
     ctx.spawn(spec).await.map_err(|e| McpError::Start {
         name: shared.spec.name.clone(),
-        why: format!("it cannot be supervised: {e}"),
+        why: format!("it cannot be supervised: {}", chain(&e)),
     })?;
     let timeout = shared.spec.connect_timeout + Duration::from_secs(1);
     let settled = server
@@ -414,7 +415,7 @@ impl Run {
                 .peer()
                 .list_all_tools()
                 .await
-                .map_err(|e| format!("tools/list failed: {e}"))?;
+                .map_err(|e| format!("tools/list failed: {}", chain(&e)))?;
             Ok::<_, String>((c, listed))
         };
         let outcome = tokio::select! {

@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use base64::Engine;
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -181,7 +182,7 @@ impl McpTool {
             ),
             ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
                 let why = format!("the connection to MCP server {name} was lost during the call");
-                self.server.call_lost(number, e.to_string());
+                self.server.call_lost(number, chain(&e).to_string());
                 ToolError::new("UNAVAILABLE", why)
             }
             ServiceError::Timeout { timeout } => ToolError::new(
@@ -289,12 +290,12 @@ async fn image(b: &Value, store: Option<Arc<Attachments>>) -> ContentBlock {
     let bytes =
         match base64::engine::general_purpose::STANDARD.decode(b["data"].as_str().unwrap_or("")) {
             Ok(bytes) => bytes,
-            Err(e) => return not_shown(format!("its data is not base64 ({e})")),
+            Err(e) => return not_shown(format!("its data is not base64 ({})", chain(&e))),
         };
     match tokio::task::spawn_blocking(move || store.put(&bytes, None)).await {
         Ok(Ok(fields)) => ContentBlock::Image { fields },
-        Ok(Err(e)) => not_shown(e.to_string()),
-        Err(e) => not_shown(format!("it could not be kept ({e})")),
+        Ok(Err(e)) => not_shown(chain(&e).to_string()),
+        Err(e) => not_shown(format!("it could not be kept ({})", chain(&e))),
     }
 }
 

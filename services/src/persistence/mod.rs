@@ -12,6 +12,8 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dsh_supervisors::error::chain;
+
 use crate::llm::{ContentBlock, Message, MessageSource, Role};
 use crate::session::jsonl::{self, LoadError};
 use crate::session::{
@@ -46,21 +48,33 @@ pub enum StoreError {
     BadId(String),
     /// The file is not a loadable log (its line says where). Fatal until
     /// the file is repaired; nothing was changed.
-    #[error("{path}: {error}")]
+    #[error("cannot load {path}")]
     Load {
         /// The file.
         path: String,
         /// What is wrong.
+        #[source]
         error: LoadError,
     },
     /// The filesystem refused (a full disk, permissions). Retryable once the
     /// cause is fixed: a failed append left the file as it was.
-    #[error("{path}: {error}")]
+    #[error("{path}")]
     Io {
         /// The file or directory.
         path: String,
         /// The OS error.
+        #[source]
         error: std::io::Error,
+    },
+    /// The database refused (a locked or damaged file, a full disk).
+    /// Retryable once the cause is fixed: a failed write is rolled back.
+    #[error("the session database {path}")]
+    Database {
+        /// The database file.
+        path: String,
+        /// What SQLite said.
+        #[source]
+        error: rusqlite::Error,
     },
     /// The session grew since it was read (another process wrote it in
     /// between): writing on would repeat seqs. Retryable: read it again.
@@ -316,11 +330,11 @@ fn decode_frames(bytes: &[u8]) -> Result<(String, Option<u64>), LoadError> {
         };
         let frame = zstd::stream::decode_all(&rest[..size]).map_err(|e| LoadError::Frame {
             offset: at as u64,
-            reason: e.to_string(),
+            reason: chain(&e).to_string(),
         })?;
         let frame = String::from_utf8(frame).map_err(|e| LoadError::Frame {
             offset: at as u64,
-            reason: format!("not UTF-8: {e}"),
+            reason: format!("not UTF-8: {}", chain(&e)),
         })?;
         if !frame.is_empty() && !frame.ends_with('\n') {
             return Err(LoadError::Frame {
@@ -583,7 +597,7 @@ impl SessionPersistence for JsonlStore {
     fn locate(&self, id: &str) -> String {
         match self.path(id) {
             Ok(p) => p.display().to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => chain(&e).to_string(),
         }
     }
 

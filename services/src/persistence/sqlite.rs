@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{Loaded, SessionPersistence, SessionSummary, StoreError, load_parts, summarize};
@@ -42,28 +43,43 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn db_error(path: &Path, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io {
+/// What SQLite refused, at `path`.
+fn db_error(path: &Path, error: rusqlite::Error) -> StoreError {
+    StoreError::Database {
         path: path.display().to_string(),
-        error: std::io::Error::other(e.to_string()),
+        error,
     }
 }
 
-fn open(path: &Path) -> Result<Connection, String> {
-    let conn = Connection::open(path).map_err(|e| e.to_string())?;
-    conn.busy_timeout(Duration::from_secs(10))
-        .map_err(|e| e.to_string())?;
+/// A failure of the store itself at `path` (its thread, its directory).
+fn store_error(
+    path: &Path,
+    error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> StoreError {
+    StoreError::Io {
+        path: path.display().to_string(),
+        error: std::io::Error::other(error),
+    }
+}
+
+fn open(path: &Path) -> Result<Connection, StoreError> {
+    let db = |e| db_error(path, e);
+    let conn = Connection::open(path).map_err(db)?;
+    conn.busy_timeout(Duration::from_secs(10)).map_err(db)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(|e| format!("not a usable SQLite database: {e}"))?;
+        .map_err(db)?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(format!("cannot switch to WAL mode (got `{mode}`)"));
+        return Err(store_error(
+            path,
+            format!("cannot switch to WAL mode (got `{mode}`)"),
+        ));
     }
     conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
-        .map_err(|e| e.to_string())?;
+        .map_err(db)?;
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| e.to_string())?;
+        .map_err(db)?;
     match version {
         0 => conn
             .execute_batch(&format!(
@@ -82,15 +98,18 @@ fn open(path: &Path) -> Result<Connection, String> {
                  PRAGMA user_version = {SCHEMA_VERSION};
                  COMMIT;"
             ))
-            .map_err(|e| e.to_string()),
+            .map_err(db),
         SCHEMA_VERSION => Ok(()),
-        found => Err(format!(
-            "schema version {found} was written by {} dsh; this build reads version {SCHEMA_VERSION}",
-            if found > SCHEMA_VERSION {
-                "a newer"
-            } else {
-                "an older"
-            }
+        found => Err(store_error(
+            path,
+            format!(
+                "schema version {found} was written by {} dsh; this build reads version {SCHEMA_VERSION}",
+                if found > SCHEMA_VERSION {
+                    "a newer"
+                } else {
+                    "an older"
+                }
+            ),
         )),
     }?;
     Ok(conn)
@@ -101,7 +120,10 @@ impl SqliteStore {
     pub fn open(path: impl Into<PathBuf>) -> Result<SqliteStore, StoreError> {
         let path = path.into();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| db_error(dir, e))?;
+            std::fs::create_dir_all(dir).map_err(|error| StoreError::Io {
+                path: dir.display().to_string(),
+                error,
+            })?;
         }
         let (jobs, inbox): (SyncSender<Job>, Receiver<Job>) = sync_channel(64);
         let (ready_tx, ready) = sync_channel(1);
@@ -124,14 +146,22 @@ impl SqliteStore {
                     job(&mut conn);
                 }
             })
-            .map_err(|e| db_error(&path, e))?;
+            .map_err(|error| StoreError::Io {
+                path: path.display().to_string(),
+                error,
+            })?;
         match ready.recv_timeout(JOB_TIMEOUT) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 let _ = thread.join();
-                return Err(db_error(&path, e));
+                return Err(e);
             }
-            Err(e) => return Err(db_error(&path, format!("database thread: {e}"))),
+            Err(e) => {
+                return Err(store_error(
+                    &path,
+                    format!("database thread: {}", chain(&e)),
+                ));
+            }
         }
         Ok(SqliteStore {
             path,
@@ -157,14 +187,17 @@ impl SqliteStore {
         let sender = self
             .jobs
             .as_ref()
-            .ok_or_else(|| db_error(&self.path, "the store is closed"))?;
+            .ok_or_else(|| store_error(&self.path, "the store is closed"))?;
         sender
             .send(job)
-            .map_err(|_| db_error(&self.path, "the database thread has stopped"))?;
+            .map_err(|_| store_error(&self.path, "the database thread has stopped"))?;
         rx.recv_timeout(JOB_TIMEOUT).map_err(|e| {
-            db_error(
+            store_error(
                 &self.path,
-                format!("no answer from the database thread within {JOB_TIMEOUT:?}: {e}"),
+                format!(
+                    "no answer from the database thread within {JOB_TIMEOUT:?}: {}",
+                    chain(&e)
+                ),
             )
         })?
     }
@@ -291,7 +324,7 @@ impl SessionPersistence for SqliteStore {
             if let Some((first, _)) = rows.first()
                 && *first != next
             {
-                return Err(db_error(
+                return Err(store_error(
                     &path,
                     format!("append to `{id}` starts at seq {first} where {next} was expected"),
                 ));
@@ -320,7 +353,7 @@ impl SessionPersistence for SqliteStore {
                     path: self.where_(id),
                     error: LoadError::Line {
                         line: expected as usize + 2,
-                        reason: format!("event {expected}: {reason}"),
+                        reason: format!("event {expected}: {}", chain(&reason)),
                     },
                 }
             })?;

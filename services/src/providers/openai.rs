@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::{Context, Disposer, ListenOptions};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -344,7 +345,7 @@ fn deepseek_options(
     let effort = match body.get("reasoning_effort") {
         None | Some(Value::Null) => default,
         Some(Value::String(s)) => s.parse().map_err(|e: UnknownEffort| {
-            LlmFailure::new(code::UNSUPPORTED_REASONING_EFFORT, e.to_string())
+            LlmFailure::new(code::UNSUPPORTED_REASONING_EFFORT, chain(&e).to_string())
         })?,
         Some(other) => {
             return Err(LlmFailure::new(
@@ -566,7 +567,10 @@ impl Translator {
         let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
             LlmFailure::new(
                 code::MALFORMED_CHUNK,
-                format!("the provider sent an unreadable stream event: {e}"),
+                format!(
+                    "the provider sent an unreadable stream event: {}",
+                    chain(&e)
+                ),
             )
         })?;
         if let Some(err) = chunk.error {
@@ -1051,7 +1055,7 @@ fn async_stream(
                                 return Some((
                                     Err(LlmFailure::new(
                                         code::CONNECTION,
-                                        format!("cannot reach the endpoint: {e}"),
+                                        format!("cannot reach the endpoint: {}", chain(&e)),
                                     )),
                                     (State::Done, queue, cancel),
                                 ));
@@ -1124,7 +1128,10 @@ fn async_stream(
                                 let f = match e {
                                     crate::llm::sse::SseError::TooLarge { .. } => LlmFailure::new(
                                         code::MALFORMED_RESPONSE,
-                                        format!("the endpoint sent {e}; refusing to buffer more"),
+                                        format!(
+                                            "the endpoint sent {}; refusing to buffer more",
+                                            chain(&e)
+                                        ),
                                     ),
                                     crate::llm::sse::SseError::Transport(e) => LlmFailure::new(
                                         code::CONNECTION_LOST,

@@ -88,7 +88,7 @@ pub struct ScriptedModel {
 pub enum ScriptError {
     /// Not JSON of the script's shape (the message names the line, column
     /// and field).
-    #[error("invalid script: {0}")]
+    #[error("invalid script")]
     Json(#[from] serde_json::Error),
     /// `steps` is an empty list.
     #[error("invalid script: `steps` is empty")]

@@ -19,6 +19,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
+use dsh_supervisors::error::chain;
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, RulesetCreatedAttr,
     RulesetStatus, Scope, path_beneath_rules,
@@ -42,13 +43,13 @@ fn restrict(writable: &[&Path]) -> Result<bool, String> {
         .handle_access(all)
         .and_then(|r| r.scope(Scope::Signal))
         .and_then(|r| r.create())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
     created = created
         .add_rules(path_beneath_rules(["/"], AccessFs::from_read(ABI_ASKED)))
         .and_then(|r| r.add_rules(path_beneath_rules(["/dev/null"], all)))
         .and_then(|r| r.add_rules(path_beneath_rules(writable, all)))
-        .map_err(|e| e.to_string())?;
-    let status = created.restrict_self().map_err(|e| e.to_string())?;
+        .map_err(|e| chain(&e).to_string())?;
+    let status = created.restrict_self().map_err(|e| chain(&e).to_string())?;
     match status.ruleset {
         RulesetStatus::FullyEnforced => Ok(true),
         RulesetStatus::PartiallyEnforced => Ok(false),
@@ -65,7 +66,7 @@ pub(super) async fn probe() -> Result<bool, String> {
         .spawn(move || {
             let _ = tx.send(restrict(&[]));
         })
-        .map_err(|e| format!("cannot start a probe thread: {e}"))?;
+        .map_err(|e| format!("cannot start a probe thread: {}", chain(&e)))?;
     match tokio::time::timeout(PROBE_TIMEOUT, rx).await {
         Ok(Ok(verdict)) => verdict,
         Ok(Err(_)) => Err("the probe thread ended without an answer".into()),
@@ -83,7 +84,10 @@ pub(super) fn start(
 ) -> Result<(tokio::process::Child, Option<PrivateTmp>), SandboxError> {
     let tmp = match policy.mode {
         PermissionMode::WorkspaceWrite => Some(PrivateTmp::create().map_err(|e| {
-            SandboxError::Spawn(format!("cannot create a private temp directory: {e}"))
+            SandboxError::Spawn(format!(
+                "cannot create a private temp directory: {}",
+                chain(&e)
+            ))
         })?),
         _ => None,
     };
@@ -100,6 +104,6 @@ pub(super) fn start(
     let child = command(&argv[0], &argv[1..], &launch)
         .process_group(0)
         .spawn()
-        .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+        .map_err(|e| SandboxError::Spawn(chain(&e).to_string()))?;
     Ok((child, tmp))
 }

@@ -27,6 +27,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use serde::{Deserialize, Serialize};
 
 /// What the system prompt tells the model about the sandbox and
@@ -358,7 +359,9 @@ async fn on_own_thread(
                 let _ = parked.recv();
             }
         })
-        .map_err(|e| SandboxError::Spawn(format!("cannot start a spawner thread: {e}")))?;
+        .map_err(|e| {
+            SandboxError::Spawn(format!("cannot start a spawner thread: {}", chain(&e)))
+        })?;
     match tokio::time::timeout(SPAWN_TIMEOUT, rx).await {
         Ok(Ok(started)) => started.map(|s| (s, Spawner(keep))),
         Ok(Err(_)) => Err(SandboxError::Spawn(
@@ -439,8 +442,10 @@ impl Drop for Spawned {
         let reaped = !matches!(self.child.try_wait(), Ok(None));
         if !reaped {
             // What it started comes to us (the subreaper) when it dies:
-            // remember to reap it.
+            // remember to reap it. The leader is tokio's to reap; an exit
+            // waits for it too.
             lock(&ORPHANS).extend(descendants(pid as i32));
+            lock(&KILLED).insert(pid as i32);
         }
         kill_command(pid as i32, reaped);
     }
@@ -475,6 +480,23 @@ fn descendants(pid: i32) -> Vec<i32> {
 static ORPHANS: Mutex<std::collections::BTreeSet<i32>> =
     Mutex::new(std::collections::BTreeSet::new());
 
+/// Leaders of commands killed when dropped unreaped: tokio reaps them; an
+/// exit waits for those it has not reaped yet ([`end_commands`]).
+static KILLED: Mutex<std::collections::BTreeSet<i32>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Whether `pid` is a child of this process not reaped yet (running or a
+/// zombie), as `/proc` says.
+fn unreaped_child(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.split(' ').nth(1))
+        .is_some_and(|ppid| ppid == std::process::id().to_string())
+}
+
 /// Makes this process the reaper of its orphaned descendants, once: a
 /// killed command's processes (bwrap's inner one, a job's children) come
 /// to us instead of to a PID 1 that may never reap them.
@@ -482,7 +504,7 @@ fn adopt_orphans() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-            tracing::warn!("cannot become the subreaper of our commands: {e}");
+            tracing::warn!("cannot become the subreaper of our commands: {}", chain(&e));
         }
     });
 }
@@ -575,6 +597,10 @@ pub async fn end_commands() {
     // Listening before the kill: no exit goes unnoticed.
     let mut exits = signal(SignalKind::child()).ok();
     let groups = std::mem::take(&mut *lock(&RUNNING));
+    // Killed leaders tokio has not reaped yet are reaped here: nothing of
+    // ours outlives the process.
+    let killed = std::mem::take(&mut *lock(&KILLED));
+    lock(&ORPHANS).extend(killed.into_iter().filter(|&pid| unreaped_child(pid)));
     for &pgid in &groups {
         lock(&ORPHANS).extend(descendants(pgid));
         kill_command(pgid, false);
@@ -736,13 +762,14 @@ impl Sandbox {
     pub async fn spawn(&self, launch: Launch, policy: Policy) -> Result<Spawned, SandboxError> {
         adopt_orphans();
         reap_orphans();
+        lock(&KILLED).retain(|&pid| unreaped_child(pid));
         if !policy.confines() {
             let (child, spawner) = on_own_thread(move || {
                 let argv = guarded(&launch);
                 let child = command(&argv[0], &argv[1..], &launch)
                     .process_group(0)
                     .spawn()
-                    .map_err(|e| SandboxError::Spawn(e.to_string()))?;
+                    .map_err(|e| SandboxError::Spawn(chain(&e).to_string()))?;
                 Ok((child, None))
             })
             .await?;
@@ -763,7 +790,7 @@ impl Sandbox {
                 let path = path.clone();
                 let (child, spawner) = on_own_thread(move || {
                     let child = bwrap::command(&path, &launch, policy)
-                        .and_then(|mut cmd| cmd.spawn().map_err(|e| e.to_string()))
+                        .and_then(|mut cmd| cmd.spawn().map_err(|e| chain(&e).to_string()))
                         .map_err(|e| SandboxError::Spawn(format!("bwrap: {e}")))?;
                     Ok((child, None))
                 })
@@ -875,6 +902,6 @@ mod tests {
             assert_eq!(mode.as_str().parse::<PermissionMode>(), Ok(mode));
         }
         let err = "full".parse::<PermissionMode>().unwrap_err();
-        assert!(err.to_string().contains("`full`"));
+        assert!(chain(&err).to_string().contains("`full`"));
     }
 }

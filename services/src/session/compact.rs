@@ -10,6 +10,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
+use dsh_supervisors::error::chain;
 use serde_json::Value;
 
 use super::jsonl;
@@ -93,7 +94,7 @@ fn with_cached<T: 'static, R>(
     make: impl FnOnce() -> std::io::Result<T>,
     use_it: impl FnOnce(&mut T) -> std::io::Result<R>,
 ) -> Result<R, CompactError> {
-    let zstd = |e: std::io::Error| CompactError::Zstd(e.to_string());
+    let zstd = |e: std::io::Error| CompactError::Zstd(chain(&e).to_string());
     slot.with(|slot| {
         let mut slot = slot.borrow_mut();
         let made = match slot.as_mut() {
@@ -171,9 +172,10 @@ impl CompactLog {
             || zstd::bulk::Decompressor::with_prepared_dictionary(&dict.decoder),
             |d| d.decompress(&self.bytes, self.text_len),
         )?;
-        let text = String::from_utf8(text).map_err(|e| CompactError::Parse(e.to_string()))?;
+        let text =
+            String::from_utf8(text).map_err(|e| CompactError::Parse(chain(&e).to_string()))?;
         let (header, mut events) =
-            jsonl::parse(&text).map_err(|e| CompactError::Parse(e.to_string()))?;
+            jsonl::parse(&text).map_err(|e| CompactError::Parse(chain(&e).to_string()))?;
         let mut kept = self.headers.iter();
         for e in &mut events {
             if let EventData::RequestHeader { header, .. } = &mut e.data {

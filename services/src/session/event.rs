@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use dsh_supervisors::error::chain;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -420,7 +421,7 @@ trait Payload {
 
 impl Payload for Value {
     fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, EventError> {
-        serde_json::from_value(self).map_err(|e| EventError::Shape(e.to_string()))
+        serde_json::from_value(self).map_err(|e| EventError::Shape(chain(&e).to_string()))
     }
     fn into_value(self) -> Result<Value, EventError> {
         Ok(self)
@@ -429,10 +430,10 @@ impl Payload for Value {
 
 impl Payload for &serde_json::value::RawValue {
     fn parse<T: serde::de::DeserializeOwned>(self) -> Result<T, EventError> {
-        serde_json::from_str(self.get()).map_err(|e| EventError::Shape(e.to_string()))
+        serde_json::from_str(self.get()).map_err(|e| EventError::Shape(chain(&e).to_string()))
     }
     fn into_value(self) -> Result<Value, EventError> {
-        serde_json::from_str(self.get()).map_err(|e| EventError::Shape(e.to_string()))
+        serde_json::from_str(self.get()).map_err(|e| EventError::Shape(chain(&e).to_string()))
     }
 }
 

@@ -6,6 +6,7 @@
 //! each) and lines without `seq`/`time` (recorded fixtures), whose seq is
 //! their position. Every refusal names the line.
 
+use dsh_supervisors::error::chain;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -96,11 +97,12 @@ pub enum LineError {
         expected: u64,
     },
     /// The payload is not valid for its type.
-    #[error("`{kind}` event: {error}")]
+    #[error("`{kind}` event")]
     Event {
         /// The event type.
         kind: String,
         /// What is wrong with it.
+        #[source]
         error: EventError,
     },
     /// A type this build does not know, not marked `ignorable`.
@@ -183,7 +185,7 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
             Err(e) => {
                 return Err(LoadError::Line {
                     line: n,
-                    reason: format!("not a JSON event: {e}"),
+                    reason: format!("not a JSON event: {}", chain(&e)),
                 });
             }
         };
@@ -211,7 +213,8 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
                 });
             }
             _ => events.push(
-                event(envelope, events.len() as u64, prev_time).map_err(|e| fail(e.to_string()))?,
+                event(envelope, events.len() as u64, prev_time)
+                    .map_err(|e| fail(chain(&e).to_string()))?,
             ),
         }
     }
@@ -223,7 +226,7 @@ pub fn parse(text: &str) -> Result<(SessionHeader, Vec<SessionEvent>), LoadError
 /// refused here: they only occur in whole logs ([`parse`]).
 pub fn parse_event(line: &str, expected: u64, prev_time: u64) -> Result<SessionEvent, LineError> {
     let envelope: Envelope =
-        serde_json::from_str(line).map_err(|e| LineError::NotJson(e.to_string()))?;
+        serde_json::from_str(line).map_err(|e| LineError::NotJson(chain(&e).to_string()))?;
     if matches!(
         envelope.kind.as_str(),
         "text-chunks" | "reasoning-chunks" | "tool-call-chunks"
@@ -276,7 +279,8 @@ pub fn render_header(header: &SessionHeader) -> String {
 }
 
 fn parse_header(line: &str) -> Result<SessionHeader, LoadError> {
-    let value: Value = serde_json::from_str(line).map_err(|e| LoadError::Header(e.to_string()))?;
+    let value: Value =
+        serde_json::from_str(line).map_err(|e| LoadError::Header(chain(&e).to_string()))?;
     if value.get("type").and_then(Value::as_str) != Some("session") {
         return Err(LoadError::Header(
             "the first line must have `\"type\": \"session\"`".into(),
@@ -300,7 +304,7 @@ fn parse_header(line: &str) -> Result<SessionHeader, LoadError> {
     if let Some(map) = obj.as_object_mut() {
         map.remove("type");
     }
-    serde_json::from_value(obj).map_err(|e| LoadError::Header(e.to_string()))
+    serde_json::from_value(obj).map_err(|e| LoadError::Header(chain(&e).to_string()))
 }
 
 fn expand(

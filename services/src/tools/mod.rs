@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsh_supervisors::Context;
+use dsh_supervisors::error::chain;
 use futures::future::BoxFuture;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -208,7 +209,8 @@ impl ToolContext {
     /// The arguments as the tool's argument struct (the pipeline has
     /// validated them against [`parameters`] of the same struct).
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ToolError> {
-        T::deserialize(&self.args).map_err(|e| ToolError::new("INVALID_ARGS", e.to_string()))
+        T::deserialize(&self.args)
+            .map_err(|e| ToolError::new("INVALID_ARGS", chain(&e).to_string()))
     }
 }
 

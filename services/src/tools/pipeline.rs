@@ -3,6 +3,7 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::events::{BailFn, WaterfallFn, panic_text};
 use dsh_supervisors::{Bail, Context, Emit, Event, Target, Waterfall};
 use futures::FutureExt;
@@ -130,7 +131,7 @@ pub struct PipelineOutcome {
 }
 
 fn listener_failure(e: dsh_supervisors::Error) -> ToolError {
-    ToolError::new("PANICKED", e.to_string())
+    ToolError::new("PANICKED", chain(&e).to_string())
 }
 
 /// Runs one call through the whole pipeline, in the order the module docs
@@ -270,13 +271,13 @@ async fn prepare(
     let args: Value = serde_json::from_str(raw).map_err(|e| {
         ToolError::new(
             "INVALID_ARGS",
-            format!("the arguments are not valid JSON: {e}"),
+            format!("the arguments are not valid JSON: {}", chain(&e)),
         )
     })?;
     tool.validate(&args).map_err(|e| {
         ToolError::new(
             "INVALID_ARGS",
-            format!("the arguments do not match the schema: {e}"),
+            format!("the arguments do not match the schema: {}", chain(&e)),
         )
     })?;
     let events = ctx.events();

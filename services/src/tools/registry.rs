@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use dsh_supervisors::error::chain;
 use dsh_supervisors::registry::{RegisterError, SharedLayers, register_scoped};
 use dsh_supervisors::scope::{NamedEntries, ScopeKey, ScopeLayer, ScopedLayers};
 use dsh_supervisors::{Context, Disposer};
@@ -41,9 +42,9 @@ impl RegisteredTool {
             .map(|e| {
                 let path = e.instance_path().to_string();
                 if path.is_empty() {
-                    e.to_string()
+                    chain(&e).to_string()
                 } else {
-                    format!("{path}: {e}")
+                    format!("{path}: {}", chain(&e))
                 }
             })
             .collect();
@@ -136,7 +137,7 @@ impl ToolRegistry {
             jsonschema::validator_for(&schema.parameters).map_err(|e| RegisterError::Invalid {
                 what: "tool",
                 name: schema.name.clone(),
-                reason: format!("its parameter schema does not compile: {e}"),
+                reason: format!("its parameter schema does not compile: {}", chain(&e)),
             })?;
         let name = schema.name.clone();
         let entry = Arc::new(RegisteredTool {

@@ -1,6 +1,7 @@
 //! Images: sniffed from their bytes, kept by content address, read back
 //! checked, and put on the wire as image parts or described in text.
 
+use dsh_supervisors::error::chain;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -84,13 +85,8 @@ fn the_store_keeps_images_by_content_and_checks_what_it_reads_back() {
     }
     let hex = &id[7..];
     std::fs::write(dir.join("v1").join(&hex[..2]).join(hex), png(5, 5)).unwrap();
-    assert!(
-        store
-            .get(&id)
-            .unwrap_err()
-            .to_string()
-            .contains("do not match")
-    );
+    let err = chain(&store.get(&id).unwrap_err()).to_string();
+    assert!(err.contains("do not match"), "{err}");
 }
 
 fn history(messages: Vec<Message>) -> History {

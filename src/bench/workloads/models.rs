@@ -12,6 +12,7 @@ use dsh_services::llm::{
 };
 use dsh_services::providers::scripted::chunks_for;
 use dsh_services::tools::{Tool, ToolContext, ToolError, ToolOutput};
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
@@ -210,7 +211,7 @@ impl Tool for Delegate {
                 .subagents
                 .start(provider, request)
                 .await
-                .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+                .map_err(|e| ToolError::new(e.code(), chain(&e).to_string()))?;
             let result = run.result().await;
             if result.stop_reason != StopReason::Completed {
                 return Err(ToolError::failed(format!(

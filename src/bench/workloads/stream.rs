@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use dsh_supervisors::BoxError;
+use dsh_supervisors::error::chain;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -150,8 +151,8 @@ impl Outside {
                                 .get(&watch.url)
                                 .send()
                                 .await
-                                .map_err(|e| e.to_string()),
-                            Err(e) => Err(e.to_string()),
+                                .map_err(|e| chain(&e).to_string()),
+                            Err(e) => Err(chain(&e).to_string()),
                         };
                         let response = match sent {
                             Ok(r) => r,

@@ -31,6 +31,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::error::chain;
 use crate::runtime::plugin::{Catalogue, CatalogueEntry, ValidConfig};
 
 pub use diff::{Diff, diff};
@@ -199,7 +200,7 @@ impl Source {
                             line: None,
                             entry: None,
                             path: String::new(),
-                            reason: format!("cannot read the file: {e}"),
+                            reason: format!("cannot read the file: {}", chain(&e)),
                         }],
                     });
                 }

@@ -9,6 +9,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use super::Problem;
+use crate::error::chain;
 
 /// Where a YAML node came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -198,7 +199,7 @@ impl Parser {
             Ok(r) => r,
             Err(e) => {
                 let line = e.location().map(|l| l.line());
-                let reason = e.to_string();
+                let reason = chain(&e).to_string();
                 let first = reason.lines().next().unwrap_or("invalid YAML").to_owned();
                 self.problems.push(Problem {
                     file: file.to_string(),

@@ -14,6 +14,7 @@ use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, Message, RpcReplyPort, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 
+use crate::error::chain;
 use crate::error::{Error, Result};
 use crate::events::{
     Bail, BailFn, Emit, EmitFn, Events, ListenOptions, Next, Owner, Parallel, ParallelFn, Serial,
@@ -537,10 +538,12 @@ async fn spawn_counted<A: Actor>(
             Ok((r, node))
         }
         Err(e) => {
-            ctx.rt
-                .tree()
-                .stopped(id, Status::Failed, &format!("failed to start: {e}"));
-            Err(Error::Spawn(e.to_string()))
+            ctx.rt.tree().stopped(
+                id,
+                Status::Failed,
+                &format!("failed to start: {}", chain(&e)),
+            );
+            Err(Error::Spawn(chain(&e).to_string()))
         }
     }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::io::AsyncReadExt;
@@ -74,17 +75,17 @@ async fn background(
         .map(|s| s.session_id());
     let job = jobs
         .admit("bash", command, owner)
-        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        .map_err(|e| ToolError::new(e.code(), chain(&e).to_string()))?;
     let spawned = match sandbox.spawn(launch, cx.policy).await {
         Ok(s) => s,
         Err(e) => {
-            job.settle(JobStatus::Failed, Some(e.to_string()));
-            return Err(ToolError::new(e.code(), e.to_string()));
+            job.settle(JobStatus::Failed, Some(chain(&e).to_string()));
+            return Err(ToolError::new(e.code(), chain(&e).to_string()));
         }
     };
     run_job(&cx.ctx, &jobs, job.clone(), spawned, Some(marker))
         .await
-        .map_err(|e| ToolError::failed(format!("the job could not start: {e}")))?;
+        .map_err(|e| ToolError::failed(format!("the job could not start: {}", chain(&e))))?;
     let text = format!(
         "started background job {id}: {label}\nYou are told when it finishes; read its output with job_output (job_id: \"{id}\") and stop it with job_kill.",
         id = job.id,
@@ -282,7 +283,7 @@ impl Tool for Bash {
             let spawned = sandbox
                 .spawn(launch, cx.policy)
                 .await
-                .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+                .map_err(|e| ToolError::new(e.code(), chain(&e).to_string()))?;
             let backend = spawned.backend.clone();
             let mut guard = spawned;
             let child = &mut guard.child;
@@ -363,7 +364,7 @@ impl Tool for Bash {
                     ));
                 }
             }
-            let code = status.map_err(|e| ToolError::failed(format!("bash did not exit cleanly: {e}")))?.code();
+            let code = status.map_err(|e| ToolError::failed(format!("bash did not exit cleanly: {}", chain(&e))))?.code();
             match code {
                 Some(0) => {}
                 Some(c) => text.push_str(&format!("\n[exit code: {c}]")),

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -64,7 +65,9 @@ impl Tool for ReadImage {
             let name = shown.file_name().map(|n| n.to_string_lossy().into_owned());
             let fields = tokio::task::spawn_blocking(move || store.put(&bytes, name.as_deref()))
                 .await
-                .map_err(|e| ToolError::failed(format!("the image could not be kept: {e}")))?
+                .map_err(|e| {
+                    ToolError::failed(format!("the image could not be kept: {}", chain(&e)))
+                })?
                 .map_err(|e| ToolError::new("NOT_AN_IMAGE", format!("{}: {e}", shown.display())))?;
             let said = format!(
                 "{}: {}, {}x{}",

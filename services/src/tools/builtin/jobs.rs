@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -30,7 +31,7 @@ fn job(cx: &ToolContext, id: &str) -> Result<(Arc<Jobs>, Arc<Job>), ToolError> {
     let (jobs, caller) = access(cx)?;
     let job = jobs
         .get(id, caller.as_deref())
-        .map_err(|e| ToolError::new(e.code(), e.to_string()))?;
+        .map_err(|e| ToolError::new(e.code(), chain(&e).to_string()))?;
     Ok((jobs, job))
 }
 

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -63,7 +64,12 @@ fn matcher(pattern: &str) -> Result<globset::GlobMatcher, ToolError> {
         .literal_separator(true)
         .build()
         .map(|g| g.compile_matcher())
-        .map_err(|e| ToolError::new("INVALID_ARGS", format!("bad glob `{pattern}`: {e}")))
+        .map_err(|e| {
+            ToolError::new(
+                "INVALID_ARGS",
+                format!("bad glob `{pattern}`: {}", chain(&e)),
+            )
+        })
 }
 
 fn search_root(cx: &ToolContext, path: Option<&str>) -> Result<PathBuf, ToolError> {
@@ -78,7 +84,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, ToolError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ToolError::failed(format!("the search task failed: {e}")))
+        .map_err(|e| ToolError::failed(format!("the search task failed: {}", chain(&e))))
 }
 
 /// `glob`: files matching a pattern, newest first.
@@ -198,7 +204,10 @@ impl Tool for Grep {
             let args: GrepArgs = cx.parse()?;
             let pattern = args.pattern;
             let re = regex::Regex::new(&pattern).map_err(|e| {
-                ToolError::new("INVALID_ARGS", format!("bad regular expression: {e}"))
+                ToolError::new(
+                    "INVALID_ARGS",
+                    format!("bad regular expression: {}", chain(&e)),
+                )
             })?;
             let include = match args.include.as_deref() {
                 Some(i) if !i.is_empty() => Some(matcher(i)?),

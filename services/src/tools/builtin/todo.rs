@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
@@ -75,7 +76,7 @@ impl Tool for TodoWrite {
                 .append_log_only(EventData::TodoWrite {
                     todos: todos.clone(),
                 })
-                .map_err(|e| ToolError::failed(e.to_string()))?;
+                .map_err(|e| ToolError::failed(chain(&e).to_string()))?;
             let mut text = String::from("Todo list updated:\n");
             for t in &todos {
                 let mark = match t.status {

@@ -12,6 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsh_supervisors::error::chain;
 use futures::FutureExt;
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -136,9 +137,12 @@ async fn fetch(settings: &WebFetchSettings, url: &str) -> Result<String, ToolErr
         {
             builder = builder.resolve_to_addrs(&host, &addrs);
         }
-        let client = builder
-            .build()
-            .map_err(|e| err("WEB_PROVIDER_ERROR", format!("no HTTP client: {e}")))?;
+        let client = builder.build().map_err(|e| {
+            err(
+                "WEB_PROVIDER_ERROR",
+                format!("no HTTP client: {}", chain(&e)),
+            )
+        })?;
         let response = client
             .get(url.clone())
             .header(
@@ -147,7 +151,12 @@ async fn fetch(settings: &WebFetchSettings, url: &str) -> Result<String, ToolErr
             )
             .send()
             .await
-            .map_err(|e| err("WEB_PROVIDER_ERROR", format!("cannot fetch {url}: {e}")))?;
+            .map_err(|e| {
+                err(
+                    "WEB_PROVIDER_ERROR",
+                    format!("cannot fetch {url}: {}", chain(&e)),
+                )
+            })?;
         let status = response.status();
         if status.is_redirection() {
             let next = response
@@ -192,8 +201,12 @@ async fn fetch(settings: &WebFetchSettings, url: &str) -> Result<String, ToolErr
 
 /// An http(s) URL without credentials.
 fn parse(raw: &str) -> Result<Url, ToolError> {
-    let url = Url::parse(raw.trim())
-        .map_err(|e| err("WEB_INVALID_URL", format!("`{raw}` is not a URL: {e}")))?;
+    let url = Url::parse(raw.trim()).map_err(|e| {
+        err(
+            "WEB_INVALID_URL",
+            format!("`{raw}` is not a URL: {}", chain(&e)),
+        )
+    })?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(err(
             "WEB_INVALID_URL",
@@ -231,7 +244,12 @@ async fn resolve(
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::net::lookup_host((bare.as_str(), port))
             .await
-            .map_err(|e| err("WEB_PROVIDER_ERROR", format!("cannot resolve {host}: {e}")))?
+            .map_err(|e| {
+                err(
+                    "WEB_PROVIDER_ERROR",
+                    format!("cannot resolve {host}: {}", chain(&e)),
+                )
+            })?
             .collect(),
     };
     if addrs.is_empty() {
@@ -305,7 +323,7 @@ async fn read_capped(
         let chunk = chunk.map_err(|e| {
             err(
                 "WEB_PROVIDER_ERROR",
-                format!("{url}: the body broke off: {e}"),
+                format!("{url}: the body broke off: {}", chain(&e)),
             )
         })?;
         if body.len() + chunk.len() > max {
@@ -346,7 +364,7 @@ fn render(url: &Url, kind: &str, body: &[u8], max_chars: usize) -> Result<String
         "text/html" | "application/xhtml+xml" => markdown().convert(&text).map_err(|e| {
             err(
                 "WEB_PROVIDER_ERROR",
-                format!("{url}: the page could not be read: {e}"),
+                format!("{url}: the page could not be read: {}", chain(&e)),
             )
         })?,
         m if m.starts_with("text/")

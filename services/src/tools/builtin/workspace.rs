@@ -25,6 +25,7 @@ use std::io::{Read as _, Write as _};
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
+use dsh_supervisors::error::chain;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::sys::stat::Mode;
@@ -226,8 +227,9 @@ impl Place {
                 Err(e) => return Err(refusal_of(e, given, root, &root.join(&done))),
             }
             let parent_fd = if above.as_os_str().is_empty() {
-                dir.try_clone()
-                    .map_err(|e| ToolError::failed(format!("cannot reopen the workspace: {e}")))?
+                dir.try_clone().map_err(|e| {
+                    ToolError::failed(format!("cannot reopen the workspace: {}", chain(&e)))
+                })?
             } else {
                 beneath(&dir, &above, directory)
                     .map_err(|e| refusal_of(e, given, root, &root.join(&above)))?
@@ -311,9 +313,9 @@ fn beneath(dir: &OwnedFd, rel: &Path, flags: OFlag) -> Result<OwnedFd, Errno> {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
 ) -> Result<T, ToolError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ToolError::failed(format!("the file operation did not finish: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ToolError::failed(format!("the file operation did not finish: {}", chain(&e)))
+    })?
 }
 
 fn canonical_root(cwd: &Path) -> Result<PathBuf, ToolError> {
@@ -353,7 +355,7 @@ pub fn confine(root: &Path, given: &str) -> Result<PathBuf, ToolError> {
     let start = root.join(given);
     let resolved = resolve(&start).map_err(|why| match why {
         Resolve::Loop => outside(given, &root),
-        Resolve::Io(e) => ToolError::failed(format!("cannot resolve {given}: {e}")),
+        Resolve::Io(e) => ToolError::failed(format!("cannot resolve {given}: {}", chain(&e))),
     })?;
     if !resolved.starts_with(&root) {
         return Err(outside(given, &root));

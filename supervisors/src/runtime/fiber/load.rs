@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use super::actor::{FiberActor, FiberState};
 use super::teardown::{TEARDOWN_CHAIN, unload};
 use super::{ChildEntry, ChildKind, FiberInner, FiberShared, LoadSpec, Phase};
+use crate::error::chain;
 use crate::error::{Error, Result};
 use crate::events::panic_text;
 use crate::policy::ChildPolicy;
@@ -160,7 +161,7 @@ pub(crate) async fn spawn_fiber(
         Ok(ok) => ok,
         Err(e) => {
             rt.tree().stopped(id, Status::Failed, "spawn failed");
-            return Err(Error::Spawn(e.to_string()));
+            return Err(Error::Spawn(chain(&e).to_string()));
         }
     };
     let pid = actor.get_id().pid();

@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::teardown::{abort_tasks, stop_children};
 use super::{ChildEntry, ChildKind, FiberShared};
 use crate::error::Result;
+use crate::error::chain;
 use crate::policy::{Restart, Strategy};
 use crate::runtime::Runtime;
 use crate::runtime::context::Context;
@@ -122,7 +123,7 @@ pub(super) async fn on_child_exit(
             continue;
         }
         if let Err(e) = restart_child(rt, fiber, seq, entry).await {
-            return Some(format!("could not restart a child: {e}"));
+            return Some(format!("could not restart a child: {}", chain(&e)));
         }
     }
     rt.tree()
