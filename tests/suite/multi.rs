@@ -43,6 +43,27 @@ fn headers(dir: &Path) -> Vec<serde_json::Value> {
     out
 }
 
+/// The README's tour runs `demo/fan.js` from the repository: three children
+/// by default, one per topic given with `--args`.
+#[test]
+fn the_tours_workflow_script_fans_out_to_its_topics() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/fan.js");
+    let script = script.to_str().unwrap();
+    for (args, topics) in [(None, 3), (Some(r#"{"topics":["a","b"]}"#), 2)] {
+        let mut argv = vec!["workflow", script, "--demo-model", "--cwd", "."];
+        argv.extend(args.map(|a| ["--args", a]).into_iter().flatten());
+        let run = dsh(&argv, &dir);
+        let (out, err) = (text(&run.stdout), text(&run.stderr));
+        assert!(run.status.success(), "{out}\n{err}");
+        let result: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let lines = result["lines"].as_array().unwrap();
+        assert_eq!(lines.len(), topics, "{out}");
+        assert_eq!(err.matches("child session:").count(), topics, "{err}");
+    }
+}
+
 #[test]
 fn the_demo_runs_a_fan_out_and_a_ralph_loop_and_says_where_the_logs_are() {
     let _sweep = crate::suite::sweep();
