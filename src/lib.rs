@@ -4,6 +4,8 @@
 //! Modules in layers: each imports only modules above it in this list.
 //! - [`out`]: stdout and stderr that a closed reader does not crash
 //!   (`out!`, `outln!`, `err!`, `errln!`).
+//! - [`lines`]: how a run's lines read (where a child runs, how it ended,
+//!   its time and tokens) and text from outside made inert for a terminal.
 //! - [`exit`]: how a command ends (exit codes, library errors turned into them).
 //! - [`home`]: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`args`]: the options every agent-creating command shares (model,
@@ -42,6 +44,7 @@ pub mod catalogue;
 pub mod config;
 pub mod exit;
 pub mod home;
+pub mod lines;
 pub mod multi;
 pub mod node;
 pub mod out;

@@ -30,6 +30,7 @@ use crate::args::{
     StoreArgs, WorkspaceArgs,
 };
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
+use crate::lines::{self, inert_line};
 use crate::stage::{Route, route, store};
 
 /// A booted runtime with a coordinator agent.
@@ -396,57 +397,55 @@ async fn run_workflow(
     let failed = failures.clone();
     let labels = std::sync::Mutex::new(std::collections::HashMap::new());
     let show_at = if tree { tree_at.max(1) } else { tree_at };
-    let listener = root.on(move |u: &WorkflowUpdate| match u.kind {
-        "workflow/phase" => crate::errln!(
-            "[{}] phase: {}",
-            u.name,
-            u.data["title"].as_str().unwrap_or_default()
-        ),
-        "workflow/log" => crate::errln!(
-            "[{}] {}",
-            u.name,
-            u.data["message"].as_str().unwrap_or_default()
-        ),
-        "workflow/agent-start" => {
-            let n = count.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Ok(mut labels) = labels.lock() {
-                labels.insert(u.data["seq"].to_string(), u.data["label"].clone());
-            }
-            crate::errln!(
-                "[{}] agent #{} started: {} (session {})",
-                u.name,
-                u.data["seq"],
-                u.data["label"].as_str().unwrap_or("-"),
-                u.data["child"].as_str().unwrap_or_default()
-            );
-            if show_at > 0 && n == show_at {
-                shown.due();
-            }
-        }
-        "workflow/agent-end" => {
-            let outcome = u.data["outcome"].as_str().unwrap_or_default();
-            crate::errln!("[{}] agent #{} {outcome}", u.name, u.data["seq"]);
-            if outcome != "completed" {
-                let seq = u.data["seq"].to_string();
-                let label = labels
-                    .lock()
-                    .ok()
-                    .and_then(|l| l.get(&seq).and_then(|v| v.as_str().map(str::to_owned)))
-                    .unwrap_or_else(|| "-".into());
-                let why = u.data["diagnostic"]
-                    .as_str()
-                    .map(|d| format!(": {}", d.lines().next().unwrap_or_default()))
-                    .unwrap_or_default();
-                let line = format!(
-                    "agent #{seq} {label} (session {}) ended {outcome}{why}",
-                    u.data["child"].as_str().unwrap_or_default()
+    let text = |v: &Value| inert_line(v.as_str().unwrap_or_default());
+    let listener = root.on(move |u: &WorkflowUpdate| {
+        let name = inert_line(&u.name);
+        match u.kind {
+            "workflow/phase" => crate::errln!("[{name}] phase: {}", text(&u.data["title"])),
+            "workflow/log" => crate::errln!("[{name}] {}", text(&u.data["message"])),
+            "workflow/agent-start" => {
+                let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+                let label = match u.data["label"].as_str() {
+                    Some(l) => inert_line(l),
+                    None => "-".to_owned(),
+                };
+                let node = u.data["node"].as_str();
+                crate::errln!(
+                    "[{name}] agent #{} started: {label}{} (session {})",
+                    u.data["seq"],
+                    lines::place(node),
+                    text(&u.data["child"])
                 );
-                if let Ok(mut f) = failed.lock() {
-                    f.push(line);
+                if let Ok(mut labels) = labels.lock() {
+                    labels.insert(u.data["seq"].to_string(), (label, node.map(str::to_owned)));
+                }
+                if show_at > 0 && n == show_at {
+                    shown.due();
                 }
             }
+            "workflow/agent-end" => {
+                let seq = u.data["seq"].to_string();
+                let (label, node) = labels
+                    .lock()
+                    .ok()
+                    .and_then(|l| l.get(&seq).cloned())
+                    .unwrap_or_else(|| ("-".into(), None));
+                let ending = lines::Ending::from_update(&u.data);
+                let on = lines::place(node.as_deref());
+                crate::errln!("[{name}] agent #{seq} {label}{on} {ending}");
+                if !ending.completed() {
+                    let line = format!(
+                        "agent #{seq} {label}{} (session {}) {ending}",
+                        lines::place(node.as_deref()),
+                        text(&u.data["child"])
+                    );
+                    if let Ok(mut f) = failed.lock() {
+                        f.push(line);
+                    }
+                }
+            }
+            _ => {}
         }
-        _ => {}
     });
     let mut request = WorkflowRequest::new(&stage.coordinator, script, meta);
     request.args = args;
@@ -616,7 +615,11 @@ async fn run_ralph(
         if !label.starts_with("ralph round") {
             return;
         }
-        crate::errln!("{label}: worker session {}", s.info.child);
+        crate::errln!(
+            "{label}{}: worker session {}",
+            lines::place(s.info.node.as_deref()),
+            s.info.child
+        );
         if tree_at_round.is_some_and(|n| label == format!("ralph round {n}")) {
             shown.due();
         }
@@ -654,13 +657,13 @@ async fn run_ralph(
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default(),
-            r.handoff.summary
+            inert_line(&r.handoff.summary)
         );
     }
     crate::outln!(
         "Ralph loop {}: {} ({} rounds)",
         result.run_id,
-        result.outcome.describe(),
+        inert_line(&result.outcome.describe()),
         result.rounds
     );
     if let Some(last) = &result.last {
@@ -673,7 +676,7 @@ async fn run_ralph(
         RalphOutcome::Complete | RalphOutcome::BudgetLimited => Exit::ok(),
         RalphOutcome::Blocked => Exit::with(BLOCKED, Some("the worker reported a blocker")),
         RalphOutcome::CircuitOpen => Exit::with(BLOCKED, Some("the loop made no progress")),
-        RalphOutcome::Failed { .. } => Exit::failed(result.outcome.describe()),
+        RalphOutcome::Failed { .. } => Exit::failed(inert_line(&result.outcome.describe())),
         RalphOutcome::Cancelled { .. } => match stopped {
             Some(stop) => stop.exit("cancelled"),
             None => Exit::with(CANCELLED, Some("cancelled")),

@@ -3,10 +3,10 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dsh_actors::agent::{Agent, AgentError, AgentSpec};
+use dsh_actors::agent::{Agent, AgentError, AgentSpec, TurnSummary};
 use dsh_services::llm::{ContentBlock, StreamChunk};
 use dsh_services::persistence::{JsonlStore, SessionPersistence};
 use dsh_services::session::{EventData, TurnEndReason};
@@ -16,6 +16,7 @@ use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
 use crate::exit::{self, Exit};
+use crate::lines::{self, inert, inert_line};
 use crate::stage::{Route, route, store};
 
 /// `dsh run`: the options.
@@ -30,7 +31,8 @@ pub struct RunArgs {
     /// Print the actor tree on stderr at the end.
     #[arg(long)]
     pub tree: bool,
-    /// Do not show the model's reasoning (shown dimmed on stderr otherwise).
+    /// Do not show the model's reasoning (shown dimmed on stderr otherwise),
+    /// nor the closing line (session, end, steps, tool calls, tokens, time).
     #[arg(long, short)]
     pub quiet: bool,
     /// Write the session log (JSONL) to this file instead of the store.
@@ -170,12 +172,68 @@ fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
     }
 }
 
-/// Prints what the agent does as it happens.
-fn observe(agent: &Agent, json: bool, quiet: bool, spinner: Option<Arc<AtomicU8>>) {
+/// What a turn spent, counted from its events as they come.
+#[derive(Default)]
+struct Tally {
+    input: AtomicU64,
+    output: AtomicU64,
+    tool_calls: AtomicU64,
+}
+
+impl Tally {
+    fn count(&self, data: &EventData) {
+        match data {
+            EventData::AssistantMessage { usage: Some(u), .. } => {
+                let cached = u.cache_read_tokens.unwrap_or(0);
+                self.input
+                    .fetch_add(u.input_tokens + cached, Ordering::Relaxed);
+                self.output.fetch_add(u.output_tokens, Ordering::Relaxed);
+            }
+            EventData::ToolCall { .. } => {
+                self.tool_calls.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// The closing line: `session 3e17803d (<full id>) completed in 4.2 s
+    /// · 3 steps · 2 tool calls · 1.2k in / 310 out tokens`.
+    fn line(&self, id: &str, summary: Option<&TurnSummary>, elapsed: Duration) -> String {
+        let short: String = id.chars().take(8).collect();
+        let how = match summary.map(|s| &s.reason) {
+            Some(TurnEndReason::Completed) => "completed in",
+            Some(TurnEndReason::MaxTokens) => "stopped at the output limit after",
+            Some(TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted) => "aborted after",
+            Some(TurnEndReason::Blocked) => "blocked after",
+            Some(TurnEndReason::Error { .. }) | None => "failed after",
+        };
+        let steps = summary.map_or(0, |s| s.steps);
+        let calls = self.tool_calls.load(Ordering::Relaxed);
+        format!(
+            "session {short} ({id}) {how} {} · {steps} step{} · {calls} tool call{} · {} in / {} out tokens",
+            lines::duration(elapsed),
+            if steps == 1 { "" } else { "s" },
+            if calls == 1 { "" } else { "s" },
+            lines::tokens(self.input.load(Ordering::Relaxed)),
+            lines::tokens(self.output.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+/// Prints what the agent does as it happens; model and tool text is made
+/// inert first (no escape sequence reaches the terminal).
+fn observe(
+    agent: &Agent,
+    json: bool,
+    quiet: bool,
+    spinner: Option<Arc<AtomicU8>>,
+    tally: Arc<Tally>,
+) {
     // Dimmed on a terminal; plain text when stderr is a file or a pipe.
     let dim = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let reasoning = std::sync::atomic::AtomicBool::new(false);
     agent.session().observe(Arc::new(move |e| {
+        tally.count(&e.data);
         if json {
             crate::outln!("{}", e.to_line());
             return;
@@ -210,11 +268,11 @@ fn observe(agent: &Agent, json: bool, quiet: bool, spinner: Option<Arc<AtomicU8>
                 if !reasoning.swap(true, Ordering::Relaxed) && dim {
                     crate::err!("\x1b[2m");
                 }
-                crate::err!("{text}");
+                crate::err!("{}", inert(text));
             }
             Some(StreamChunk::TextDelta { text, .. }) => {
                 phase(&spinner, IDLE);
-                crate::out!("{text}");
+                crate::out!("{}", inert(text));
                 let _ = std::io::stdout().flush();
             }
             _ => {}
@@ -228,7 +286,7 @@ fn observe(agent: &Agent, json: bool, quiet: bool, spinner: Option<Arc<AtomicU8>
             } => {
                 phase(&spinner, IDLE);
                 let args: String = arguments.chars().take(160).collect();
-                crate::errln!("\n▸ {name} {args}");
+                crate::errln!("\n▸ {} {}", inert_line(name), inert_line(&args));
                 phase(&spinner, TOOLS);
             }
             EventData::ToolResult { message, error, .. } => {
@@ -246,9 +304,11 @@ fn observe(agent: &Agent, json: bool, quiet: bool, spinner: Option<Arc<AtomicU8>
                     })
                     .collect();
                 match error {
-                    Some(err) => {
-                        crate::errln!("  ✗ {}: {}", err.code, text.lines().next().unwrap_or(""))
-                    }
+                    Some(err) => crate::errln!(
+                        "  ✗ {}: {}",
+                        inert_line(&err.code),
+                        inert_line(text.lines().next().unwrap_or(""))
+                    ),
                     None => crate::errln!("  ✓ {} lines", text.lines().count()),
                 }
             }
@@ -311,7 +371,9 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     } else {
         None
     };
-    observe(&agent, args.json, args.quiet, spinner);
+    let tally = Arc::new(Tally::default());
+    observe(&agent, args.json, args.quiet, spinner, tally.clone());
+    let began = std::time::Instant::now();
     let mut stopped = None;
     let outcome = tokio::select! {
         r = agent.run(&args.prompt, Duration::from_secs(6 * 3600)) => r,
@@ -333,6 +395,10 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         .map(|e| format!("the session log was not fully written: {}", chain(&e)));
     if args.tree {
         crate::err!("{}", render(&rt.tree().snapshot()));
+    }
+    if !args.quiet {
+        let summary = outcome.as_ref().ok();
+        crate::errln!("{}", tally.line(agent.id(), summary, began.elapsed()));
     }
     // A turn that went well but is not all on disk is not done: exit 1.
     match (ended(outcome, stopped), unwritten) {

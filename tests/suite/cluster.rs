@@ -323,7 +323,7 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
             .recv_timeout(Duration::from_secs(60))
             .expect("the workflow reports its children");
         started += usize::from(line.contains("started:"));
-        completed += usize::from(line.ends_with(" completed"));
+        completed += usize::from(line.contains(" completed in "));
     }
     // b's children are mid-turn (their command sleeps): kill -9 the node.
     super::until_blocking("b's children never ran their command", || {
@@ -337,13 +337,39 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
     // The run ended; two of its children failed, and it says so.
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(err.contains("2 of 4 children failed"), "{err}");
-    assert_eq!(err.matches("NODE_DOWN").count(), 2, "{err}");
+    // Each child says where it ran, and each lost one why, as it ends
+    // and in the list at the end.
+    for node in ["b", "c"] {
+        let on = format!(" on {node} (session ");
+        let started = err
+            .lines()
+            .filter(|l| l.contains("started:") && l.contains(&on));
+        assert_eq!(started.count(), 2, "{node}: {err}");
+        let ended = format!(" on {node} ");
+        let ended = err
+            .lines()
+            .filter(|l| l.starts_with("[fan]") && !l.contains("started:") && l.contains(&ended));
+        assert_eq!(ended.count(), 2, "{node}: {err}");
+    }
+    let lost: Vec<&str> = err.lines().filter(|l| l.contains("NODE_DOWN")).collect();
+    assert_eq!(lost.len(), 4, "{err}");
+    assert!(
+        lost.iter().all(|l| l.contains(" failed after ")),
+        "{lost:?}"
+    );
+    assert_eq!(
+        lost.iter()
+            .filter(|l| l.contains(" on b (session "))
+            .count(),
+        2,
+        "the list at the end says where: {lost:?}"
+    );
     let value: Value = serde_json::from_slice(&out.stdout).unwrap();
     let answers = value["r"].as_array().unwrap();
     let answered = answers.iter().filter(|a| a.is_string()).count();
     let failed = answers.iter().filter(|a| a.is_null()).count();
     assert_eq!((answered, failed), (2, 2), "{value}");
-    assert_eq!(err.matches(" error\n").count(), 2, "{err}");
+    assert_eq!(err.matches(" completed in ").count(), 2, "{err}");
     // Each failed child's proxy recorded why: its node is down.
     let store = dir.join("sessions");
     let downs = headers(&store)

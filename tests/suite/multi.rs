@@ -43,6 +43,37 @@ fn headers(dir: &Path) -> Vec<serde_json::Value> {
     out
 }
 
+/// A child's label, its log lines and its failure carry terminal escapes
+/// (from a model, through the script): each line prints them inert, with
+/// the failure's code.
+#[test]
+fn a_workflows_lines_print_hostile_text_inert() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(
+        dir.join("fan.js"),
+        "log('note \\u001b]0;title\\u0007 here');\nconst r = await agent('x', {label: 'w\\u001b[2J\\u001b]52;c;Zm9v\\u0007one'});\nreturn {r};\n",
+    )
+    .unwrap();
+    let refusal = serde_json::json!({"error": {"code": "INVALID_REQUEST", "message": "no \u{1b}]8;;http://evil.example/\u{1b}\\link\u{1b}]8;;\u{1b}\\ here", "status": 400}});
+    std::fs::write(
+        dir.join("fails.json"),
+        serde_json::json!({"steps": [refusal]}).to_string(),
+    )
+    .unwrap();
+    let run = dsh(&["workflow", "fan.js", "--script", "fails.json"], &dir);
+    let err = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(4), "{err}");
+    assert!(
+        !err.chars().any(|c| c.is_control() && c != '\n'),
+        "a control character reached stderr: {err:?}"
+    );
+    assert!(err.contains("[fan] note  here"), "{err}");
+    assert!(err.contains("started: wone (session "), "{err}");
+    assert!(err.contains("agent #1 wone failed after "), "{err}");
+    assert!(err.contains(": INVALID_REQUEST: no link here"), "{err}");
+}
+
 /// The README's tour runs `demo/fan.js` from the repository: three children
 /// by default, one per topic given with `--args`.
 #[test]
@@ -178,11 +209,19 @@ fn a_workflow_whose_children_fail_exits_4_and_lists_them() {
     assert_eq!(value["r"], serde_json::json!([null, null]));
     assert!(err.contains("2 of 2 children failed"), "{err}");
     for label in ["topic a", "topic b"] {
-        let line = err
+        // As it ends, and again in the list at the end: the code and the
+        // message the session log holds.
+        let said: Vec<&str> = err
             .lines()
-            .find(|l| l.contains(label) && l.contains("ended error"))
-            .unwrap_or_else(|| panic!("no failure line for {label}: {err}"));
-        assert!(line.contains("the model refused the request"), "{line}");
+            .filter(|l| l.contains(label) && l.contains(" failed after "))
+            .collect();
+        assert_eq!(said.len(), 2, "{label}: {err}");
+        for line in said {
+            assert!(
+                line.contains(": INVALID_REQUEST: the model refused the request"),
+                "{line}"
+            );
+        }
     }
 
     let run = dsh(

@@ -582,6 +582,77 @@ fn uuid_like(s: &str) -> bool {
         })
 }
 
+/// A model that writes terminal escapes (a title, a hyperlink, the
+/// clipboard, colours, a screen wipe) in its answer, its reasoning and its
+/// tool calls, and a tool error that echoes them: nothing reaches the
+/// terminal but the text. The run ends with its one closing line.
+#[test]
+fn escapes_from_the_model_and_its_tools_print_inert_and_the_run_ends_with_its_line() {
+    let _sweep = crate::suite::sweep();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-escapes").unwrap();
+    let script = dir.join("hostile.json");
+    let e = "\u{1b}";
+    let steps = serde_json::json!({"steps": [
+        {
+            "reasoning": format!("thinking{e}]0;pwned\u{7} hard"),
+            "tool_calls": [{"name": "read", "arguments": {"file_path": format!("gone{e}]52;c;cm0gLXJm\u{7}{e}[2J.txt")}}]
+        },
+        {"text": format!("see {e}]8;;http://evil.example/{e}\\the link{e}]8;;{e}\\, {e}[31mred{e}[0m,\u{9b}1A done")}
+    ]});
+    std::fs::write(&script, steps.to_string()).unwrap();
+    let script = script.to_str().unwrap();
+    let out = dsh(&["run", "--script", script, "--approval", "never", "x"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    for (name, stream) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !stream
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{name} holds a control character: {stream:?}"
+        );
+    }
+    assert!(stdout.contains("see the link, red, done"), "{stdout:?}");
+    assert!(stderr.contains("thinking hard"), "{stderr:?}");
+    assert!(stderr.contains("▸ read"), "{stderr:?}");
+    // The tool's error echoes the name it was given, escapes and all.
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("  ✗ ") && l.contains("gone.txt")),
+        "{stderr:?}"
+    );
+    // The closing line: the session (short and full), how the turn ended,
+    // its time, steps, tool calls and tokens.
+    let last = stderr.lines().last().unwrap_or_default();
+    let id = last
+        .split(['(', ')'])
+        .nth(1)
+        .unwrap_or_else(|| panic!("no session id in {last:?}"));
+    assert_eq!(id.len(), 36, "{last}");
+    assert!(
+        last.starts_with(&format!("session {} ({id}) completed in ", &id[..8])),
+        "{last}"
+    );
+    assert!(last.contains(" · 2 steps · 1 tool call · "), "{last}");
+    assert!(last.ends_with(" out tokens"), "{last}");
+    // --quiet drops it.
+    let quiet = dsh(&[
+        "run",
+        "--script",
+        script,
+        "--approval",
+        "never",
+        "--quiet",
+        "x",
+    ]);
+    assert!(
+        !text(&quiet.stderr).contains(" completed in "),
+        "{}",
+        text(&quiet.stderr)
+    );
+}
+
 #[test]
 fn reasoning_goes_to_stderr_unless_quiet() {
     let _sweep = crate::suite::sweep();

@@ -163,6 +163,7 @@ impl SubagentProvider for RemoteProvider {
                 Box::new(move |part| host.mirror.placed(&child, part)) as Box<_>
             };
             Ok(Some(RemoteLink {
+                node: Some(host.node().to_owned()),
                 place: Some(place),
                 placed: Some(placed),
                 adapter: Arc::new(RemoteChild {

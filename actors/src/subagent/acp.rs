@@ -120,6 +120,7 @@ impl SubagentProvider for AcpProvider {
                 close: None,
                 place: None,
                 placed: None,
+                node: None,
             }))
         })
     }

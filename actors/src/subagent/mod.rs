@@ -101,6 +101,8 @@ pub struct RemoteLink {
     /// Told the id of that part once it is in the tree (the child's
     /// subtree over there is shown under it).
     pub placed: Option<Box<dyn FnOnce(u64) + Send>>,
+    /// The node it runs on, when that is another `dsh node`.
+    pub node: Option<String>,
 }
 
 /// `spawn`: a fresh child with an empty conversation.
@@ -330,6 +332,11 @@ impl SubagentRun {
         &self.id
     }
 
+    /// Who started it, for whom, and where it runs.
+    pub fn info(&self) -> &RunInfo {
+        &self.info
+    }
+
     /// The child agent.
     pub fn agent(&self) -> &Agent {
         &self.agent
@@ -451,6 +458,8 @@ pub struct RunInfo {
     pub parent: String,
     /// The display label.
     pub label: Option<String>,
+    /// The node it runs on, when that is another `dsh node`.
+    pub node: Option<String>,
 }
 
 /// A provider published a child (mode: emit).
@@ -592,12 +601,14 @@ impl Subagents {
             "provider": p.name(),
             "label": request.label,
         });
-        let agent = Box::pin(compose(&*p, &request, descriptor, None, capture.clone())).await?;
+        let (agent, node) =
+            Box::pin(compose(&*p, &request, descriptor, None, capture.clone())).await?;
         let info = RunInfo {
             provider: p.name().to_owned(),
             child: agent.id().to_owned(),
             parent: request.parent.id().to_owned(),
             label: request.label.clone(),
+            node,
         };
         if let Err(e) = agent.followup(prompt_message(&request)) {
             agent.dispose().await;
@@ -646,7 +657,7 @@ impl Subagents {
             ));
         }
         let hook = settled_hook(&request.parent);
-        let agent = Box::pin(compose(&*p, &request, descriptor, Some(hook), None)).await?;
+        let (agent, _) = Box::pin(compose(&*p, &request, descriptor, Some(hook), None)).await?;
         if let Err(e) = self.admit(&agent, request.parent.id(), label) {
             agent.dispose().await;
             return Err(e);
@@ -1073,7 +1084,7 @@ async fn compose(
     descriptor: Value,
     hook: Option<TurnHook>,
     capture: Option<Arc<Mutex<Option<Value>>>>,
-) -> Result<Agent, SubagentError> {
+) -> Result<(Agent, Option<String>), SubagentError> {
     let caps = provider.capabilities();
     let missing = [
         (
@@ -1178,13 +1189,16 @@ async fn compose(
         });
     }
     let agent = Agent::create(&owner, spec).await?;
+    let mut node = None;
     if let Some(RemoteLink {
         adapter,
         close,
         place,
         placed,
+        node: there,
     }) = remote
     {
+        node = there;
         // Registered for the child's lifetime: disposing it ends the process.
         let registered = agent
             .context()
@@ -1238,7 +1252,7 @@ async fn compose(
         agent.dispose().await;
         return Err(SubagentError::Cancelled);
     }
-    Ok(agent)
+    Ok((agent, node))
 }
 
 /// The name of the structured-output capture tool.

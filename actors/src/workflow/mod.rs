@@ -582,13 +582,26 @@ fn child(
                 );
             }
         };
-        emit(
-            "workflow/agent-start",
-            json!({"seq": seq, "label": options.label, "phase": options.phase, "child": run.id()}),
-        );
+        let mut start =
+            json!({"seq": seq, "label": options.label, "phase": options.phase, "child": run.id()});
+        if let Some(node) = &run.info().node {
+            start["node"] = Value::String(node.clone());
+        }
+        let began = std::time::Instant::now();
+        emit("workflow/agent-start", start);
         let result = run.result().await;
-        let mut end =
-            json!({"seq": seq, "child": run.id(), "outcome": result.stop_reason.as_str()});
+        let mut end = json!({
+            "seq": seq,
+            "child": run.id(),
+            "outcome": result.stop_reason.as_str(),
+            "ms": began.elapsed().as_millis() as u64,
+            "tokens": run.agent().progress().tokens,
+        });
+        // A child on another node is one relayed step here: its own steps
+        // are not known.
+        if run.info().node.is_none() {
+            end["steps"] = json!(run.agent().last_turn().map_or(0, |t| t.steps));
+        }
         if let Some(why) = &result.diagnostic {
             end["diagnostic"] = Value::String(why.clone());
         }
