@@ -175,6 +175,31 @@ impl std::fmt::Display for Ending {
     }
 }
 
+/// An `llm/retry` record as a line: `retrying in 2.0 s (HTTP 429
+/// RATE_LIMITED: slow down; attempt 1 of 5)`.
+pub fn retrying(data: &serde_json::Value) -> String {
+    let wait = Duration::from_millis(data["waitMs"].as_u64().unwrap_or(0));
+    let status = data["status"]
+        .as_u64()
+        .map(|s| format!("HTTP {s} "))
+        .unwrap_or_default();
+    let message = data["message"].as_str().unwrap_or_default();
+    let message = inert_line(message.lines().next().unwrap_or_default());
+    let said: String = message.chars().take(120).collect();
+    format!(
+        "retrying in {} ({status}{}{}; attempt {} of {})",
+        duration(wait),
+        inert_line(data["code"].as_str().unwrap_or("FAILED")),
+        if said.is_empty() {
+            String::new()
+        } else {
+            format!(": {said}")
+        },
+        data["attempt"].as_u64().unwrap_or(0),
+        data["maxRetries"].as_u64().unwrap_or(0),
+    )
+}
+
 /// ` on b` for a child on node `b`, nothing for one here.
 pub fn place(node: Option<&str>) -> String {
     node.map(|n| format!(" on {}", inert_line(n)))
@@ -252,5 +277,10 @@ mod tests {
         assert_eq!(tokens(3_400_000), "3.4M");
         assert_eq!(place(Some("b\u{1b}[2J")), " on b");
         assert_eq!(place(None), "");
+        let retry = serde_json::json!({"attempt": 1, "maxRetries": 5, "code": "RATE_LIMITED", "status": 429, "message": "slow\u{1b}[2J down\nmore", "waitMs": 2000});
+        assert_eq!(
+            retrying(&retry),
+            "retrying in 2.0 s (HTTP 429 RATE_LIMITED: slow down; attempt 1 of 5)"
+        );
     }
 }

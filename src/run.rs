@@ -246,6 +246,11 @@ fn observe(
             EventData::Other { kind, .. } if &**kind == "approval/decided" => {
                 phase(&spinner, TOOLS)
             }
+            EventData::Other { kind, data } if &**kind == "llm/retry" => {
+                phase(&spinner, IDLE);
+                crate::errln!("{}", lines::retrying(data));
+                phase(&spinner, THINKING);
+            }
             _ => {}
         }
         let chunk = match &e.data {

@@ -351,8 +351,11 @@ fn an_answer_cut_at_the_token_limit_exits_1() {
     );
 }
 
-/// Serves `replies` (SSE `data:` payloads per conversation request) on
-/// loopback from a thread, and answers each `x-dsh-purpose: session-title`
+/// A reply of [`deepseek_mock`] that refuses with HTTP 429 (`Retry-After: 0`).
+pub(crate) const RATE_LIMITED: &str = "HTTP 429";
+
+/// Serves `replies` (SSE `data:` payloads per conversation request, or
+/// [`RATE_LIMITED`]) on loopback from a thread, and answers each `x-dsh-purpose: session-title`
 /// request with a title, until `replies` are used and `titles` titles were
 /// asked (or a minute passed); every request (head and body), in order.
 pub(crate) fn deepseek_mock(
@@ -412,6 +415,15 @@ pub(crate) fn deepseek_mock(
                 replies.pop_front().unwrap_or_default()
             };
             seen.push(request);
+            if events == [RATE_LIMITED] {
+                let body = r#"{"error":{"message":"slow down, please\u001b[2J"}}"#;
+                let refusal = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\nretry-after: 0\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                sock.write_all(refusal.as_bytes()).unwrap();
+                continue;
+            }
             let mut out = String::from(
                 "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
             );
@@ -424,6 +436,63 @@ pub(crate) fn deepseek_mock(
         seen
     });
     (url, handle)
+}
+
+/// An endpoint that refuses twice with 429 before it answers: the run says
+/// each retry as it waits, records it in the session log, and completes.
+#[test]
+fn a_rate_limited_call_is_retried_and_each_retry_shown_and_recorded() {
+    let _sweep = crate::suite::sweep();
+    let (url, server) = deepseek_mock(
+        vec![
+            vec![RATE_LIMITED],
+            vec![RATE_LIMITED],
+            vec![
+                r#"{"choices":[{"delta":{"content":"after the wait"}}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+            ],
+        ],
+        0,
+    );
+    let sessions = dsh::kernel::scratch::fresh_dir("dsh-run-retry").unwrap();
+    let out = dsh(&[
+        "run",
+        "--base-url",
+        &url,
+        "--model",
+        "m",
+        "--approval",
+        "never",
+        "--sessions-dir",
+        sessions.to_str().unwrap(),
+        "hi",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(text(&out.stdout).contains("after the wait"));
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("retrying in "))
+        .collect();
+    assert_eq!(said.len(), 2, "{stderr}");
+    assert!(said[0].contains("(HTTP 429 RATE_LIMITED"), "{}", said[0]);
+    assert!(said[0].contains("attempt 1 of "), "{}", said[0]);
+    assert!(said[1].contains("attempt 2 of "), "{}", said[1]);
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    let _ = server.join();
+    let log = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .find_map(|d| std::fs::read_to_string(d.path().join("session.jsonl")).ok())
+        .expect("the session log");
+    let retries: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.contains("\"llm/retry\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(retries.len(), 2, "{log}");
+    assert_eq!(retries[0]["data"]["status"], 429);
+    assert_eq!(retries[1]["data"]["attempt"], 2);
 }
 
 pub(crate) fn body_of(request: &str) -> serde_json::Value {

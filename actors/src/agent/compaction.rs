@@ -210,6 +210,7 @@ fn summary_request(agent: &Agent, mut messages: Vec<Arc<Message>>) -> LlmRequest
         options: Default::default(),
         session: Some(agent.inner.id.clone()),
         purpose: Some("compaction"),
+        notify: None,
     }
 }
 

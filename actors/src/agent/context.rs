@@ -214,6 +214,7 @@ async fn generate(job: &TitleJob, cancel: tokio_util::sync::CancellationToken) -
         options: Default::default(),
         session: None,
         purpose: Some("session-title"),
+        notify: None,
     };
     let mut stream = job.llm.stream(&job.ctx, request, cancel).await.ok()?;
     let mut text = String::new();

@@ -135,6 +135,7 @@ async fn request(at: At<'_>, token: &CancellationToken) -> Result<LlmRequest, Ll
         options: Default::default(),
         session: Some(inner.id.clone()),
         purpose: None,
+        notify: Some(retry_record(at.agent)),
     };
     let planned = CallConfig::of(&proposed, defaults);
     let envelope = envelope(inner, me, system.as_deref(), &planned);
@@ -412,4 +413,25 @@ fn keep_interrupted(
         },
         Some(SurfaceIntent::append_citing(chunk_seqs)),
     );
+}
+
+/// Records each retry of the step's call in the agent's log (`llm/retry`),
+/// where its observers see it as it happens.
+fn retry_record(agent: &Agent) -> dsh_services::llm::Notify {
+    let agent = agent.downgrade();
+    dsh_services::llm::Notify::new(move |r| {
+        if let Some(agent) = agent.upgrade() {
+            agent.record(
+                "llm/retry",
+                serde_json::json!({
+                    "attempt": r.attempt,
+                    "maxRetries": r.max_retries,
+                    "code": r.code,
+                    "status": r.status,
+                    "message": r.message,
+                    "waitMs": r.wait.as_millis() as u64,
+                }),
+            );
+        }
+    })
 }

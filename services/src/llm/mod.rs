@@ -14,7 +14,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use assembler::{BlockAssembler, UnclosedBlock};
-pub use runtime::{ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream, ModelDefaults};
+pub use runtime::{
+    ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream, ModelDefaults, Notify, Retrying,
+};
 
 /// A tool call's identity as the model chose it (any format: `call_0`, `toolu_…`).
 pub type CallId = String;

@@ -41,6 +41,49 @@ pub struct LlmRequest {
     /// `compaction`): sent as `x-dsh-purpose` so proxies, meters and mocks
     /// can tell it apart; `None` for the conversation.
     pub purpose: Option<&'static str>,
+    /// Told what happens to the call before its answer comes (a retry and
+    /// its wait), so the caller can record and show it.
+    pub notify: Option<Notify>,
+}
+
+/// What happened to a call before its answer: a failed attempt that will
+/// be tried again after `wait`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Retrying {
+    /// The attempt that failed (1 for the first).
+    pub attempt: u32,
+    /// How many retries the policy allows after the first attempt.
+    pub max_retries: u32,
+    /// The failure's code (`RATE_LIMITED`, `NETWORK`, …).
+    pub code: String,
+    /// Its HTTP status, when there was one.
+    pub status: Option<u16>,
+    /// Its message.
+    pub message: String,
+    /// How long until the next attempt.
+    pub wait: std::time::Duration,
+}
+
+/// The caller's ear for [`Retrying`] notices (see [`LlmRequest::notify`]).
+#[derive(Clone)]
+pub struct Notify(Arc<dyn Fn(&Retrying) + Send + Sync>);
+
+impl Notify {
+    /// A notify that calls `f`.
+    pub fn new(f: impl Fn(&Retrying) + Send + Sync + 'static) -> Notify {
+        Notify(Arc::new(f))
+    }
+
+    /// Tells the caller.
+    pub fn tell(&self, notice: &Retrying) {
+        (self.0)(notice)
+    }
+}
+
+impl std::fmt::Debug for Notify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Notify")
+    }
 }
 
 /// The chunks of one call; a transport failure ends it with `Err`.

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{
     BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage, code,
 };
-use crate::llm::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults};
+use crate::llm::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults, Retrying};
 
 /// Where and how to reach an endpoint.
 #[derive(Clone)]
@@ -1201,41 +1201,55 @@ impl RetryListener {
                             cancel: cancel.clone(),
                         })
                         .await;
-                    let mut stream = match result {
-                        Ok(s) => s,
-                        Err(f) if attempt < policy.max_retries && f.retryable() => {
-                            attempt += 1;
-                            if !backoff(&cancel, f.provider_retry_after_ms.map(Duration::from_millis).unwrap_or(delay)).await {
-                                return Err(f);
+                    // A failed request (refused, or failing at its first
+                    // item) is tried again while the policy allows.
+                    let (failed, rest) = match result {
+                        Ok(mut stream) => match stream.next().await {
+                            Some(Err(f)) => (f, Some(stream)),
+                            Some(first) => {
+                                let head = futures::stream::iter([first]);
+                                return Ok(Box::pin(head.chain(stream)) as ChunkStream);
                             }
-                            delay = (delay * 2).min(policy.max);
-                            continue;
-                        }
-                        Err(f) => return Err(f),
+                            None => return Ok(Box::pin(futures::stream::empty()) as ChunkStream),
+                        },
+                        Err(f) => (f, None),
                     };
-                    // Peek the first item: a failure there is a failed request.
-                    match stream.next().await {
-                        Some(Err(f)) if attempt < policy.max_retries && f.retryable() => {
-                            tracing::warn!(code = %f.code, attempt, "model request failed; retrying");
-                            attempt += 1;
-                            let wait = f.provider_retry_after_ms.map(Duration::from_millis).unwrap_or(delay);
-                            if !backoff(&cancel, wait).await {
-                                return Err(f);
+                    if attempt >= policy.max_retries || !failed.retryable() {
+                        // As it came: a refused request, or a stream that
+                        // fails at its first item.
+                        return match rest {
+                            Some(rest) => {
+                                let head = futures::stream::iter([Err(failed)]);
+                                Ok(Box::pin(head.chain(rest)) as ChunkStream)
                             }
-                            delay = (delay * 2).min(policy.max);
-                        }
-                        Some(first) => {
-                            let head = futures::stream::iter([first]);
-                            return Ok(Box::pin(head.chain(stream)) as ChunkStream);
-                        }
-                        None => return Ok(Box::pin(futures::stream::empty()) as ChunkStream),
+                            None => Err(failed),
+                        };
                     }
+                    attempt += 1;
+                    let wait = failed
+                        .provider_retry_after_ms
+                        .map(Duration::from_millis)
+                        .unwrap_or(delay);
+                    tracing::warn!(code = %failed.code, attempt, "model request failed; retrying");
+                    if let Some(notify) = &call.request.notify {
+                        notify.tell(&Retrying {
+                            attempt,
+                            max_retries: policy.max_retries,
+                            code: failed.code.clone(),
+                            status: failed.status,
+                            message: failed.message.clone(),
+                            wait,
+                        });
+                    }
+                    if !backoff(&cancel, wait).await {
+                        return Err(failed);
+                    }
+                    delay = (delay * 2).min(policy.max);
                 }
             }
         })
     }
 }
-
 /// Waits `d` unless cancelled first; false when cancelled.
 async fn backoff(cancel: &CancellationToken, d: Duration) -> bool {
     tokio::select! {

@@ -314,6 +314,7 @@ pub const CARRIED_TYPES: &[&str] = &[
     "ralph/start",
     "ralph/round",
     "ralph/end",
+    "llm/retry",
 ];
 
 #[derive(Serialize, Deserialize)]

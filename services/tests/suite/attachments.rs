@@ -154,6 +154,7 @@ fn image_blocks_go_on_the_wire_as_parts_or_as_text() {
         options: Default::default(),
         session: None,
         purpose: None,
+        notify: None,
     };
     let urls = HashMap::from([(id.clone(), "data:image/png;base64,AAAA".to_owned())]);
     let body = request_body_with(&request, Dialect::OpenAi, &Images::Sent(urls)).unwrap();

@@ -127,6 +127,7 @@ fn request() -> LlmRequest {
         options: Default::default(),
         session: None,
         purpose: None,
+        notify: None,
     }
 }
 
