@@ -6,6 +6,8 @@
 //!   (`out!`, `outln!`, `err!`, `errln!`).
 //! - [`lines`]: how a run's lines read (where a child runs, how it ended,
 //!   its time and tokens) and text from outside made inert for a terminal.
+//! - [`board`]: a run's children as they go: the progress line on a
+//!   terminal, the summary table at the end.
 //! - [`exit`]: how a command ends (exit codes, library errors turned into them).
 //! - [`home`]: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`args`]: the options every agent-creating command shares (model,
@@ -40,6 +42,7 @@ pub use dsh_supervisors as kernel;
 
 pub mod acp;
 pub mod args;
+pub mod board;
 pub mod catalogue;
 pub mod config;
 pub mod exit;

@@ -29,6 +29,7 @@ use crate::args::{
     AgentArgs, ClusterArgs, ConfigArgs, DashboardArgs, MODEL_PRECEDENCE, ModelArgs, PolicyArgs,
     StoreArgs, WorkspaceArgs,
 };
+use crate::board::{Board, Row};
 use crate::exit::{self, BLOCKED, CANCELLED, Exit};
 use crate::lines::{self, inert_line};
 use crate::stage::{Route, route, store};
@@ -395,49 +396,42 @@ async fn run_workflow(
     let count = started.clone();
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let failed = failures.clone();
-    let labels = std::sync::Mutex::new(std::collections::HashMap::new());
     let show_at = if tree { tree_at.max(1) } else { tree_at };
+    let board = Arc::new(Board::new(meta["name"].as_str().unwrap_or("workflow")));
+    let said = board.clone();
     let text = |v: &Value| inert_line(v.as_str().unwrap_or_default());
     let listener = root.on(move |u: &WorkflowUpdate| {
         let name = inert_line(&u.name);
         match u.kind {
-            "workflow/phase" => crate::errln!("[{name}] phase: {}", text(&u.data["title"])),
-            "workflow/log" => crate::errln!("[{name}] {}", text(&u.data["message"])),
+            "workflow/phase" => said.say(&format!("[{name}] phase: {}", text(&u.data["title"]))),
+            "workflow/log" => said.say(&format!("[{name}] {}", text(&u.data["message"]))),
             "workflow/agent-start" => {
                 let n = count.fetch_add(1, Ordering::Relaxed) + 1;
-                let label = match u.data["label"].as_str() {
-                    Some(l) => inert_line(l),
-                    None => "-".to_owned(),
-                };
-                let node = u.data["node"].as_str();
-                crate::errln!(
-                    "[{name}] agent #{} started: {label}{} (session {})",
-                    u.data["seq"],
-                    lines::place(node),
-                    text(&u.data["child"])
-                );
-                if let Ok(mut labels) = labels.lock() {
-                    labels.insert(u.data["seq"].to_string(), (label, node.map(str::to_owned)));
-                }
+                said.started(Row {
+                    seq: u.data["seq"].as_u64().unwrap_or_default(),
+                    label: match u.data["label"].as_str() {
+                        Some(l) => inert_line(l),
+                        None => "-".to_owned(),
+                    },
+                    node: u.data["node"].as_str().map(str::to_owned),
+                    session: text(&u.data["child"]),
+                    ending: None,
+                });
                 if show_at > 0 && n == show_at {
                     shown.due();
                 }
             }
             "workflow/agent-end" => {
-                let seq = u.data["seq"].to_string();
-                let (label, node) = labels
-                    .lock()
-                    .ok()
-                    .and_then(|l| l.get(&seq).cloned())
-                    .unwrap_or_else(|| ("-".into(), None));
+                let seq = u.data["seq"].as_u64().unwrap_or_default();
                 let ending = lines::Ending::from_update(&u.data);
-                let on = lines::place(node.as_deref());
-                crate::errln!("[{name}] agent #{seq} {label}{on} {ending}");
-                if !ending.completed() {
+                if let Some(row) = said.ended(seq, ending.clone())
+                    && !ending.completed()
+                {
                     let line = format!(
-                        "agent #{seq} {label}{} (session {}) {ending}",
-                        lines::place(node.as_deref()),
-                        text(&u.data["child"])
+                        "agent #{seq} {}{} (session {}) {ending}",
+                        row.label,
+                        lines::place(row.node.as_deref()),
+                        row.session
                     );
                     if let Ok(mut f) = failed.lock() {
                         f.push(line);
@@ -465,6 +459,7 @@ async fn run_workflow(
     let result = tokio::select! {
         r = &mut settled => r,
         never = printer.printing() => match never {},
+        never = ticking(&board) => match never {},
         stop = crate::exit::stop_signal() => {
             stopped = Some(stop);
             cancel.cancel();
@@ -475,6 +470,7 @@ async fn run_workflow(
     if let Ok(l) = listener {
         l.dispose().await;
     }
+    board.finish();
     let failures = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
     match result.stop_reason {
         WorkflowStop::Completed => Ok(Ran {
@@ -490,6 +486,16 @@ async fn run_workflow(
             "the workflow failed: {}",
             result.error.unwrap_or_default()
         ))),
+    }
+}
+
+/// Redraws the progress line every second; never ends (raced against the
+/// run).
+async fn ticking(board: &Board) -> std::convert::Infallible {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        every.tick().await;
+        board.tick();
     }
 }
 

@@ -351,12 +351,27 @@ fn a_node_killed_mid_turn_fails_its_children_with_node_down_and_the_rest_go_on()
             .filter(|l| l.starts_with("[fan]") && !l.contains("started:") && l.contains(&ended));
         assert_eq!(ended.count(), 2, "{node}: {err}");
     }
-    let lost: Vec<&str> = err.lines().filter(|l| l.contains("NODE_DOWN")).collect();
+    let lost: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(" failed after ") && l.contains("NODE_DOWN"))
+        .collect();
     assert_eq!(lost.len(), 4, "{err}");
-    assert!(
-        lost.iter().all(|l| l.contains(" failed after ")),
-        "{lost:?}"
-    );
+    // The summary table: every child with its node and status.
+    let table: Vec<Vec<&str>> = err
+        .lines()
+        .skip_while(|l| !l.starts_with("children: 4 started · 2 completed · 2 failed"))
+        .skip(2)
+        .take(4)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(table.len(), 4, "{err}");
+    for row in &table {
+        match row[2] {
+            "b" => assert_eq!(row[3..5], ["failed", "(NODE_DOWN)"], "{err}"),
+            "c" => assert_eq!(row[3], "completed", "{err}"),
+            other => panic!("node {other}: {err}"),
+        }
+    }
     assert_eq!(
         lost.iter()
             .filter(|l| l.contains(" on b (session "))

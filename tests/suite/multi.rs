@@ -74,6 +74,126 @@ fn a_workflows_lines_print_hostile_text_inert() {
     assert!(err.contains(": INVALID_REQUEST: no link here"), "{err}");
 }
 
+/// What a terminal shows after `raw` (a carriage return goes back to the
+/// line's start, `ESC [2K` clears it): the lines as they stand at the end.
+fn screen(raw: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut rest = raw;
+    while let Some(c) = rest.chars().next() {
+        if let Some(after) = rest.strip_prefix("\u{1b}[2K") {
+            line.clear();
+            rest = after;
+            continue;
+        }
+        match c {
+            '\n' => lines.push(std::mem::take(&mut line)),
+            '\r' => {}
+            c => line.push(c),
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// On a terminal, a workflow of five children keeps one progress line
+/// (running, done, failed, time, tokens) redrawn in place under its lines,
+/// and ends with the summary table; the capture is kept as an artefact
+/// (`workflow-progress.pty.txt` and what the screen shows).
+#[test]
+fn on_a_terminal_a_workflow_shows_its_progress_line_and_ends_with_the_table() {
+    use std::io::Read;
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(
+        dir.join("five.js"),
+        "const r = await Promise.all([1, 2, 3, 4, 5].map(n => agent('line ' + n, {label: 'w' + n})));\nreturn {r};\n",
+    )
+    .unwrap();
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_SESSIONS_DB")
+        .args(["workflow", "five.js", "--demo-model", "--sessions-dir"])
+        .arg(dir.join("sessions"))
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::from(pty.slave))
+        .spawn()
+        .unwrap();
+    // Read the terminal on a thread: it ends when dsh has closed it (EIO).
+    let mut master = std::fs::File::from(pty.master);
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&buf[..n]);
+        }
+        all
+    });
+    let out = super::output_bounded(child, super::DEADLINE, "dsh workflow on a pty");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(reader.join());
+    });
+    let raw = finished
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the terminal closed")
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let shown = screen(&raw);
+    let artefacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    std::fs::write(artefacts.join("workflow-progress.pty.txt"), &raw).unwrap();
+    std::fs::write(
+        artefacts.join("workflow-progress.screen.txt"),
+        shown.join("\n"),
+    )
+    .unwrap();
+    // The progress line was drawn in place, again after each line, and
+    // counted the children as they went.
+    let drawn: Vec<&str> = raw
+        .split("\r\u{1b}[2K")
+        .filter(|p| p.starts_with("[five] ") && p.contains(" running · "))
+        .collect();
+    assert!(drawn.len() >= 10, "{raw:?}");
+    let running = |p: &&str| {
+        p.trim_start_matches("[five] ")
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    assert!(drawn.iter().map(running).max() >= Some(2), "{drawn:?}");
+    assert!(
+        drawn
+            .iter()
+            .any(|p| p.starts_with("[five] 0 running · 5 done · 0 failed · ")),
+        "{drawn:?}"
+    );
+    // What stays on the screen: the lines, then the table; no progress line.
+    assert!(
+        !shown.iter().any(|l| l.contains(" running · ")),
+        "{shown:#?}"
+    );
+    let table = shown
+        .iter()
+        .position(|l| l.starts_with("children: 5 started · 5 completed · 0 failed · "))
+        .unwrap_or_else(|| panic!("no table: {shown:#?}"));
+    let rows: Vec<&String> = shown[table + 2..].iter().take(5).collect();
+    assert!(rows.iter().all(|r| r.contains(" completed ")), "{shown:#?}");
+    // The result on stdout holds no terminal control.
+    assert!(!text(&out.stdout).contains('\u{1b}'));
+}
+
 /// The README's tour runs `demo/fan.js` from the repository: three children
 /// by default, one per topic given with `--args`.
 #[test]
