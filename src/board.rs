@@ -25,6 +25,8 @@ pub struct Row {
     pub session: String,
     /// How it ended; `None` while it runs.
     pub ending: Option<Ending>,
+    /// When it started: the time of an ending that does not say its own.
+    pub since: Option<Instant>,
 }
 
 /// The children of one run, and the terminal line that shows them.
@@ -35,6 +37,8 @@ pub struct Board {
     live: bool,
     began: Instant,
     rows: Mutex<Vec<Row>>,
+    /// A Ralph loop's round cap: its rows are rounds (`round 2 of 5`).
+    rounds: Option<u32>,
 }
 
 impl Board {
@@ -51,7 +55,14 @@ impl Board {
             live,
             began: Instant::now(),
             rows: Mutex::new(Vec::new()),
+            rounds: None,
         }
+    }
+
+    /// The same board for a loop of at most `max` rounds: one row per round.
+    pub fn rounds(mut self, max: u32) -> Board {
+        self.rounds = Some(max);
+        self
     }
 
     fn rows(&self) -> std::sync::MutexGuard<'_, Vec<Row>> {
@@ -70,32 +81,37 @@ impl Board {
 
     /// A child started.
     pub fn started(&self, row: Row) {
-        let line = format!(
-            "[{}] agent #{} started: {}{} (session {})",
-            self.name,
-            row.seq,
-            row.label,
-            lines::place(row.node.as_deref()),
-            row.session
-        );
+        let place = lines::place(row.node.as_deref());
+        let line = match self.rounds {
+            None => format!(
+                "[{}] agent #{} started: {}{place} (session {})",
+                self.name, row.seq, row.label, row.session
+            ),
+            Some(max) => format!(
+                "[{}] round {} of {max} started{place} (session {})",
+                self.name, row.seq, row.session
+            ),
+        };
         self.rows().push(row);
         self.say(&line);
     }
 
     /// Child `seq` ended; its row, for the failure list.
-    pub fn ended(&self, seq: u64, ending: Ending) -> Option<Row> {
+    pub fn ended(&self, seq: u64, mut ending: Ending) -> Option<Row> {
         let row = {
             let mut rows = self.rows();
             let row = rows.iter_mut().find(|r| r.seq == seq)?;
+            if ending.elapsed.is_none() {
+                ending.elapsed = row.since.map(|s| s.elapsed());
+            }
             row.ending = Some(ending.clone());
             row.clone()
         };
-        self.say(&format!(
-            "[{}] agent #{seq} {}{} {ending}",
-            self.name,
-            row.label,
-            lines::place(row.node.as_deref())
-        ));
+        let place = lines::place(row.node.as_deref());
+        self.say(&match self.rounds {
+            None => format!("[{}] agent #{seq} {}{place} {ending}", self.name, row.label),
+            Some(_) => format!("[{}] round {seq}{place} {ending}", self.name),
+        });
         Some(row)
     }
 
@@ -115,8 +131,12 @@ impl Board {
     /// `[fan] 2 running · 3 done · 1 failed · 4.2 s · 1.2k tokens`.
     fn progress(&self, rows: &[Row]) -> String {
         let count = Count::of(rows);
+        let round = match self.rounds {
+            Some(max) => format!("round {} of {max} · ", rows.len()),
+            None => String::new(),
+        };
         let mut line = format!(
-            "[{}] {} running · {} done · {} failed · {}",
+            "[{}] {round}{} running · {} done · {} failed · {}",
             self.name,
             count.running,
             count.completed,
@@ -137,7 +157,12 @@ impl Board {
             crate::err!("\r\x1b[2K");
         }
         if !rows.is_empty() {
-            crate::err!("{}", table(&rows, self.began.elapsed()));
+            let what = if self.rounds.is_some() {
+                "rounds"
+            } else {
+                "children"
+            };
+            crate::err!("{}", table(&rows, self.began.elapsed(), what));
         }
     }
 }
@@ -173,10 +198,10 @@ impl Count {
 ///   #  label    node  status     time    steps  tokens  session
 ///   1  topic a  -     completed  4.2 s   3      1.2k    3e17803d-…
 /// ```
-pub fn table(rows: &[Row], elapsed: Duration) -> String {
+pub fn table(rows: &[Row], elapsed: Duration, what: &str) -> String {
     let count = Count::of(rows);
     let mut out = format!(
-        "children: {} started · {} completed · {} failed",
+        "{what}: {} started · {} completed · {} failed",
         rows.len(),
         count.completed,
         count.failed
@@ -269,6 +294,7 @@ mod tests {
             node: node.map(str::to_owned),
             session: format!("session-{seq}"),
             ending,
+            since: None,
         }
     }
 
@@ -292,7 +318,7 @@ mod tests {
             row(2, "topic b", Some("b"), Some(lost)),
             row(3, "-", None, None),
         ];
-        let t = table(&rows, Duration::from_millis(4_500));
+        let t = table(&rows, Duration::from_millis(4_500), "children");
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(
             lines[0],

@@ -16,7 +16,7 @@ use dsh_actors::agent::{Agent, AgentSpec};
 use dsh_actors::cluster::Cluster;
 use dsh_actors::multi_agent::{MultiAgentConfig, install};
 use dsh_actors::ralph::{self, RalphOutcome, RalphRequest};
-use dsh_actors::subagent::{SubagentStart, Subagents};
+use dsh_actors::subagent::{SubagentEnd, SubagentStart, Subagents};
 use dsh_actors::workflow::{WorkflowEngine, WorkflowRequest, WorkflowStop, WorkflowUpdate};
 use dsh_services::persistence::SessionPersistence;
 use dsh_services::tools::ToolRegistry;
@@ -76,7 +76,7 @@ impl TreePrint {
     }
 
     fn print(&self) {
-        crate::errln!("live actor tree:\n{}", render(&self.rt.tree().snapshot()));
+        show_tree(&self.rt.tree().snapshot());
     }
 
     /// Prints the tree when it is due and the mirrors are in; never ends
@@ -100,10 +100,19 @@ impl TreePrint {
                     break nodes;
                 }
             };
-            crate::errln!("live actor tree:\n{}", render(&nodes));
+            show_tree(&nodes);
         }
         std::future::pending().await
     }
+}
+
+/// Prints the tree on stderr, over a progress line if one is drawn (the
+/// board draws it again with its next line).
+fn show_tree(nodes: &[dsh_supervisors::tree::NodeSnapshot]) {
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        crate::err!("\r\x1b[2K");
+    }
+    crate::errln!("live actor tree:\n{}", render(nodes));
 }
 
 /// Whether every remote child's part in `nodes` shows the subtree mirrored
@@ -416,6 +425,7 @@ async fn run_workflow(
                     node: u.data["node"].as_str().map(str::to_owned),
                     session: text(&u.data["child"]),
                     ending: None,
+                    since: None,
                 });
                 if show_at > 0 && n == show_at {
                     shown.due();
@@ -616,19 +626,45 @@ async fn run_ralph(
 ) -> Exit {
     let printer = TreePrint::new(stage);
     let shown = printer.clone();
-    let listener = stage.rt.root().on(move |s: &SubagentStart| {
-        let label = s.info.label.clone().unwrap_or_default();
-        if !label.starts_with("ralph round") {
+    let board = Arc::new(Board::new("ralph").rounds(max_rounds));
+    let round_of = |label: &Option<String>| {
+        label
+            .as_deref()
+            .and_then(|l| l.strip_prefix("ralph round "))
+            .and_then(|n| n.parse::<u64>().ok())
+    };
+    let said = board.clone();
+    let started = stage.rt.root().on(move |s: &SubagentStart| {
+        let Some(round) = round_of(&s.info.label) else {
             return;
-        }
-        crate::errln!(
-            "{label}{}: worker session {}",
-            lines::place(s.info.node.as_deref()),
-            s.info.child
-        );
-        if tree_at_round.is_some_and(|n| label == format!("ralph round {n}")) {
+        };
+        said.started(Row {
+            seq: round,
+            label: format!("round {round}"),
+            node: s.info.node.clone(),
+            session: s.info.child.clone(),
+            ending: None,
+            since: Some(std::time::Instant::now()),
+        });
+        if tree_at_round.is_some_and(|n| u64::from(n) == round) {
             shown.due();
         }
+    });
+    let said = board.clone();
+    let ended = stage.rt.root().on(move |e: &SubagentEnd| {
+        let Some(round) = round_of(&e.info.label) else {
+            return;
+        };
+        said.ended(
+            round,
+            lines::Ending {
+                outcome: e.stop_reason.as_str().to_owned(),
+                diagnostic: e.diagnostic.clone(),
+                elapsed: None,
+                steps: e.steps.map(u64::from),
+                tokens: Some(e.tokens),
+            },
+        );
     });
     let mut request = RalphRequest::new(&stage.coordinator, objective);
     if stage.cluster.is_some() {
@@ -642,28 +678,31 @@ async fn run_ralph(
     let result = tokio::select! {
         r = &mut run => r,
         never = printer.printing() => match never {},
+        never = ticking(&board) => match never {},
         stop = crate::exit::stop_signal() => {
             stopped = Some(stop);
             cancel.cancel();
             run.await
         }
     };
-    if let Ok(l) = listener {
+    for l in [started, ended].into_iter().flatten() {
         l.dispose().await;
     }
+    board.finish();
     let result = match result {
         Ok(r) => r,
         Err(e) => return Exit::usage(chain(&e).to_string()),
     };
     for r in &result.completed {
         crate::outln!(
-            "round {}: {} — {}",
+            "round {}: {} — {} (handoff {} bytes)",
             r.round,
             serde_json::to_value(r.handoff.status)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default(),
-            inert_line(&r.handoff.summary)
+            inert_line(&r.handoff.summary),
+            serde_json::to_vec(&r.handoff).map_or(0, |v| v.len())
         );
     }
     crate::outln!(

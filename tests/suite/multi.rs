@@ -223,6 +223,16 @@ fn the_demo_runs_a_fan_out_and_a_ralph_loop_and_says_where_the_logs_are() {
     let (out, err) = (text(&run.stdout), text(&run.stderr));
     assert!(run.status.success(), "{out}\n{err}");
     assert!(out.contains("workflow result (3 subagents)"), "{out}");
+    // Each part ends with its table: the fan-out's children, the rounds.
+    assert!(
+        err.contains("children: 3 started · 3 completed · 0 failed"),
+        "{err}"
+    );
+    assert!(
+        err.contains("rounds: 3 started · 3 completed · 0 failed"),
+        "{err}"
+    );
+    assert!(out.contains(" bytes)"), "the handoff's size: {out}");
     assert!(out.contains("supervised actor"), "{out}");
     assert!(out.contains("round 3: complete"), "{out}");
     assert!(out.contains("the worker's claim"), "{out}");
@@ -387,6 +397,31 @@ fn a_ralph_loop_exits_3_when_blocked_and_1_when_a_round_fails() {
     let run = dsh(&["ralph", "Ship it", "--script", "fails.json"], &dir);
     let said = format!("{}{}", text(&run.stdout), text(&run.stderr));
     assert_eq!(run.status.code(), Some(1), "{said}");
+    // The failed round says its code as it ends, and the table lists it.
+    let err = text(&run.stderr);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("[ralph] round 1 failed after ")
+                && l.ends_with(": INVALID_REQUEST: the model refused the request")),
+        "{err}"
+    );
+    assert!(
+        err.contains("rounds: 1 started · 0 completed · 1 failed"),
+        "{err}"
+    );
+    assert!(
+        err.lines().any(
+            |l| l.split_whitespace().collect::<Vec<_>>()[..].starts_with(&[
+                "1",
+                "round",
+                "1",
+                "-",
+                "failed",
+                "(INVALID_REQUEST)"
+            ])
+        ),
+        "{err}"
+    );
 }
 
 #[test]

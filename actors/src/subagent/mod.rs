@@ -351,6 +351,13 @@ impl SubagentRun {
                 self.agent.reach().emit(&SubagentEnd {
                     info: self.info.clone(),
                     stop_reason: r.stop_reason,
+                    diagnostic: r.diagnostic.clone(),
+                    // A child on another node is one relayed step here.
+                    steps: match self.info.node {
+                        None => self.agent.last_turn().map(|t| t.steps),
+                        Some(_) => None,
+                    },
+                    tokens: self.agent.progress().tokens,
                 });
                 r
             })
@@ -480,6 +487,12 @@ pub struct SubagentEnd {
     pub info: RunInfo,
     /// How it ended.
     pub stop_reason: StopReason,
+    /// Why it failed (`CODE: message`), when it did.
+    pub diagnostic: Option<String>,
+    /// Steps its turn took, when known (not for a child on another node).
+    pub steps: Option<u32>,
+    /// Tokens it spent.
+    pub tokens: u64,
 }
 impl Event for SubagentEnd {
     const NAME: &'static str = "subagent/end";
