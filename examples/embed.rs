@@ -103,6 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 images: false,
                 context_window: None,
                 models: Default::default(),
+                price: None,
             };
             root.plugin(OpenAi, config).await?;
             ("openai".to_owned(), model)

@@ -100,6 +100,21 @@ pub fn tokens(n: u64) -> String {
     }
 }
 
+/// A cost in millionths of the price's currency, for people: `0.0123`,
+/// `1.25`, `0.000004`.
+pub fn cost(micro: u64) -> String {
+    let units = micro as f64 / 1e6;
+    if micro == 0 {
+        "0".to_owned()
+    } else if units >= 1.0 {
+        format!("{units:.2}")
+    } else if units >= 0.0001 {
+        format!("{units:.4}")
+    } else {
+        format!("{units:.6}")
+    }
+}
+
 /// How one agent ended, as its line says it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ending {
@@ -274,6 +289,9 @@ mod tests {
         assert_eq!(duration(Duration::from_secs(125)), "2 min 5 s");
         assert_eq!(duration(Duration::from_secs(3_780)), "1 h 3 min");
         assert_eq!(tokens(950), "950");
+        assert_eq!(cost(12_345), "0.0123");
+        assert_eq!(cost(1_250_000), "1.25");
+        assert_eq!(cost(4), "0.000004");
         assert_eq!(tokens(3_400_000), "3.4M");
         assert_eq!(place(Some("b\u{1b}[2J")), " on b");
         assert_eq!(place(None), "");

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentError, AgentSpec, TurnSummary};
-use dsh_services::llm::{ContentBlock, StreamChunk};
+use dsh_services::llm::{ContentBlock, LlmRuntime, Price, StreamChunk};
 use dsh_services::persistence::{JsonlStore, SessionPersistence};
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::error::chain;
@@ -175,7 +175,10 @@ fn phase(spinner: &Option<Arc<AtomicU8>>, to: u8) {
 /// What a turn spent, counted from its events as they come.
 #[derive(Default)]
 struct Tally {
+    /// Uncached input tokens.
     input: AtomicU64,
+    /// Input tokens served from cache.
+    cached: AtomicU64,
     output: AtomicU64,
     tool_calls: AtomicU64,
 }
@@ -184,9 +187,9 @@ impl Tally {
     fn count(&self, data: &EventData) {
         match data {
             EventData::AssistantMessage { usage: Some(u), .. } => {
-                let cached = u.cache_read_tokens.unwrap_or(0);
-                self.input
-                    .fetch_add(u.input_tokens + cached, Ordering::Relaxed);
+                self.input.fetch_add(u.input_tokens, Ordering::Relaxed);
+                self.cached
+                    .fetch_add(u.cache_read_tokens.unwrap_or(0), Ordering::Relaxed);
                 self.output.fetch_add(u.output_tokens, Ordering::Relaxed);
             }
             EventData::ToolCall { .. } => {
@@ -197,8 +200,15 @@ impl Tally {
     }
 
     /// The closing line: `session 3e17803d (<full id>) completed in 4.2 s
-    /// · 3 steps · 2 tool calls · 1.2k in / 310 out tokens`.
-    fn line(&self, id: &str, summary: Option<&TurnSummary>, elapsed: Duration) -> String {
+    /// · 3 steps · 2 tool calls · 1.2k in / 310 out tokens`, and `· cost
+    /// 0.0123` when the route's config gives a price.
+    fn line(
+        &self,
+        id: &str,
+        summary: Option<&TurnSummary>,
+        elapsed: Duration,
+        price: Option<Price>,
+    ) -> String {
         let short: String = id.chars().take(8).collect();
         let how = match summary.map(|s| &s.reason) {
             Some(TurnEndReason::Completed) => "completed in",
@@ -209,14 +219,26 @@ impl Tally {
         };
         let steps = summary.map_or(0, |s| s.steps);
         let calls = self.tool_calls.load(Ordering::Relaxed);
-        format!(
+        let (input, cached, output) = (
+            self.input.load(Ordering::Relaxed),
+            self.cached.load(Ordering::Relaxed),
+            self.output.load(Ordering::Relaxed),
+        );
+        let mut line = format!(
             "session {short} ({id}) {how} {} · {steps} step{} · {calls} tool call{} · {} in / {} out tokens",
             lines::duration(elapsed),
             if steps == 1 { "" } else { "s" },
             if calls == 1 { "" } else { "s" },
-            lines::tokens(self.input.load(Ordering::Relaxed)),
-            lines::tokens(self.output.load(Ordering::Relaxed)),
-        )
+            lines::tokens(input + cached),
+            lines::tokens(output),
+        );
+        if let Some(price) = price {
+            line.push_str(&format!(
+                " · cost {}",
+                lines::cost(price.cost(input, cached, output))
+            ));
+        }
+        line
     }
 }
 
@@ -403,7 +425,14 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     }
     if !args.quiet {
         let summary = outcome.as_ref().ok();
-        crate::errln!("{}", tally.line(agent.id(), summary, began.elapsed()));
+        let price = rt
+            .root()
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .and_then(|llm| llm.defaults(&provider, &model).price);
+        crate::errln!(
+            "{}",
+            tally.line(agent.id(), summary, began.elapsed(), price)
+        );
     }
     // A turn that went well but is not all on disk is not done: exit 1.
     match (ended(outcome, stopped), unwritten) {

@@ -191,6 +191,7 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
                 images: false,
                 context_window: None,
                 models: Default::default(),
+                price: None,
             };
             root.plugin(OpenAi, config).await
         }

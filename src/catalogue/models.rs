@@ -50,6 +50,50 @@ pub struct OpenAiPluginConfig {
     /// images); other model ids pass through with the entry's settings.
     #[serde(default)]
     pub models: Models,
+    /// What the endpoint's tokens cost, per million; a run shows its cost
+    /// only when this (or its model's) is set. There is no built-in table.
+    #[serde(default)]
+    pub price: Option<PriceConfig>,
+}
+
+/// Prices per million tokens, in one currency (the one you bill in).
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(try_from = "PriceFields")]
+#[schemars(with = "PriceFields")]
+pub struct PriceConfig(pub dsh_services::llm::Price);
+
+/// A price as written: three non-negative numbers.
+#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriceFields {
+    /// Per million uncached input tokens.
+    pub input: f64,
+    /// Per million input tokens served from cache (default: `input`).
+    #[serde(default)]
+    pub cached_input: Option<f64>,
+    /// Per million output tokens.
+    pub output: f64,
+}
+
+impl TryFrom<PriceFields> for PriceConfig {
+    type Error = String;
+
+    fn try_from(p: PriceFields) -> Result<PriceConfig, String> {
+        let micro = |field: &str, v: f64| {
+            if v.is_finite() && (0.0..=1e6).contains(&v) {
+                Ok((v * 1e6).round() as u64)
+            } else {
+                Err(format!(
+                    "price.{field}: {v} is not a price per million tokens (0 to 1000000)"
+                ))
+            }
+        };
+        Ok(PriceConfig(dsh_services::llm::Price {
+            input: micro("input", p.input)?,
+            cached_input: micro("cached_input", p.cached_input.unwrap_or(p.input))?,
+            output: micro("output", p.output)?,
+        }))
+    }
 }
 
 /// A checked `models` list: non-empty ids, each listed once, positive
@@ -85,6 +129,9 @@ pub struct ModelConfig {
     /// Whether it takes image input (default: the entry's `images`).
     #[serde(default)]
     pub images: Option<bool>,
+    /// What its tokens cost, per million (default: the entry's `price`).
+    #[serde(default)]
+    pub price: Option<PriceConfig>,
 }
 
 /// The adapter's catalogue from a `models` list, each entry checked: a
@@ -115,6 +162,7 @@ fn model_catalogue(list: &[ModelConfig]) -> Result<Vec<ModelEntry>, String> {
             context_window: m.context_window,
             max_tokens: m.max_tokens,
             images: m.images,
+            price: m.price.map(|p| p.0),
         });
     }
     Ok(out)
@@ -135,6 +183,8 @@ struct EndpointSettings {
     context_window: Option<u64>,
     /// The model catalogue.
     models: Vec<ModelEntry>,
+    /// What the endpoint's tokens cost.
+    price: Option<dsh_services::llm::Price>,
     request_s: Option<u64>,
     idle_s: Option<u64>,
     total_s: Option<u64>,
@@ -163,6 +213,7 @@ fn endpoint(
         attachments: t.attachments,
         context_window: t.context_window,
         models: t.models,
+        price: t.price,
     })?)
 }
 
@@ -192,6 +243,7 @@ impl Plugin for OpenAi {
             attachments: ctx.get(dsh_services::attachments::Attachments::SERVICE),
             context_window: config.context_window,
             models: config.models.0.clone(),
+            price: config.price.map(|p| p.0),
         };
         let key_env = config.api_key_env.as_deref().unwrap_or("DSH_API_KEY");
         let adapter = endpoint(&config.base_url, key_env, settings, Dialect::OpenAi)?;
@@ -238,6 +290,9 @@ pub struct DeepSeekPluginConfig {
     /// replaces them); other model ids pass through.
     #[serde(default)]
     pub models: Option<Models>,
+    /// What the route's tokens cost, per million (see the `openai` entry).
+    #[serde(default)]
+    pub price: Option<PriceConfig>,
 }
 
 /// Registers DeepSeek's chat-completions API (the OpenAI-compatible adapter
@@ -279,6 +334,7 @@ impl Plugin for DeepSeek {
                 Some(list) => list.0.clone(),
                 None => dsh_services::providers::openai::deepseek_models(),
             },
+            price: config.price.map(|p| p.0),
         };
         let dialect = Dialect::DeepSeek {
             effort: config.reasoning_effort.unwrap_or_default(),

@@ -149,6 +149,7 @@ async fn runtime_with(
         attachments: None,
         context_window,
         models: Vec::new(),
+        price: None,
     })
     .unwrap();
     llm.register(&root, &["peer"], Arc::new(adapter)).unwrap();

@@ -495,6 +495,61 @@ fn a_rate_limited_call_is_retried_and_each_retry_shown_and_recorded() {
     assert_eq!(retries[1]["data"]["attempt"], 2);
 }
 
+/// A route whose config gives a price shows the run's cost on its closing
+/// line; one without shows none; a price that is no price is refused with
+/// its field.
+#[test]
+fn a_priced_route_shows_the_runs_cost_and_an_unpriced_one_none() {
+    let _sweep = crate::suite::sweep();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-price").unwrap();
+    let answer = vec![
+        r#"{"choices":[{"delta":{"content":"priced"}}]}"#,
+        r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":500}}"#,
+    ];
+    for (price, says) in [
+        ("price: { input: 2.0, output: 8.0 }", Some(" · cost 0.0060")),
+        ("images: false", None),
+    ] {
+        let (url, server) = deepseek_mock(vec![answer.clone()], 0);
+        let config = dir.join("cordis.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "plugins:\n  - {{ id: services, name: agent-services, config: {{ approval: never }} }}\n  - {{ id: ep, name: openai, config: {{ base_url: \"{url}\", {price} }} }}\n"
+            ),
+        )
+        .unwrap();
+        let out = dsh(&[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--model",
+            "m",
+            "hi",
+        ]);
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(last.contains(" · 1.0k in / 500 out tokens"), "{last}");
+        match says {
+            Some(cost) => assert!(last.ends_with(cost), "{last}"),
+            None => assert!(!last.contains("cost"), "{last}"),
+        }
+        let _ = server.join();
+    }
+    let config = dir.join("bad.yml");
+    std::fs::write(
+        &config,
+        "plugins:\n  - { id: ep, name: openai, config: { base_url: \"http://127.0.0.1:9\", price: { input: -1, output: 8 } } }\n",
+    )
+    .unwrap();
+    let out = dsh(&["check", config.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("price.input: -1"), "{stderr}");
+}
+
 pub(crate) fn body_of(request: &str) -> serde_json::Value {
     serde_json::from_str(&request[request.find("\r\n\r\n").unwrap() + 4..]).unwrap()
 }

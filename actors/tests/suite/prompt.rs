@@ -215,6 +215,7 @@ impl dsh_services::llm::LlmAdapter for Defaulting {
             reasoning_effort: Some("high"),
             max_tokens: Some(4096),
             context_window: Some(64_000),
+            ..Default::default()
         }
     }
     fn stream(

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 pub use assembler::{BlockAssembler, UnclosedBlock};
 pub use runtime::{
-    ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream, ModelDefaults, Notify, Retrying,
+    ChunkStream, LlmAdapter, LlmRequest, LlmRuntime, LlmStream, ModelDefaults, Notify, Price,
+    Retrying,
 };
 
 /// A tool call's identity as the model chose it (any format: `call_0`, `toolu_…`).

@@ -133,6 +133,32 @@ pub struct ModelDefaults {
     pub max_tokens: Option<u64>,
     /// How many tokens the model reads at most (prompt and answer).
     pub context_window: Option<u64>,
+    /// What its tokens cost, when the route's config says.
+    pub price: Option<Price>,
+}
+
+/// What a model's tokens cost, per million, in millionths of the price's
+/// currency (whole numbers, so that settings compare exactly): a config's
+/// `price: {input: 0.27, cached_input: 0.07, output: 1.10}` is
+/// `Price { input: 270_000, cached_input: 70_000, output: 1_100_000 }`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Price {
+    /// Per million uncached input tokens.
+    pub input: u64,
+    /// Per million input tokens served from cache.
+    pub cached_input: u64,
+    /// Per million output tokens.
+    pub output: u64,
+}
+
+impl Price {
+    /// The cost of `usage`'s tokens, in millionths of the currency.
+    pub fn cost(&self, input: u64, cached_input: u64, output: u64) -> u64 {
+        let part = |tokens: u64, per_million: u64| {
+            (u128::from(tokens) * u128::from(per_million) / 1_000_000) as u64
+        };
+        part(input, self.input) + part(cached_input, self.cached_input) + part(output, self.output)
+    }
 }
 
 /// `llm/stream` (waterfall): wraps every model call. A listener may change

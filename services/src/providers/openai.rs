@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{
     BlockType, ContentBlock, FinishReason, LlmFailure, Message, Role, StreamChunk, TokenUsage, code,
 };
-use crate::llm::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults, Retrying};
+use crate::llm::{ChunkStream, LlmAdapter, LlmRequest, LlmStream, ModelDefaults, Price, Retrying};
 
 /// Where and how to reach an endpoint.
 #[derive(Clone)]
@@ -55,6 +55,8 @@ pub struct OpenAiConfig {
     /// What is known of particular models (an exact id match wins over
     /// the endpoint-wide settings); any other model id passes through.
     pub models: Vec<ModelEntry>,
+    /// What the endpoint's tokens cost, when known (no built-in table).
+    pub price: Option<Price>,
 }
 
 /// One model of an endpoint's catalogue: its id and what differs from the
@@ -71,6 +73,8 @@ pub struct ModelEntry {
     pub max_tokens: Option<u64>,
     /// Whether it takes image input.
     pub images: Option<bool>,
+    /// What its tokens cost (default: the endpoint's price).
+    pub price: Option<Price>,
 }
 
 impl ModelEntry {
@@ -196,6 +200,7 @@ impl OpenAiConfig {
             attachments: None,
             context_window: None,
             models: Vec::new(),
+            price: None,
         }
     }
 
@@ -835,10 +840,12 @@ impl LlmAdapter for OpenAiCompatible {
             .and_then(|m| m.context_window)
             .or(self.config.context_window);
         let max_tokens = entry.and_then(|m| m.max_tokens);
+        let price = entry.and_then(|m| m.price).or(self.config.price);
         match self.config.dialect {
             Dialect::OpenAi => ModelDefaults {
                 context_window: window,
                 max_tokens,
+                price,
                 ..ModelDefaults::default()
             },
             Dialect::DeepSeek {
@@ -848,6 +855,7 @@ impl LlmAdapter for OpenAiCompatible {
                 reasoning_effort: Some(effort.as_str()),
                 max_tokens: Some(max_tokens.unwrap_or(route_max)),
                 context_window: Some(window.unwrap_or(DEEPSEEK_CONTEXT_WINDOW)),
+                price,
             },
         }
     }

@@ -161,6 +161,7 @@ async fn setup(server: &Server, retry: bool) -> (Runtime, Arc<LlmRuntime>) {
         attachments: None,
         context_window: None,
         models: Vec::new(),
+        price: None,
     })
     .unwrap();
     llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -399,6 +400,7 @@ async fn every_wait_for_an_endpoint_has_an_end() {
             attachments: None,
             context_window: None,
             models: Vec::new(),
+            price: None,
         })
         .unwrap();
         llm.register(&rt.root(), &["openai"], Arc::new(adapter))
@@ -491,14 +493,27 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
             reasoning_effort: Some("low"),
             max_tokens: Some(256_000),
             context_window: Some(1_000_000),
+            price: None,
         }
     );
     // A catalogue entry wins for its model, the route's window for others.
+    // So does its price; the route's price serves the others.
+    let cheap = dsh_services::llm::Price {
+        input: 100_000,
+        cached_input: 10_000,
+        output: 400_000,
+    };
+    let dear = dsh_services::llm::Price {
+        input: 3_000_000,
+        ..cheap
+    };
     config.context_window = Some(500_000);
+    config.price = Some(dear);
     config.models = vec![dsh_services::providers::openai::ModelEntry {
         context_window: Some(64_000),
         max_tokens: Some(8_000),
         images: Some(true),
+        price: Some(cheap),
         ..dsh_services::providers::openai::ModelEntry::new("small")
     }];
     let listed = OpenAiCompatible::new(config.clone()).unwrap();
@@ -508,8 +523,12 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
             reasoning_effort: Some("low"),
             max_tokens: Some(8_000),
             context_window: Some(64_000),
+            price: Some(cheap),
         }
     );
+    assert_eq!(listed.defaults("other").price, Some(dear));
+    // 2M input, 1M cached, 0.5M output at the cheap price: 0.2 + 0.01 + 0.2.
+    assert_eq!(cheap.cost(2_000_000, 1_000_000, 500_000), 410_000);
     assert_eq!(listed.defaults("other").context_window, Some(500_000));
     assert_eq!(listed.defaults("other").max_tokens, Some(256_000));
     assert!(listed.accepts_images("small") && !listed.accepts_images("other"));
@@ -522,10 +541,12 @@ fn the_deepseek_dialect_switches_thinking_and_passes_reasoning_back() {
             reasoning_effort: None,
             max_tokens: Some(8_000),
             context_window: Some(64_000),
+            price: Some(cheap),
         }
     );
     config.context_window = None;
     config.models.clear();
+    config.price = None;
     let plain = OpenAiCompatible::new(config).unwrap();
     assert_eq!(plain.defaults("m"), ModelDefaults::default());
     // Plain OpenAI: nothing of that, and `content: null` beside tool calls.
