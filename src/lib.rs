@@ -8,6 +8,8 @@
 //!   its time and tokens) and text from outside made inert for a terminal.
 //! - [`board`]: a run's children as they go: the progress line on a
 //!   terminal, the summary table at the end.
+//! - [`record`]: a run's own record — its tree's nodes, live and stopped,
+//!   with status, time and tokens, bounded — and its rendering.
 //! - [`exit`]: how a command ends (exit codes, library errors turned into them).
 //! - [`home`]: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`args`]: the options every agent-creating command shares (model,
@@ -51,6 +53,7 @@ pub mod lines;
 pub mod multi;
 pub mod node;
 pub mod out;
+pub mod record;
 pub mod replay;
 pub mod run;
 pub mod serve;

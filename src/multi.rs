@@ -115,6 +115,12 @@ fn show_tree(nodes: &[dsh_supervisors::tree::NodeSnapshot]) {
     crate::errln!("live actor tree:\n{}", render(nodes));
 }
 
+/// Prints the run's record on stderr: every node, how it ended, how long.
+fn show_record(rt: &Runtime) {
+    let (entries, more) = crate::record::of(rt, crate::record::BOUND);
+    crate::errln!("the run's tree:\n{}", crate::record::render(&entries, more));
+}
+
 /// Whether every remote child's part in `nodes` shows the subtree mirrored
 /// from its node.
 fn every_part_rooted(nodes: &[dsh_supervisors::tree::NodeSnapshot]) -> bool {
@@ -248,7 +254,8 @@ pub struct WorkflowArgs {
     /// The meta block, as JSON (default: named after the file).
     #[arg(long)]
     pub meta: Option<String>,
-    /// Print the live actor tree once the first child is in flight.
+    /// Print the live actor tree once the first child is in flight, and
+    /// the run's record (every node, its end and time) when it ends.
     #[arg(long)]
     pub tree: bool,
     /// Exit 0 when the script ends even if some children failed (they are
@@ -344,6 +351,9 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
         }
         Err(e) => e,
     };
+    if opts.tree {
+        show_record(&stage.rt);
+    }
     report_logs(&stage, "workflow");
     crate::serve::hold(&opts.dashboard).await;
     settle(exit, finish(stage).await, "workflow")
@@ -527,6 +537,10 @@ pub struct RalphArgs {
     /// Round cap (1..=256).
     #[arg(long, default_value_t = 20)]
     pub max_rounds: u32,
+    /// Print the run's record (every node of its tree, its end and time)
+    /// when it ends.
+    #[arg(long)]
+    pub tree: bool,
     /// Continue the loop recorded in this coordinator session.
     #[arg(long, value_name = "ID", conflicts_with = "objective")]
     pub resume: Option<String>,
@@ -606,6 +620,9 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
         return e;
     }
     let exit = run_ralph(&stage, &objective, opts.max_rounds, resume, None).await;
+    if opts.tree {
+        show_record(&stage.rt);
+    }
     report_logs(&stage, "ralph");
     crate::serve::hold(&opts.dashboard).await;
     if exit.is_ok() {

@@ -11,7 +11,6 @@ use dsh_services::llm::{ContentBlock, LlmRuntime, Price, StreamChunk};
 use dsh_services::persistence::{JsonlStore, SessionPersistence};
 use dsh_services::session::{EventData, TurnEndReason};
 use dsh_supervisors::error::chain;
-use dsh_supervisors::tree::render;
 use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
@@ -421,7 +420,8 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         .err()
         .map(|e| format!("the session log was not fully written: {}", chain(&e)));
     if args.tree {
-        crate::err!("{}", render(&rt.tree().snapshot()));
+        let (entries, more) = crate::record::of(rt, crate::record::BOUND);
+        crate::err!("{}", crate::record::render(&entries, more));
     }
     if !args.quiet {
         let summary = outcome.as_ref().ok();

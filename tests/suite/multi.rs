@@ -194,6 +194,59 @@ fn on_a_terminal_a_workflow_shows_its_progress_line_and_ends_with_the_table() {
     assert!(!text(&out.stdout).contains('\u{1b}'));
 }
 
+/// `--tree` ends a workflow and a Ralph loop with the run's record: every
+/// node of its tree under its parent, with how it ended and how long it ran.
+#[test]
+fn tree_ends_a_run_with_its_record_of_every_node_and_its_end() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo/fan.js");
+    for (argv, children) in [
+        (
+            vec![
+                "workflow",
+                script.to_str().unwrap(),
+                "--demo-model",
+                "--tree",
+            ],
+            3,
+        ),
+        (
+            vec![
+                "ralph",
+                "Write NOTES.md",
+                "--max-rounds",
+                "2",
+                "--demo-model",
+                "--tree",
+            ],
+            2,
+        ),
+    ] {
+        let run = dsh(&argv, &dir);
+        let err = text(&run.stderr);
+        assert!(run.status.success(), "{err}");
+        let record: Vec<&str> = err
+            .lines()
+            .skip_while(|l| *l != "the run's tree:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert!(record[0].starts_with("root [root] active "), "{err}");
+        // Each child's agent, stopped, indented under its scope, timed.
+        let drivers: Vec<&&str> = record
+            .iter()
+            .filter(|l| l.trim_start().starts_with("driver/") && l.contains(" disposed "))
+            .collect();
+        assert_eq!(drivers.len(), children, "{err}");
+        for d in drivers {
+            let depth = d.len() - d.trim_start().len();
+            assert!(depth >= 6, "{d}");
+            assert!(d.contains(" ms") || d.contains(" s"), "{d}");
+        }
+    }
+}
+
 /// The README's tour runs `demo/fan.js` from the repository: three children
 /// by default, one per topic given with `--args`.
 #[test]

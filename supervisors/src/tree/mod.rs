@@ -359,6 +359,9 @@ pub struct NodeSnapshot {
     /// Why it stopped, once stopped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// When it stopped, ms since epoch, once stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_ms: Option<u64>,
     /// Global stop sequence number, once stopped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_seq: Option<u64>,
@@ -582,6 +585,7 @@ impl Tree {
             status,
             mailbox_depth: node.stats.mailbox_depth(),
             last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
+            stopped_ms: now_ms(),
             node,
             reason: reason.clone(),
             seq: 0,
@@ -844,6 +848,7 @@ struct StoppedNode {
     status: Status,
     mailbox_depth: u64,
     last_activity_ms: u64,
+    stopped_ms: u64,
 }
 
 impl StoppedNode {
@@ -852,6 +857,7 @@ impl StoppedNode {
         snap.status = self.status;
         snap.mailbox_depth = self.mailbox_depth;
         snap.last_activity_ms = self.last_activity_ms;
+        snap.stopped_ms = Some(self.stopped_ms);
         snap
     }
 }
@@ -870,6 +876,7 @@ fn snapshot_of(node: &Node, stop_reason: Option<String>, stop_seq: Option<u64>) 
         last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
         summary: summary_of(node),
         stop_reason,
+        stopped_ms: None,
         stop_seq,
     }
 }
