@@ -563,6 +563,13 @@ async fn stopped(State(api): State<Api>) -> Response {
     Json(nodes).into_response()
 }
 
+/// The run's record: every node, live and stopped, with its end and time
+/// (at most [`crate::record::BOUND`]; `more` counts the rest).
+async fn record(State(api): State<Api>) -> Response {
+    let (entries, more) = crate::record::of(&api.rt, crate::record::BOUND);
+    Json(serde_json::json!({ "entries": entries, "more": more })).into_response()
+}
+
 async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such endpoint")
 }
@@ -603,6 +610,7 @@ fn router(
         .route("/api/actors/{id}", get(actor))
         .route("/api/actors/{id}/stop", axum::routing::post(agents::stop))
         .route("/api/tree/stopped", get(stopped))
+        .route("/api/record", get(record))
         .route("/", get(page))
         .route("/api/sessions", get(agents::sessions))
         .route("/api/sessions/{id}/events", get(agents::events))

@@ -544,6 +544,20 @@ async fn agents_are_created_followed_and_their_sessions_read_and_tailed() {
         "in stop order: {seqs:?}"
     );
     assert!(stopped.as_array().unwrap().iter().any(|n| n["id"] == node));
+    // The run's record holds it too, stopped, timed, under its parent.
+    let record: serde_json::Value = get_json(&c, format!("{base}/api/record")).await;
+    let entries = record["entries"].as_array().unwrap();
+    let entry = entries.iter().find(|e| e["id"] == node).unwrap();
+    assert_eq!(entry["status"], "disposed", "{entry}");
+    assert!(
+        entry["ms"].is_u64() && entry["reason"].is_string(),
+        "{entry}"
+    );
+    assert!(
+        entries.iter().any(|e| e["id"] == entry["parent"]),
+        "{record}"
+    );
+    assert_eq!(record["more"], 0);
     let detail: serde_json::Value = get_json(&c, format!("{base}/api/actors/{node}")).await;
     assert_eq!(detail["node"]["status"], "disposed");
     // Any actor stops the same way: here a scope with a worker inside.
