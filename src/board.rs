@@ -21,6 +21,8 @@ pub struct Row {
     pub label: String,
     /// The node it runs on, when another.
     pub node: Option<String>,
+    /// The provider that runs it, when not the usual one.
+    pub provider: Option<String>,
     /// Its session id.
     pub session: String,
     /// How it ended; `None` while it runs.
@@ -81,7 +83,7 @@ impl Board {
 
     /// A child started.
     pub fn started(&self, row: Row) {
-        let place = lines::place(row.node.as_deref());
+        let place = lines::place_via(row.node.as_deref(), row.provider.as_deref());
         let line = match self.rounds {
             None => format!(
                 "[{}] agent #{} started: {}{place} (session {})",
@@ -107,7 +109,7 @@ impl Board {
             row.ending = Some(ending.clone());
             row.clone()
         };
-        let place = lines::place(row.node.as_deref());
+        let place = lines::place_via(row.node.as_deref(), row.provider.as_deref());
         self.say(&match self.rounds {
             None => format!("[{}] agent #{seq} {}{place} {ending}", self.name, row.label),
             Some(_) => format!("[{}] round {seq}{place} {ending}", self.name),
@@ -215,12 +217,18 @@ pub fn table(rows: &[Row], elapsed: Duration, what: &str) -> String {
     }
     out.push('\n');
     let dash = || "-".to_owned();
+    let priced = rows
+        .iter()
+        .any(|r| r.ending.as_ref().is_some_and(|e| e.cost.is_some()));
     let mut cells = vec![
         [
             "#", "label", "node", "status", "time", "steps", "tokens", "session",
         ]
         .map(str::to_owned),
     ];
+    if priced {
+        cells[0][6] = "tokens (cost)".to_owned();
+    }
     for r in rows {
         let e = r.ending.as_ref();
         let status = match e {
@@ -241,9 +249,14 @@ pub fn table(rows: &[Row], elapsed: Duration, what: &str) -> String {
             e.and_then(|e| e.steps)
                 .filter(|s| *s > 0)
                 .map_or_else(dash, |s| s.to_string()),
-            e.and_then(|e| e.tokens)
-                .filter(|t| *t > 0)
-                .map_or_else(dash, lines::tokens),
+            match (
+                e.and_then(|e| e.tokens).filter(|t| *t > 0),
+                e.and_then(|e| e.cost),
+            ) {
+                (Some(t), Some(c)) => format!("{} ({})", lines::tokens(t), lines::cost(c)),
+                (Some(t), None) => lines::tokens(t),
+                (None, _) => dash(),
+            },
             r.session.clone(),
         ]);
     }
@@ -292,6 +305,7 @@ mod tests {
             seq,
             label: label.into(),
             node: node.map(str::to_owned),
+            provider: None,
             session: format!("session-{seq}"),
             ending,
             since: None,

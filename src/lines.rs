@@ -128,6 +128,9 @@ pub struct Ending {
     pub steps: Option<u64>,
     /// Tokens it spent (input and output).
     pub tokens: Option<u64>,
+    /// What they cost, in millionths of the route's currency, when its
+    /// config gives a price.
+    pub cost: Option<u64>,
 }
 
 impl Ending {
@@ -139,6 +142,7 @@ impl Ending {
             elapsed: data["ms"].as_u64().map(Duration::from_millis),
             steps: data["steps"].as_u64(),
             tokens: data["tokens"].as_u64(),
+            cost: data["cost"].as_u64(),
         }
     }
 
@@ -159,6 +163,9 @@ impl std::fmt::Display for Ending {
             }
             if let Some(t) = self.tokens.filter(|t| *t > 0) {
                 write!(f, " · {} tokens", tokens(t))?;
+            }
+            if let Some(c) = self.cost {
+                write!(f, " · cost {}", cost(c))?;
             }
             Ok(())
         };
@@ -219,6 +226,16 @@ pub fn retrying(data: &serde_json::Value) -> String {
 pub fn place(node: Option<&str>) -> String {
     node.map(|n| format!(" on {}", inert_line(n)))
         .unwrap_or_default()
+}
+
+/// ` on b` for a child on node `b`, else ` via acp-x` for one a provider
+/// other than the usual ones runs, else nothing.
+pub fn place_via(node: Option<&str>, provider: Option<&str>) -> String {
+    match (node, provider) {
+        (Some(_), _) => place(node),
+        (None, Some(p)) => format!(" via {}", inert_line(p)),
+        (None, None) => String::new(),
+    }
 }
 
 #[cfg(test)]
@@ -295,6 +312,16 @@ mod tests {
         assert_eq!(tokens(3_400_000), "3.4M");
         assert_eq!(place(Some("b\u{1b}[2J")), " on b");
         assert_eq!(place(None), "");
+        assert_eq!(place_via(None, Some("acp-claude")), " via acp-claude");
+        assert_eq!(place_via(Some("b"), Some("remote")), " on b");
+        let priced = Ending {
+            cost: Some(6_000),
+            ..done.clone()
+        };
+        assert_eq!(
+            priced.to_string(),
+            "completed in 4.2 s · 3 steps · 1.2k tokens · cost 0.0060"
+        );
         let retry = serde_json::json!({"attempt": 1, "maxRetries": 5, "code": "RATE_LIMITED", "status": 429, "message": "slow\u{1b}[2J down\nmore", "waitMs": 2000});
         assert_eq!(
             retrying(&retry),

@@ -424,6 +424,11 @@ async fn run_workflow(
         match u.kind {
             "workflow/phase" => said.say(&format!("[{name}] phase: {}", text(&u.data["title"]))),
             "workflow/log" => said.say(&format!("[{name}] {}", text(&u.data["message"]))),
+            "workflow/agent-retry" => said.say(&format!(
+                "[{name}] agent #{} {}",
+                u.data["seq"],
+                lines::retrying(&u.data)
+            )),
             "workflow/agent-start" => {
                 let n = count.fetch_add(1, Ordering::Relaxed) + 1;
                 said.started(Row {
@@ -433,6 +438,7 @@ async fn run_workflow(
                         None => "-".to_owned(),
                     },
                     node: u.data["node"].as_str().map(str::to_owned),
+                    provider: u.data["provider"].as_str().map(str::to_owned),
                     session: text(&u.data["child"]),
                     ending: None,
                     since: None,
@@ -450,7 +456,7 @@ async fn run_workflow(
                     let line = format!(
                         "agent #{seq} {}{} (session {}) {ending}",
                         row.label,
-                        lines::place(row.node.as_deref()),
+                        lines::place_via(row.node.as_deref(), row.provider.as_deref()),
                         row.session
                     );
                     if let Ok(mut f) = failed.lock() {
@@ -659,6 +665,7 @@ async fn run_ralph(
             seq: round,
             label: format!("round {round}"),
             node: s.info.node.clone(),
+            provider: None,
             session: s.info.child.clone(),
             ending: None,
             since: Some(std::time::Instant::now()),
@@ -680,6 +687,7 @@ async fn run_ralph(
                 elapsed: None,
                 steps: e.steps.map(u64::from),
                 tokens: Some(e.tokens),
+                cost: None,
             },
         );
     });

@@ -247,6 +247,66 @@ fn tree_ends_a_run_with_its_record_of_every_node_and_its_end() {
     }
 }
 
+/// A child whose model call is refused with 429 says so as it waits, on
+/// the workflow's own lines; with a priced route, its line and the table
+/// give its cost.
+#[test]
+fn a_childs_retries_and_cost_are_on_the_workflows_lines() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    let (url, server) = super::run::deepseek_mock(
+        vec![
+            vec![super::run::RATE_LIMITED],
+            vec![
+                r#"{"choices":[{"delta":{"content":"done"}}]}"#,
+                r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":500}}"#,
+            ],
+        ],
+        0,
+    );
+    std::fs::write(
+        dir.join("one.js"),
+        "const r = await agent('go', {label: 'solo'});\nreturn {r};\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("cordis.yml"),
+        format!(
+            "plugins:\n  - {{ id: services, name: agent-services, config: {{ approval: never }} }}\n  - {{ id: ep, name: openai, config: {{ base_url: \"{url}\", price: {{ input: 2.0, output: 8.0 }} }} }}\n"
+        ),
+    )
+    .unwrap();
+    let run = dsh(
+        &[
+            "workflow",
+            "one.js",
+            "--config",
+            "cordis.yml",
+            "--model",
+            "m",
+        ],
+        &dir,
+    );
+    let err = text(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    let _ = server.join();
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("[one] agent #1 retrying in ")
+                && l.contains("(HTTP 429 RATE_LIMITED")),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("[one] agent #1 solo completed in ")
+                && l.ends_with(" · cost 0.0060")),
+        "{err}"
+    );
+    assert!(err.contains("  tokens (cost)  "), "{err}");
+    assert!(err.contains("1.5k (0.0060)"), "{err}");
+}
+
 /// The README's tour runs `demo/fan.js` from the repository: three children
 /// by default, one per topic given with `--args`.
 #[test]

@@ -34,6 +34,8 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use dsh_services::session::EventData;
+
 use crate::agent::Agent;
 use crate::session::short;
 use crate::subagent::{StartRequest, StopReason, Subagents};
@@ -538,6 +540,24 @@ async fn drive(host: &mut Host) -> WorkflowResult {
     }
 }
 
+/// What `agent`'s turns cost, in millionths of its route's currency, when
+/// the route's config gives a price.
+fn cost_of(agent: &Agent) -> Option<u64> {
+    let ctx = agent.context().ok()?;
+    let llm = ctx.get::<dsh_services::llm::LlmRuntime>(dsh_services::llm::LlmRuntime::SERVICE)?;
+    let spec = agent.spec();
+    let price = llm.defaults(&spec.provider, &spec.model).price?;
+    let (mut input, mut cached, mut output) = (0, 0, 0);
+    for e in agent.session().events() {
+        if let EventData::AssistantMessage { usage: Some(u), .. } = &e.data {
+            input += u.input_tokens;
+            cached += u.cache_read_tokens.unwrap_or(0);
+            output += u.output_tokens;
+        }
+    }
+    Some(price.cost(input, cached, output))
+}
+
 /// One `agent()` call: a child through the seam, owned by the run's scope.
 fn child(
     host: &Host,
@@ -554,6 +574,19 @@ fn child(
     let provider = host.provider.clone();
     let parent = host.parent.clone();
     let (run_id, name) = (host.id.clone(), host.meta.name.clone());
+    // A child's retries are told to observers as they happen (its own log
+    // records them; the parent's does not).
+    let told = {
+        let (parent, run_id, name) = (parent.clone(), run_id.clone(), name.clone());
+        move |data: Value| {
+            parent.reach().emit(&WorkflowUpdate {
+                run: run_id.clone(),
+                name: name.clone(),
+                kind: "workflow/agent-retry",
+                data,
+            })
+        }
+    };
     // Observers get the update; the parent's log gets the member record
     // (`tool-workflow/agent-start|end`), so each child is found again from
     // its parent after a restart.
@@ -587,9 +620,23 @@ fn child(
         if let Some(node) = &run.info().node {
             start["node"] = Value::String(node.clone());
         }
+        // A provider other than the usual ones (an ACP agent, say) is said.
+        if !matches!(run.info().provider.as_str(), "spawn" | "remote") {
+            start["provider"] = Value::String(run.info().provider.clone());
+        }
         let began = std::time::Instant::now();
         emit("workflow/agent-start", start);
+        let watching = run.agent().session().observe(Arc::new(move |e| {
+            if let EventData::Other { kind, data } = &e.data
+                && &**kind == "llm/retry"
+            {
+                let mut said = (**data).clone();
+                said["seq"] = json!(seq);
+                told(said);
+            }
+        }));
         let result = run.result().await;
+        run.agent().session().unobserve(watching);
         let mut end = json!({
             "seq": seq,
             "child": run.id(),
@@ -604,6 +651,9 @@ fn child(
         }
         if let Some(why) = &result.diagnostic {
             end["diagnostic"] = Value::String(why.clone());
+        }
+        if let Some(cost) = cost_of(run.agent()) {
+            end["cost"] = json!(cost);
         }
         emit("workflow/agent-end", end);
         let answer = match (result.stop_reason, result.structured) {
