@@ -187,6 +187,7 @@ impl From<StoreError> for Exit {
             | StoreError::BadId(_)
             | StoreError::Exists(_)
             | StoreError::Encoding { .. }
+            | StoreError::Ambiguous { .. }
             | StoreError::Load { .. } => USAGE,
             StoreError::Io { .. }
             | StoreError::Database { .. }

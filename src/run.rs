@@ -70,7 +70,7 @@ fn place_session(
     args: &RunArgs,
     spec: &mut AgentSpec,
 ) -> exit::Result<()> {
-    let Some(id) = &args.resume else {
+    let Some(given) = &args.resume else {
         spec.store = Some(match &args.session {
             Some(p) => Arc::new(JsonlStore::file(p)),
             None => store,
@@ -78,6 +78,8 @@ fn place_session(
         spec.id = Some(dsh_services::llm::Message::new_id());
         return Ok(());
     };
+    // The id, or the start of one (the 8 characters the lines show).
+    let id = &dsh_services::persistence::resolve(&*store, given)?;
     let loaded = store.load(id)?;
     if let Some(line) = loaded.torn_line {
         crate::errln!(

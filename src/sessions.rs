@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use dsh_services::persistence::{Compression, JsonlStore, SessionPersistence, SqliteStore};
+use dsh_services::persistence::{
+    Compression, JsonlStore, SessionPersistence, SqliteStore, resolve,
+};
 use dsh_services::session::compare::shape;
 use dsh_services::session::{SessionHeader, SessionLog, jsonl};
 use dsh_supervisors::error::chain;
@@ -123,6 +125,7 @@ fn list(store: &dyn SessionPersistence, json: bool) -> exit::Result<()> {
 
 /// `dsh sessions show <id>`: header, repairs, and each turn's shape.
 fn show(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
+    let id = &resolve(store, id)?;
     let loaded = store.load(id)?;
     let h = &loaded.header;
     crate::outln!(
@@ -160,6 +163,7 @@ fn show(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
 
 /// `dsh sessions export <id>`: the log (repaired) as JSONL on stdout.
 fn export(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
+    let id = &resolve(store, id)?;
     let l = store.load(id)?;
     crate::out!("{}", jsonl::render(&l.header, &l.events));
     Ok(())
@@ -168,6 +172,7 @@ fn export(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
 /// `dsh sessions fork <id> [--at SEQ]`: a new session seeded with the
 /// events through `at` (default: all), which must end outside a turn.
 fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> exit::Result<()> {
+    let id = &resolve(store, id)?;
     let loaded = store.load(id)?;
     let last = loaded.events.len() as u64;
     let log = SessionLog::from_seed(loaded.header.clone(), loaded.events, 0)

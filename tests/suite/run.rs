@@ -777,6 +777,60 @@ fn escapes_from_the_model_and_its_tools_print_inert_and_the_run_ends_with_its_li
     );
 }
 
+/// The 8 characters the closing line shows are enough to resume the
+/// session; the start of several ids is refused, naming them.
+#[test]
+fn a_session_is_resumed_by_the_short_id_its_run_printed() {
+    let _sweep = crate::suite::sweep();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-run-short").unwrap();
+    let sessions = dir.join("sessions");
+    let script = dir.join("ok.json");
+    std::fs::write(&script, r#"{"steps": [{"text": "ok"}]}"#).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--script",
+            script.to_str().unwrap(),
+            "--approval",
+            "never",
+            "--sessions-dir",
+            sessions.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        args.push("go on");
+        dsh(&args)
+    };
+    let first = run(&[]);
+    let said = text(&first.stderr);
+    assert!(first.status.success(), "{said}");
+    let last = said.lines().last().unwrap_or_default().to_owned();
+    let short = last.split(' ').nth(1).unwrap().to_owned();
+    let full = last.split(['(', ')']).nth(1).unwrap().to_owned();
+    assert_eq!(short.len(), 8, "{last}");
+    let again = run(&["--resume", &short]);
+    let said = text(&again.stderr);
+    assert!(again.status.success(), "{said}");
+    assert!(said.contains(&format!("({full})")), "{said}");
+    // Two turns in one session now.
+    let log = std::fs::read_to_string(sessions.join(&full).join("session.jsonl")).unwrap();
+    assert_eq!(log.matches("\"turn/end\"").count(), 2, "{log}");
+    // A start shared by two ids names both.
+    let twin = format!("{}-twin", &full[..8]);
+    std::fs::create_dir_all(sessions.join(&twin)).unwrap();
+    std::fs::copy(
+        sessions.join(&full).join("session.jsonl"),
+        sessions.join(&twin).join("session.jsonl"),
+    )
+    .unwrap();
+    let both = run(&["--resume", &short]);
+    let said = text(&both.stderr);
+    assert_eq!(both.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("is the start of 2 session ids") && said.contains(&twin),
+        "{said}"
+    );
+}
+
 #[test]
 fn reasoning_goes_to_stderr_unless_quiet() {
     let _sweep = crate::suite::sweep();

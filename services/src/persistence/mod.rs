@@ -87,6 +87,15 @@ pub enum StoreError {
         /// Events it held when read.
         read: u64,
     },
+    /// A short id is the start of several sessions' ids. Fatal: give more
+    /// of it.
+    #[error("`{given}` is the start of {} session ids ({}); give more of it", .matches.len(), .matches.join(", "))]
+    Ambiguous {
+        /// What was given.
+        given: String,
+        /// The ids it starts (at most a few).
+        matches: Vec<String>,
+    },
     /// Another writer holds the session (`SESSION_BUSY`). Retryable once
     /// that process ends; reading the session needs no lock.
     #[error("SESSION_BUSY: session {id} is being written by {} (lock {path}); wait for it to end, or read it with `dsh sessions show`", match .pid { Some(p) => format!("process {p}"), None => "another process".to_owned() })]
@@ -98,6 +107,34 @@ pub enum StoreError {
         /// The lock file.
         path: String,
     },
+}
+
+/// The session `given` names in `store`: its id, or the one id it is the
+/// start of (the 8-character ids the tree and the lines show). None: not
+/// found; several: [`StoreError::Ambiguous`].
+pub fn resolve(store: &dyn SessionPersistence, given: &str) -> Result<String, StoreError> {
+    let ids = store.ids()?;
+    if ids.iter().any(|id| id == given) {
+        return Ok(given.to_owned());
+    }
+    let mut matches: Vec<String> = if given.len() >= 4 {
+        ids.into_iter().filter(|id| id.starts_with(given)).collect()
+    } else {
+        Vec::new()
+    };
+    matches.sort();
+    match matches.len() {
+        // Not a start of any id: what loading it says (not found, a bad id).
+        0 => store.load(given).map(|_| given.to_owned()),
+        1 => Ok(matches.remove(0)),
+        _ => {
+            matches.truncate(5);
+            Err(StoreError::Ambiguous {
+                given: given.to_owned(),
+                matches,
+            })
+        }
+    }
 }
 
 /// A loaded session: what is durable, and what load repaired in memory.
@@ -178,6 +215,15 @@ pub trait SessionPersistence: Send + Sync + std::fmt::Debug + 'static {
     fn read_from(&self, id: &str, seq: u64) -> Result<Vec<SessionEvent>, StoreError>;
     /// Every session, newest first; unreadable ones as the error they give.
     fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError>;
+    /// Every session's id, in no order (nothing is loaded where the store
+    /// can say without).
+    fn ids(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter_map(|s| s.ok().map(|s| s.id))
+            .collect())
+    }
     /// One session's summary.
     fn inspect(&self, id: &str) -> Result<SessionSummary, StoreError> {
         self.load(id).map(|l| summarize(&l))
@@ -652,6 +698,19 @@ impl SessionPersistence for JsonlStore {
                 Self::append_bytes(&path, &frame)
             }
         }
+    }
+
+    fn ids(&self) -> Result<Vec<String>, StoreError> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&self.root, e)),
+        };
+        Ok(entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.starts_with('+') && name != "locks")
+            .collect())
     }
 
     fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError> {

@@ -363,6 +363,18 @@ impl SessionPersistence for SqliteStore {
         Ok(out)
     }
 
+    fn ids(&self) -> Result<Vec<String>, StoreError> {
+        let path = self.path.clone();
+        self.run(move |conn| {
+            let mut stmt = conn
+                .prepare("SELECT id FROM sessions")
+                .map_err(|e| db_error(&path, e))?;
+            stmt.query_map([], |r| r.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| db_error(&path, e))
+        })
+    }
+
     fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError> {
         let path = self.path.clone();
         let ids = self.run(move |conn| {

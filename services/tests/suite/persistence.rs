@@ -151,6 +151,28 @@ fn contract(store: &dyn SessionPersistence) {
     assert_eq!(all[1].events, events.len() as u64);
     assert_eq!(all[1].title, "prompt 1 of first");
     assert_eq!(store.inspect("first").unwrap(), all[1]);
+
+    // A session is named by its id or by the start of one, when only one
+    // id starts so (at least 4 characters).
+    for id in ["abcd1234-aaaa", "abcd9999-bbbb", "ffff0000-cccc"] {
+        let (h, e) = session(id, 3_000, 1, false);
+        store.create(&h, &e).unwrap();
+    }
+    let resolved = |given: &str| dsh_services::persistence::resolve(store, given);
+    assert_eq!(resolved("ffff0000-cccc").unwrap(), "ffff0000-cccc");
+    assert_eq!(resolved("ffff").unwrap(), "ffff0000-cccc", "{backend}");
+    assert_eq!(resolved("first").unwrap(), "first");
+    match resolved("abcd") {
+        Err(StoreError::Ambiguous { matches, .. }) => {
+            assert_eq!(matches, ["abcd1234-aaaa", "abcd9999-bbbb"], "{backend}")
+        }
+        other => panic!("{backend}: an ambiguous start gave {other:?}"),
+    }
+    assert!(
+        matches!(resolved("fff"), Err(StoreError::NotFound(..))),
+        "{backend}: three characters name nothing"
+    );
+    assert!(matches!(resolved("zzzz"), Err(StoreError::NotFound(..))));
 }
 
 #[test]
@@ -268,7 +290,7 @@ fn the_sqlite_backend_meets_the_persistence_contract() {
     contract(&SqliteStore::open(&db).unwrap());
     // Reopened, everything is still there.
     let store = SqliteStore::open(&db).unwrap();
-    assert_eq!(store.list().unwrap().len(), 2);
+    assert_eq!(store.list().unwrap().len(), 5);
     assert_eq!(store.load("first").unwrap().events.len(), 18);
     let _ = std::fs::remove_dir_all(&dir);
 }
