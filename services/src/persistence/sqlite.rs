@@ -202,6 +202,17 @@ impl SqliteStore {
         })?
     }
 
+    /// The session ids `sql` selects.
+    fn query_ids(&self, sql: &'static str) -> Result<Vec<String>, StoreError> {
+        let path = self.path.clone();
+        self.run(move |conn| {
+            let mut stmt = conn.prepare(sql).map_err(|e| db_error(&path, e))?;
+            stmt.query_map([], |r| r.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| db_error(&path, e))
+        })
+    }
+
     fn where_(&self, id: &str) -> String {
         format!("{}#{id}", self.path.display())
     }
@@ -364,27 +375,11 @@ impl SessionPersistence for SqliteStore {
     }
 
     fn ids(&self) -> Result<Vec<String>, StoreError> {
-        let path = self.path.clone();
-        self.run(move |conn| {
-            let mut stmt = conn
-                .prepare("SELECT id FROM sessions")
-                .map_err(|e| db_error(&path, e))?;
-            stmt.query_map([], |r| r.get::<_, String>(0))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| db_error(&path, e))
-        })
+        self.query_ids("SELECT id FROM sessions")
     }
 
     fn list(&self) -> Result<Vec<Result<SessionSummary, StoreError>>, StoreError> {
-        let path = self.path.clone();
-        let ids = self.run(move |conn| {
-            let mut stmt = conn
-                .prepare("SELECT id FROM sessions ORDER BY created_at DESC, id")
-                .map_err(|e| db_error(&path, e))?;
-            stmt.query_map([], |r| r.get::<_, String>(0))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| db_error(&path, e))
-        })?;
+        let ids = self.query_ids("SELECT id FROM sessions ORDER BY created_at DESC, id")?;
         Ok(ids
             .iter()
             .map(|id| self.load(id).map(|l| summarize(&l)))
