@@ -27,6 +27,8 @@
 //! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
+//! - [`chat`]: `dsh chat` — an interactive session (so far: what a line
+//!   of input means, the commands' table).
 //!
 //! Each command module owns its `…Args` (clap); `main.rs` parses the command
 //! line and dispatches. The benchmarks (`dsh bench`) are modules of the
@@ -46,6 +48,7 @@ pub mod acp;
 pub mod args;
 pub mod board;
 pub mod catalogue;
+pub mod chat;
 pub mod config;
 pub mod exit;
 pub mod home;
