@@ -81,8 +81,8 @@ impl Board {
         self.draw(&rows);
     }
 
-    /// A child started.
-    pub fn started(&self, row: Row) {
+    /// A child started; how many have.
+    pub fn started(&self, row: Row) -> usize {
         let place = lines::place_via(row.node.as_deref(), row.provider.as_deref());
         let line = match self.rounds {
             None => format!(
@@ -94,15 +94,22 @@ impl Board {
                 self.name, row.seq, row.session
             ),
         };
-        self.rows().push(row);
+        let started = {
+            let mut rows = self.rows();
+            rows.push(row);
+            rows.len()
+        };
         self.say(&line);
+        started
     }
 
-    /// Child `seq` ended; its row, for the failure list.
-    pub fn ended(&self, seq: u64, mut ending: Ending) -> Option<Row> {
+    /// Child `seq` ended (one the board never saw start is left out).
+    pub fn ended(&self, seq: u64, mut ending: Ending) {
         let row = {
             let mut rows = self.rows();
-            let row = rows.iter_mut().find(|r| r.seq == seq)?;
+            let Some(row) = rows.iter_mut().find(|r| r.seq == seq) else {
+                return;
+            };
             if ending.elapsed.is_none() {
                 ending.elapsed = row.since.map(|s| s.elapsed());
             }
@@ -114,7 +121,22 @@ impl Board {
             None => format!("[{}] agent #{seq} {}{place} {ending}", self.name, row.label),
             Some(_) => format!("[{}] round {seq}{place} {ending}", self.name),
         });
-        Some(row)
+    }
+
+    /// One line per child that ended without completing, in start order:
+    /// `agent #2 topic b on b (session …) failed after 850 ms: CODE: …`.
+    pub fn failures(&self) -> Vec<String> {
+        self.rows()
+            .iter()
+            .filter_map(|r| {
+                let ending = r.ending.as_ref().filter(|e| !e.completed())?;
+                let place = lines::place_via(r.node.as_deref(), r.provider.as_deref());
+                Some(format!(
+                    "agent #{} {}{place} (session {}) {ending}",
+                    r.seq, r.label, r.session
+                ))
+            })
+            .collect()
     }
 
     /// Draws the progress line again (its clock moves); a no-op without a
@@ -396,15 +418,28 @@ mod tests {
                 .progress(&[])
                 .starts_with("[fan] 0 running · 0 done · 0 failed · ")
         );
-        board.started(row(1, "a", Some("b"), None));
-        let ended = board.ended(
+        assert_eq!(board.started(row(1, "a", Some("b"), None)), 1);
+        assert_eq!(board.started(row(2, "c", None, None)), 2);
+        board.ended(
             1,
             Ending {
                 outcome: "completed".into(),
                 ..Ending::default()
             },
         );
-        assert_eq!(ended.map(|r| r.node), Some(Some("b".to_owned())));
-        assert!(board.ended(9, Ending::default()).is_none());
+        board.ended(
+            2,
+            Ending {
+                outcome: "error".into(),
+                diagnostic: Some("X: broke".into()),
+                ..Ending::default()
+            },
+        );
+        // One the board never saw start changes nothing.
+        board.ended(9, Ending::default());
+        assert_eq!(
+            board.failures(),
+            ["agent #2 c (session session-2) failed: X: broke"]
+        );
     }
 }

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentSpec};
@@ -56,15 +55,23 @@ struct TreePrint {
     rt: Runtime,
     cluster: Option<Arc<Cluster>>,
     due: tokio::sync::Notify,
+    /// The run's lines, which the tree is printed among.
+    board: Arc<Board>,
 }
 
 impl TreePrint {
-    fn new(stage: &Stage) -> Arc<TreePrint> {
+    fn new(stage: &Stage, board: Arc<Board>) -> Arc<TreePrint> {
         Arc::new(TreePrint {
             rt: stage.rt.clone(),
             cluster: stage.cluster.clone(),
             due: tokio::sync::Notify::new(),
+            board,
         })
+    }
+
+    fn show(&self, nodes: &[dsh_supervisors::tree::NodeSnapshot]) {
+        self.board
+            .say(&format!("live actor tree:\n{}", render(nodes)));
     }
 
     /// The tree is due (called from a listener, which cannot wait).
@@ -76,7 +83,7 @@ impl TreePrint {
     }
 
     fn print(&self) {
-        show_tree(&self.rt.tree().snapshot());
+        self.show(&self.rt.tree().snapshot());
     }
 
     /// Prints the tree when it is due and the mirrors are in; never ends
@@ -100,19 +107,10 @@ impl TreePrint {
                     break nodes;
                 }
             };
-            show_tree(&nodes);
+            self.show(&nodes);
         }
         std::future::pending().await
     }
-}
-
-/// Prints the tree on stderr, over a progress line if one is drawn (the
-/// board draws it again with its next line).
-fn show_tree(nodes: &[dsh_supervisors::tree::NodeSnapshot]) {
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        crate::err!("\r\x1b[2K");
-    }
-    crate::errln!("live actor tree:\n{}", render(nodes));
 }
 
 /// Prints the run's record on stderr: every node, how it ended, how long.
@@ -409,14 +407,10 @@ async fn run_workflow(
     let Some(engine) = root.get::<WorkflowEngine>(WorkflowEngine::SERVICE) else {
         return Err(Exit::failed("no workflow engine is provided"));
     };
-    let started = Arc::new(AtomicU32::new(0));
-    let printer = TreePrint::new(stage);
-    let shown = printer.clone();
-    let count = started.clone();
-    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let failed = failures.clone();
-    let show_at = if tree { tree_at.max(1) } else { tree_at };
     let board = Arc::new(Board::new(meta["name"].as_str().unwrap_or("workflow")));
+    let printer = TreePrint::new(stage, board.clone());
+    let shown = printer.clone();
+    let show_at = if tree { tree_at.max(1) } else { tree_at };
     let said = board.clone();
     let text = |v: &Value| inert_line(v.as_str().unwrap_or_default());
     let listener = root.on(move |u: &WorkflowUpdate| {
@@ -430,8 +424,7 @@ async fn run_workflow(
                 lines::retrying(&u.data)
             )),
             "workflow/agent-start" => {
-                let n = count.fetch_add(1, Ordering::Relaxed) + 1;
-                said.started(Row {
+                let n = said.started(Row {
                     seq: u.data["seq"].as_u64().unwrap_or_default(),
                     label: match u.data["label"].as_str() {
                         Some(l) => inert_line(l),
@@ -443,27 +436,14 @@ async fn run_workflow(
                     ending: None,
                     since: None,
                 });
-                if show_at > 0 && n == show_at {
+                if show_at > 0 && n == show_at as usize {
                     shown.due();
                 }
             }
-            "workflow/agent-end" => {
-                let seq = u.data["seq"].as_u64().unwrap_or_default();
-                let ending = lines::Ending::from_update(&u.data);
-                if let Some(row) = said.ended(seq, ending.clone())
-                    && !ending.completed()
-                {
-                    let line = format!(
-                        "agent #{seq} {}{} (session {}) {ending}",
-                        row.label,
-                        lines::place_via(row.node.as_deref(), row.provider.as_deref()),
-                        row.session
-                    );
-                    if let Ok(mut f) = failed.lock() {
-                        f.push(line);
-                    }
-                }
-            }
+            "workflow/agent-end" => said.ended(
+                u.data["seq"].as_u64().unwrap_or_default(),
+                lines::Ending::from_update(&u.data),
+            ),
             _ => {}
         }
     });
@@ -497,7 +477,7 @@ async fn run_workflow(
         l.dispose().await;
     }
     board.finish();
-    let failures = std::mem::take(&mut *failures.lock().unwrap_or_else(|p| p.into_inner()));
+    let failures = board.failures();
     match result.stop_reason {
         WorkflowStop::Completed => Ok(Ran {
             value: result.value,
@@ -647,9 +627,9 @@ async fn run_ralph(
     resume: Option<ralph::Resume>,
     tree_at_round: Option<u32>,
 ) -> Exit {
-    let printer = TreePrint::new(stage);
-    let shown = printer.clone();
     let board = Arc::new(Board::new("ralph").rounds(max_rounds));
+    let printer = TreePrint::new(stage, board.clone());
+    let shown = printer.clone();
     let round_of = |label: &Option<String>| {
         label
             .as_deref()
