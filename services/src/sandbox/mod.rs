@@ -488,13 +488,16 @@ static KILLED: Mutex<std::collections::BTreeSet<i32>> =
 /// Whether `pid` is a child of this process not reaped yet (running or a
 /// zombie), as `/proc` says.
 fn unreaped_child(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
+    state_and_parent(pid).is_some_and(|(_, ppid)| ppid == std::process::id() as i32)
+}
+
+/// A process's state letter and parent, as `/proc/PID/stat` says.
+fn state_and_parent(pid: i32) -> Option<(String, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-    stat.rsplit_once(") ")
-        .and_then(|(_, rest)| rest.split(' ').nth(1))
-        .is_some_and(|ppid| ppid == std::process::id().to_string())
+    let mut fields = stat.rsplit_once(") ")?.1.split(' ');
+    let state = fields.next()?.to_owned();
+    Some((state, fields.next()?.parse().ok()?))
 }
 
 /// Makes this process the reaper of its orphaned descendants, once: a
@@ -545,45 +548,96 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Kills every process whose environment carries `marker` (a scan of
 /// `/proc`, off the async workers; repeated while it finds any, so a fork
-/// racing one scan is caught by the next). A process that cleared its
-/// environment is out of reach here; under bwrap the PID namespace ends
-/// it anyway.
+/// racing one scan is caught by the next). A process of ours whose
+/// environment reads empty is looked at again: one in the middle of `exec`
+/// (a `setsid sleep` between its `setsid()` and its new program) shows no
+/// environment for a moment. A process that cleared its environment is out
+/// of reach here; under bwrap the PID namespace ends it anyway.
 pub async fn kill_marked(marker: String) {
     let scan = move || {
-        let me = std::process::id();
-        for _ in 0..4 {
+        let me = std::process::id() as i32;
+        let mut rounds = 0;
+        let mut unsure = Vec::new();
+        loop {
+            rounds += 1;
             let Ok(entries) = std::fs::read_dir("/proc") else {
                 return;
             };
+            let pids = entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok());
             let mut found = 0;
-            for entry in entries.flatten() {
-                let Some(pid) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<i32>().ok())
-                else {
-                    continue;
-                };
-                if pid as u32 == me {
-                    continue;
-                }
-                let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-                    continue;
-                };
-                if env.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                    found += 1;
+            unsure.clear();
+            for pid in pids.filter(|&p| p != me) {
+                match environment_of(pid, marker.as_bytes()) {
+                    Environment::Marked => {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                        found += 1;
+                    }
+                    Environment::Empty if descends_from(pid, me) => unsure.push(pid),
+                    Environment::Empty | Environment::Other => {}
                 }
             }
-            if found == 0 {
+            if found > 0 && rounds < MARKED_ROUNDS {
+                continue;
+            }
+            // Only an exec in flight is left to wait for: a few
+            // milliseconds, then whatever still reads empty cleared its
+            // environment itself.
+            if unsure.is_empty() || rounds >= MARKED_ROUNDS + UNSURE_ROUNDS {
                 return;
             }
+            std::thread::sleep(Duration::from_millis(2));
         }
     };
     let _ = tokio::task::spawn_blocking(scan).await;
+}
+
+/// Scans of `/proc` while processes carrying the marker keep turning up.
+const MARKED_ROUNDS: u32 = 4;
+/// Further scans, 2 ms apart, while a process of ours reads no environment.
+const UNSURE_ROUNDS: u32 = 25;
+
+/// What `/proc/PID/environ` shows of a process.
+enum Environment {
+    /// It carries the marker.
+    Marked,
+    /// Nothing: a zombie, a kernel thread, a process between two programs
+    /// (`exec`), or one that cleared its environment.
+    Empty,
+    /// Another environment, or none this process may read.
+    Other,
+}
+
+fn environment_of(pid: i32, marker: &[u8]) -> Environment {
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Ok(env) if env.is_empty() => Environment::Empty,
+        Ok(env) if env.split(|b| *b == 0).any(|v| v == marker) => Environment::Marked,
+        _ => Environment::Other,
+    }
+}
+
+/// Whether `pid` is a live (not zombie) process under `ancestor` (its
+/// child, grandchild, …; at most 64 generations up).
+fn descends_from(pid: i32, ancestor: i32) -> bool {
+    let mut at = pid;
+    for _ in 0..64 {
+        let Some((state, ppid)) = state_and_parent(at) else {
+            return false;
+        };
+        if at == pid && state == "Z" {
+            return false;
+        }
+        match ppid {
+            p if p == ancestor => return true,
+            p if p > 1 => at = p,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Kills the process group of every command still running, and reaps them

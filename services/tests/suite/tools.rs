@@ -596,6 +596,14 @@ async fn all_gone(token: &str) -> bool {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while running(token) {
         if std::time::Instant::now() > deadline {
+            // What survived, for the failure's reader: state, parent, group.
+            for p in std::fs::read_dir("/proc").unwrap().flatten() {
+                let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmdline).contains(token) {
+                    let stat = std::fs::read_to_string(p.path().join("stat")).unwrap_or_default();
+                    eprintln!("survivor: {stat}");
+                }
+            }
             return false;
         }
         // No event marks another parent's process dying: look again.
