@@ -27,8 +27,9 @@
 //! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
 //! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
 //! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
-//! - [`chat`]: `dsh chat` — an interactive session (so far: what a line
-//!   of input means, the commands' table).
+//! - [`chat`]: `dsh chat` — an interactive session on one resident agent:
+//!   what a typed line means, the agent's events as display items, the
+//!   commands, and the transcript seat (stdin not a terminal).
 //!
 //! Each command module owns its `…Args` (clap); `main.rs` parses the command
 //! line and dispatches. The benchmarks (`dsh bench`) are modules of the

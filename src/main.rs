@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dsh::{acp, config, multi, node, replay, run, serve, sessions};
+use dsh::{acp, chat, config, multi, node, replay, run, serve, sessions};
 use dsh_supervisors::error::chain;
 
 mod bench;
@@ -45,6 +45,9 @@ enum Command {
     /// Run one prompt through an agent; the answer streams to stdout, tool
     /// calls to stderr.
     Run(Box<run::RunArgs>),
+    /// Talk with one agent, turn after turn: type a message, `!` to steer
+    /// the running turn, `/help` for the commands; each turn is stored.
+    Chat(Box<chat::ChatArgs>),
     /// Stored sessions: list, show, fork, export.
     Sessions(sessions::SessionsArgs),
     /// Re-run a recorded session (ours or the upstream harness's): its prompts
@@ -116,6 +119,7 @@ async fn dispatch(command: Command) -> ExitCode {
         }
         Command::Tree(args) => ("tree", config::tree(args.tree).await),
         Command::Run(args) => ("run", run::run(*args).await),
+        Command::Chat(args) => ("chat", chat::chat(*args).await),
         Command::Sessions(args) => ("sessions", sessions::sessions(args)),
         Command::Replay(args) => ("replay", replay::replay(args).await),
         Command::Demo(args) => ("demo", multi::demo(args).await),

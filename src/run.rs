@@ -80,23 +80,35 @@ fn place_session(
     };
     // The id, or the start of one (the 8 characters the lines show).
     let id = &dsh_services::persistence::resolve(&*store, given)?;
+    for note in resume(store, id, spec)? {
+        crate::errln!("dsh run: {note}");
+    }
+    Ok(())
+}
+
+/// Points `spec` at stored session `id` to continue it: loaded, repaired
+/// when a crash cut it, appended to in place. Returns what was repaired.
+pub fn resume(
+    store: Arc<dyn SessionPersistence>,
+    id: &str,
+    spec: &mut AgentSpec,
+) -> exit::Result<Vec<String>> {
     let loaded = store.load(id)?;
+    let mut notes = Vec::new();
     if let Some(line) = loaded.torn_line {
-        crate::errln!(
-            "dsh run: {}: line {line} was a torn write; it is dropped, the lines before it are kept",
+        notes.push(format!(
+            "{}: line {line} was a torn write; it is dropped, the lines before it are kept",
             store.locate(id)
-        );
+        ));
     }
     store
         .prepare_resume(id, &loaded)
         .map_err(|e| Exit::failed(chain(&e).to_string()))?;
-    for r in &loaded.repairs {
-        crate::errln!("dsh run: resumed {id}: {r}");
-    }
+    notes.extend(loaded.repairs.iter().map(|r| format!("resumed {id}: {r}")));
     spec.durable = Some(loaded.durable);
     spec.store = Some(store);
     spec.seed = Some(Box::new((loaded.header, loaded.events)));
-    Ok(())
+    Ok(notes)
 }
 
 /// What the spinner shows: nothing, the model thinking, tools running.

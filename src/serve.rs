@@ -90,8 +90,17 @@ async fn web(rt: &Runtime, config: WebConfig) -> exit::Result<Arc<WebServer>> {
 /// With `--dashboard`: serves the page of `rt` (its tree, its agents; the
 /// page may cancel and steer them), and says where on stderr.
 pub async fn dashboard(rt: &Runtime, args: &DashboardArgs) -> exit::Result<()> {
+    if let Some(url) = dashboard_url(rt, args).await? {
+        crate::errln!("dsh: dashboard at {url}");
+    }
+    Ok(())
+}
+
+/// With `--dashboard`: serves the page of `rt` and returns its address
+/// (the token, when there is one, in the fragment, which is never sent).
+pub async fn dashboard_url(rt: &Runtime, args: &DashboardArgs) -> exit::Result<Option<String>> {
     let Some(bind) = &args.dashboard else {
-        return Ok(());
+        return Ok(None);
     };
     let config = WebConfig {
         bind: bind.clone(),
@@ -99,9 +108,7 @@ pub async fn dashboard(rt: &Runtime, args: &DashboardArgs) -> exit::Result<()> {
         mutations: true,
     };
     let web = web(rt, config).await?;
-    // The page reads its token from the fragment, which is never sent.
-    crate::errln!("dsh: dashboard at {}", web.page_url());
-    Ok(())
+    Ok(Some(web.page_url()))
 }
 
 /// With `--hold`: keeps the process, and the page, up until Ctrl-C,

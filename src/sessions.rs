@@ -172,6 +172,18 @@ fn export(store: &dyn SessionPersistence, id: &str) -> exit::Result<()> {
 /// `dsh sessions fork <id> [--at SEQ]`: a new session seeded with the
 /// events through `at` (default: all), which must end outside a turn.
 fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> exit::Result<()> {
+    crate::outln!("{}", fork_session(store, id, at)?);
+    Ok(())
+}
+
+/// Copies session `id` (its id, or the start of it) through event seq `at`
+/// (default: all) into a new session whose parent it is; returns the new
+/// id.
+pub fn fork_session(
+    store: &dyn SessionPersistence,
+    id: &str,
+    at: Option<u64>,
+) -> exit::Result<String> {
     let id = &resolve(store, id)?;
     let loaded = store.load(id)?;
     let last = loaded.events.len() as u64;
@@ -190,6 +202,5 @@ fn fork(store: &dyn SessionPersistence, id: &str, at: Option<u64>) -> exit::Resu
     header.delegation_depth = loaded.header.delegation_depth;
     let prefix: Vec<_> = prefix.into_iter().map(std::sync::Arc::new).collect();
     store.create(&header, &prefix)?;
-    crate::outln!("{}", header.id);
-    Ok(())
+    Ok(header.id)
 }

@@ -45,6 +45,8 @@ pub enum Purpose {
     /// `acp`: a route is required; asks go to the protocol's client, never
     /// to the terminal (stdin is the protocol's).
     Protocol,
+    /// `chat`: a route is required; the chat puts asks to the user itself.
+    Chat,
 }
 
 /// For a command that runs agents itself: boots the agent services and the

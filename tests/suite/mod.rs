@@ -1,5 +1,6 @@
 mod acp;
 mod architecture;
+mod chat;
 mod cli;
 mod cluster;
 mod conformance;
