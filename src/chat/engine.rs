@@ -163,9 +163,18 @@ pub struct Approvals {
     always: Mutex<BTreeSet<String>>,
     /// Nobody is left to answer (the input ended): every question is refused.
     closed: std::sync::atomic::AtomicBool,
+    /// The dashboard answers too: a question is put to both, the first
+    /// answer wins and the other side's question is withdrawn.
+    shared: std::sync::atomic::AtomicBool,
 }
 
 impl Approvals {
+    /// From now on the dashboard's answerer (further down the approval
+    /// chain) gets each question too.
+    pub fn share(&self) {
+        self.shared.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Whether a question waits for its answer.
     pub fn waiting(&self) -> bool {
         !lock(&self.waiting).is_empty()
@@ -198,8 +207,15 @@ impl Approvals {
     }
 
     /// Puts `ask` to the user through `items` and waits for the answer, or
-    /// answers at once for a tool allowed always.
-    async fn ask(&self, ask: &ApprovalAsk, items: &Items) -> ApprovalOutcome {
+    /// answers at once for a tool allowed always. `elsewhere` is the
+    /// dashboard's answer: when it comes first, this question is withdrawn
+    /// (an `unavailable` from it leaves the question to the user).
+    async fn ask(
+        &self,
+        ask: &ApprovalAsk,
+        items: &Items,
+        elsewhere: impl Future<Output = ApprovalOutcome>,
+    ) -> ApprovalOutcome {
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             let _ = items.send(Item::Note(format!(
                 "refused {}: nobody is left to answer",
@@ -215,7 +231,7 @@ impl Approvals {
             return ApprovalOutcome::AllowedOnce;
         }
         let id = 1 + self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (answer, answered) = oneshot::channel();
+        let (answer, mut answered) = oneshot::channel();
         lock(&self.waiting).push_back(Pending {
             id,
             tool: ask.request.tool.clone(),
@@ -225,12 +241,29 @@ impl Approvals {
             id,
             what: question(ask),
         });
-        tokio::select! {
-            outcome = answered => outcome.unwrap_or(ApprovalOutcome::Unavailable),
-            () = ask.cancel.cancelled() => {
-                lock(&self.waiting).retain(|p| p.id != id);
-                let _ = items.send(Item::Withdrawn { id });
-                ApprovalOutcome::Cancelled
+        let mut elsewhere = std::pin::pin!(elsewhere);
+        let mut asking_elsewhere = true;
+        let withdraw = || lock(&self.waiting).retain(|p| p.id != id);
+        loop {
+            tokio::select! {
+                outcome = &mut answered => return outcome.unwrap_or(ApprovalOutcome::Unavailable),
+                () = ask.cancel.cancelled() => {
+                    withdraw();
+                    let _ = items.send(Item::Withdrawn { id });
+                    return ApprovalOutcome::Cancelled;
+                }
+                outcome = &mut elsewhere, if asking_elsewhere => {
+                    if outcome == ApprovalOutcome::Unavailable {
+                        asking_elsewhere = false;
+                        continue;
+                    }
+                    withdraw();
+                    let _ = items.send(Item::Note(format!(
+                        "approval {id} answered on the dashboard: {}",
+                        outcome.as_str()
+                    )));
+                    return outcome;
+                }
             }
         }
     }
@@ -247,16 +280,32 @@ fn question(ask: &ApprovalAsk) -> String {
     )
 }
 
-/// Routes `agent`'s approval asks (its own and its children's) to the user.
+/// Routes `agent`'s approval asks (its own and its children's) to the user,
+/// ahead of every other answerer; once [`Approvals::share`] was called, the
+/// rest of the chain (the dashboard) is asked at the same time.
 pub fn answer_approvals(
     agent: &Agent,
     approvals: Arc<Approvals>,
     items: Items,
 ) -> Result<(), String> {
     let ctx = agent.context().map_err(|e| chain(&e).to_string())?;
-    ctx.on_waterfall(move |ask: ApprovalAsk, _next| {
+    let first = dsh_supervisors::ListenOptions {
+        prepend: true,
+        ..Default::default()
+    };
+    ctx.on_waterfall_with(first, move |ask: ApprovalAsk, next| {
         let (approvals, items) = (approvals.clone(), items.clone());
-        async move { approvals.ask(&ask, &items).await }
+        async move {
+            if !approvals.shared.load(std::sync::atomic::Ordering::SeqCst) {
+                return approvals.ask(&ask, &items, std::future::pending()).await;
+            }
+            let copy = ApprovalAsk {
+                id: ask.id.clone(),
+                request: ask.request.clone(),
+                cancel: ask.cancel.clone(),
+            };
+            approvals.ask(&ask, &items, next.run(copy)).await
+        }
     })
     .map(|_| ())
     .map_err(|e| chain(&e).to_string())

@@ -121,6 +121,19 @@ async fn open(rt: &Runtime, args: &ChatArgs, cwd: PathBuf) -> exit::Result<()> {
         }
         None => chat.start(None, false).await.map_err(Exit::failed)?,
     }
+    if let Some(agent) = chat.agent() {
+        chat.note(format!(
+            "chat on session {} · {}/{} · {} · /help lists the commands",
+            agent.id(),
+            chat.route.provider,
+            chat.model,
+            agent.policy().mode
+        ));
+    }
+    if let Some(url) = &chat.dashboard {
+        chat.approvals.share();
+        chat.note(format!("dashboard at {url}"));
+    }
     let result = transcript::converse(&mut chat, shown).await;
     chat.finish().await;
     result
@@ -520,7 +533,10 @@ impl Chat<'_> {
                 ..DashboardArgs::default()
             };
             match crate::serve::dashboard_url(self.rt, &args).await {
-                Ok(url) => self.dashboard = url,
+                Ok(url) => {
+                    self.approvals.share();
+                    self.dashboard = url;
+                }
                 Err(e) => {
                     return self.error(format!(
                         "cannot start the dashboard: {}",

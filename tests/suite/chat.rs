@@ -463,3 +463,118 @@ fn permission_skill_tree_dashboard_and_cancel() {
         "its arguments were not sent"
     );
 }
+
+/// One HTTP/1.1 request to the chat's dashboard (`Connection: close`):
+/// the status code and the body as JSON.
+fn http(url: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let (base, token) = url.split_once("/#token=").expect("a URL with its token");
+    let addr = base.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).unwrap().parse().unwrap();
+    let json = response
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// With the dashboard up, a question is put to both the chat and the page:
+/// the page's answer is taken and the chat's question withdrawn; the chat's
+/// answer is taken and the page's question withdrawn. A turn the page
+/// starts shows in the chat.
+#[test]
+fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let (by_page, refused) = (p.outside.join("by-page"), p.outside.join("refused"));
+    let script = script(
+        &p,
+        "script.json",
+        &[
+            escalated_touch(&by_page),
+            escalated_touch(&refused),
+            json!({"text": "done"}),
+            json!({"text": "answered the page"}),
+        ],
+    );
+    let mut chat = Session::start(&p, &script, &["--approval", "ask", "--dashboard"]);
+    let session = chat
+        .expect("chat on session ")
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .to_owned();
+    let url = chat
+        .expect("dashboard at http://")
+        .trim_start_matches("dashboard at ")
+        .to_owned();
+    chat.send("go");
+    chat.expect("approval 1:");
+    let (status, listed) = http(&url, "GET", "/api/approvals", None);
+    assert_eq!(status, 200, "{listed}");
+    let asks = listed["approvals"].as_array().unwrap();
+    assert_eq!(asks.len(), 1, "{listed}");
+    let id = asks[0]["id"].as_str().unwrap();
+    let (status, answer) = http(
+        &url,
+        "POST",
+        &format!("/api/approvals/{id}"),
+        Some(json!({"outcome": "allowed-once"})),
+    );
+    assert_eq!(status, 200, "{answer}");
+    chat.expect("approval 1 answered on the dashboard: allowed-once");
+    chat.expect("  ✓ bash");
+    chat.expect("approval 2:");
+    assert_eq!(
+        http(&url, "GET", "/api/approvals", None).1["approvals"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    chat.send("n");
+    chat.expect("approval 2: refused");
+    chat.expect("── turn 1 completed");
+    let (_, listed) = http(&url, "GET", "/api/approvals", None);
+    assert_eq!(
+        listed["approvals"],
+        json!([]),
+        "the page's question was not withdrawn"
+    );
+    // A chat line answered nothing twice: the answered question is gone.
+    let (status, _) = http(
+        &url,
+        "POST",
+        &format!("/api/approvals/{id}"),
+        Some(json!({"outcome": "allowed-once"})),
+    );
+    assert_eq!(status, 404);
+    // A turn started from the page is shown in the chat.
+    let (status, started) = http(
+        &url,
+        "POST",
+        &format!("/api/agents/{session}/followup"),
+        Some(json!({"text": "from the page"})),
+    );
+    assert_eq!(status, 200, "{started}");
+    chat.expect("answered the page");
+    chat.expect("── turn 2 completed");
+    let (status, lines, stderr) = chat.finish();
+    assert!(
+        status.success(),
+        "{status:?}\n{}\n{stderr}",
+        lines.join("\n")
+    );
+    assert!(by_page.exists());
+    assert!(!refused.exists());
+}
