@@ -19,6 +19,9 @@ use crate::lines::{self, Ending, inert, inert_line};
 /// One thing the chat shows.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
+    /// A message of the user's went to the model (typed here, or sent from
+    /// the page): its first line, made inert.
+    Prompt(String),
     /// Part of the answer, as it streams (made inert).
     Text(String),
     /// Part of the model's reasoning, as it streams (made inert).
@@ -94,6 +97,7 @@ impl std::fmt::Display for Item {
     /// One line per item, except the streamed text (as it came).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Item::Prompt(t) => write!(f, "> {t}"),
             Item::Text(t) | Item::Reasoning(t) => f.write_str(t),
             Item::ToolStarted { name, arguments } => write!(f, "▸ {name} {arguments}"),
             Item::ToolFinished {
@@ -158,14 +162,44 @@ struct Pending {
 /// allowed for the rest of it.
 #[derive(Default)]
 pub struct Approvals {
-    next: std::sync::atomic::AtomicU64,
-    waiting: Mutex<VecDeque<Pending>>,
+    /// The questions waiting, in the order their numbers were shown, and
+    /// whether the input has ended (then every question is refused). One
+    /// lock: a question is numbered, queued and shown under it, so the
+    /// queue's order is the order the user saw, and none slips in after
+    /// the end.
+    state: Mutex<Questions>,
     always: Mutex<BTreeSet<String>>,
-    /// Nobody is left to answer (the input ended): every question is refused.
-    closed: std::sync::atomic::AtomicBool,
     /// The dashboard answers too: a question is put to both, the first
     /// answer wins and the other side's question is withdrawn.
     shared: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Questions {
+    next: u64,
+    waiting: VecDeque<Pending>,
+    closed: bool,
+}
+
+/// Takes a question out of the queue when its asker stops waiting, however
+/// that happens (answered, withdrawn, its future dropped by the seam), and
+/// says so unless it was answered here.
+struct Asked<'a> {
+    approvals: &'a Approvals,
+    items: &'a Items,
+    id: u64,
+    settled: bool,
+}
+
+impl Drop for Asked<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.approvals.state);
+        let before = state.waiting.len();
+        state.waiting.retain(|p| p.id != self.id);
+        if !self.settled && state.waiting.len() < before {
+            let _ = self.items.send(Item::Withdrawn { id: self.id });
+        }
+    }
 }
 
 impl Approvals {
@@ -175,35 +209,49 @@ impl Approvals {
         self.shared.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Whether a question waits for its answer.
-    pub fn waiting(&self) -> bool {
-        !lock(&self.waiting).is_empty()
+    /// Forgets the tools answered `a` (another session was opened).
+    pub fn forget_always(&self) {
+        lock(&self.always).clear();
     }
 
-    /// Answers the first question; `None` when none waits.
+    /// Whether a question waits for its answer.
+    pub fn waiting(&self) -> bool {
+        let mut state = lock(&self.state);
+        // A question whose asker is gone is no question.
+        state.waiting.retain(|p| !p.answer.is_closed());
+        !state.waiting.is_empty()
+    }
+
+    /// Answers the first question still asked; `None` when none waits.
     pub fn answer(&self, answer: Answer) -> Option<u64> {
-        let pending = lock(&self.waiting).pop_front()?;
-        if answer == Answer::Always {
-            lock(&self.always).insert(pending.tool.clone());
-        }
         let outcome = match answer {
             Answer::Once | Answer::Always => ApprovalOutcome::AllowedOnce,
             Answer::No => ApprovalOutcome::Rejected,
         };
-        let _ = pending.answer.send(outcome);
-        Some(pending.id)
+        let mut state = lock(&self.state);
+        while let Some(pending) = state.waiting.pop_front() {
+            if pending.answer.send(outcome).is_err() {
+                continue;
+            }
+            if answer == Answer::Always {
+                lock(&self.always).insert(pending.tool);
+            }
+            return Some(pending.id);
+        }
+        None
     }
 
     /// Nobody will answer any more (the input ended): refuses the questions
     /// waiting and every later one (fail closed); returns how many waited.
     pub fn close(&self) -> usize {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        let all: Vec<Pending> = lock(&self.waiting).drain(..).collect();
-        let n = all.len();
-        for p in all {
-            let _ = p.answer.send(ApprovalOutcome::Rejected);
-        }
-        n
+        let mut state = lock(&self.state);
+        state.closed = true;
+        state
+            .waiting
+            .drain(..)
+            .map(|p| p.answer.send(ApprovalOutcome::Rejected).is_ok())
+            .filter(|sent| *sent)
+            .count()
     }
 
     /// Puts `ask` to the user through `items` and waits for the answer, or
@@ -216,48 +264,56 @@ impl Approvals {
         items: &Items,
         elsewhere: impl Future<Output = ApprovalOutcome>,
     ) -> ApprovalOutcome {
-        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
-            let _ = items.send(Item::Note(format!(
-                "refused {}: nobody is left to answer",
-                inert_line(&ask.request.tool)
-            )));
-            return ApprovalOutcome::Rejected;
-        }
-        if lock(&self.always).contains(&ask.request.tool) {
-            let _ = items.send(Item::Note(format!(
-                "allowed {} (always, as answered before)",
-                inert_line(&ask.request.tool)
-            )));
-            return ApprovalOutcome::AllowedOnce;
-        }
-        let id = 1 + self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (answer, mut answered) = oneshot::channel();
-        lock(&self.waiting).push_back(Pending {
+        let tool = inert_line(&ask.request.tool);
+        let (id, mut answered) = {
+            let mut state = lock(&self.state);
+            if state.closed {
+                let _ = items.send(Item::Note(format!(
+                    "refused {tool}: the input has ended, nobody is left to answer"
+                )));
+                return ApprovalOutcome::Rejected;
+            }
+            if lock(&self.always).contains(&ask.request.tool) {
+                let _ = items.send(Item::Note(format!(
+                    "allowed {tool} (always, as answered before)"
+                )));
+                return ApprovalOutcome::AllowedOnce;
+            }
+            state.next += 1;
+            let id = state.next;
+            let (answer, answered) = oneshot::channel();
+            state.waiting.push_back(Pending {
+                id,
+                tool: ask.request.tool.clone(),
+                answer,
+            });
+            let _ = items.send(Item::Approval {
+                id,
+                what: question(ask),
+            });
+            (id, answered)
+        };
+        let mut asked = Asked {
+            approvals: self,
+            items,
             id,
-            tool: ask.request.tool.clone(),
-            answer,
-        });
-        let _ = items.send(Item::Approval {
-            id,
-            what: question(ask),
-        });
+            settled: false,
+        };
         let mut elsewhere = std::pin::pin!(elsewhere);
         let mut asking_elsewhere = true;
-        let withdraw = || lock(&self.waiting).retain(|p| p.id != id);
         loop {
             tokio::select! {
-                outcome = &mut answered => return outcome.unwrap_or(ApprovalOutcome::Unavailable),
-                () = ask.cancel.cancelled() => {
-                    withdraw();
-                    let _ = items.send(Item::Withdrawn { id });
-                    return ApprovalOutcome::Cancelled;
+                outcome = &mut answered => {
+                    asked.settled = true;
+                    return outcome.unwrap_or(ApprovalOutcome::Unavailable);
                 }
+                () = ask.cancel.cancelled() => return ApprovalOutcome::Cancelled,
                 outcome = &mut elsewhere, if asking_elsewhere => {
                     if outcome == ApprovalOutcome::Unavailable {
                         asking_elsewhere = false;
                         continue;
                     }
-                    withdraw();
+                    asked.settled = true;
                     let _ = items.send(Item::Note(format!(
                         "approval {id} answered on the dashboard: {}",
                         outcome.as_str()
@@ -340,6 +396,11 @@ pub fn observe(agent: &Agent, items: Items, price: Option<Price>, reasoning: boo
             EventData::StepStart { .. } => {
                 w.steps += 1;
                 None
+            }
+            EventData::UserMessage(m) if m.source.kind == "user" => {
+                let text = m.text();
+                let first = inert_line(text.trim().lines().next().unwrap_or(""));
+                Some(Item::Prompt(cut(&first, 120)))
             }
             EventData::AssistantChunk { chunk, .. } => match &**chunk {
                 StreamChunk::TextDelta { text, .. } => Some(Item::Text(inert(text))),

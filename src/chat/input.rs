@@ -134,7 +134,11 @@ pub fn parse_line(line: &str) -> Result<Input, InputError> {
         return Ok(Input::Message(format!("/{text}")));
     }
     if let Some(text) = line.strip_prefix('!') {
-        return Ok(Input::Steer(text.trim().to_owned()));
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(Input::Nothing);
+        }
+        return Ok(Input::Steer(text.to_owned()));
     }
     let Some(rest) = line.strip_prefix('/') else {
         return Ok(Input::Message(line.to_owned()));

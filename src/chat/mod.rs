@@ -217,7 +217,11 @@ impl Chat<'_> {
         let agent = Agent::create(&self.rt.root(), spec)
             .await
             .map_err(|e| format!("cannot start the agent: {}", chain(&e)))?;
-        engine::answer_approvals(&agent, self.approvals.clone(), self.items.clone())?;
+        if let Err(e) = engine::answer_approvals(&agent, self.approvals.clone(), self.items.clone())
+        {
+            agent.dispose().await;
+            return Err(format!("cannot route the agent's approval questions: {e}"));
+        }
         let price = self
             .rt
             .root()
@@ -277,13 +281,16 @@ impl Chat<'_> {
         };
         let left = old.id().to_owned();
         let before = (self.model.clone(), self.permission);
-        if let Err(e) = old.session().flush().await {
+        self.flush(&old).await;
+        if tokio::time::timeout(DISPOSE, old.dispose()).await.is_err() {
             self.error(format!(
-                "the session log was not fully written: {}",
-                chain(&e)
+                "the agent on {left} did not stop within {} s",
+                DISPOSE.as_secs()
             ));
         }
-        old.dispose().await;
+        if id != left {
+            self.approvals.forget_always();
+        }
         self.model = model.to_owned();
         self.permission = permission;
         match self.start(Some(id), id != left).await {
@@ -294,6 +301,27 @@ impl Chat<'_> {
                     .await
                     .map_err(|again| format!("{e}; reopening {left} failed too: {again}"))?;
                 Err(e)
+            }
+        }
+    }
+
+    /// Writes what `agent`'s log holds, at most [`FLUSH`]; says what failed.
+    async fn flush(&self, agent: &Agent) -> bool {
+        match tokio::time::timeout(FLUSH, agent.session().flush()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                self.error(format!(
+                    "the session log was not fully written: {}",
+                    chain(&e)
+                ));
+                false
+            }
+            Err(_) => {
+                self.error(format!(
+                    "the session log was not written within {} s",
+                    FLUSH.as_secs()
+                ));
+                false
             }
         }
     }
@@ -312,7 +340,9 @@ impl Chat<'_> {
     /// Sends a message: a new turn, or a followup queued behind the
     /// running one.
     pub fn send(&self, text: &str) {
-        let Some(agent) = self.agent() else { return };
+        let Some(agent) = self.agent() else {
+            return self.error("not sent: no session is open (/resume one)");
+        };
         match engine::send(agent, text) {
             Ok(true) => self.note("queued: it runs when this turn ends"),
             Ok(false) => {}
@@ -322,7 +352,9 @@ impl Chat<'_> {
 
     /// Steers the running turn; a steer with no turn running starts one.
     pub fn steer(&self, text: &str) {
-        let Some(agent) = self.agent() else { return };
+        let Some(agent) = self.agent() else {
+            return self.error("not sent: no session is open (/resume one)");
+        };
         match engine::steer(agent, text) {
             Ok(true) => self.note("steered: the model reads it at its next step"),
             Ok(false) => self.send(text),
@@ -399,13 +431,8 @@ impl Chat<'_> {
     async fn sessions(&self) {
         const SHOWN: usize = 20;
         // This session's last turn is listed too.
-        if let Some(agent) = self.agent()
-            && let Err(e) = agent.session().flush().await
-        {
-            self.error(format!(
-                "the session log was not fully written: {}",
-                chain(&e)
-            ));
+        if let Some(agent) = self.agent() {
+            self.flush(agent).await;
         }
         let list = match self.store.list() {
             Ok(l) => l,
@@ -446,11 +473,8 @@ impl Chat<'_> {
         };
         let Some(agent) = self.agent() else { return };
         let id = agent.id().to_owned();
-        if let Err(e) = agent.session().flush().await {
-            return self.error(format!(
-                "cannot fork: the session log was not fully written: {}",
-                chain(&e)
-            ));
+        if !self.flush(agent).await {
+            return self.error("cannot fork: the log is not all written");
         }
         let fork = match crate::sessions::fork_session(&*self.store, &id, at) {
             Ok(f) => f,
@@ -478,7 +502,10 @@ impl Chat<'_> {
                 crate::lines::tokens(agent.context_tokens().unwrap_or(0))
             )),
             Ok(Ok(false)) => self.note("too little to compact yet"),
-            Ok(Err(e)) => self.error(format!("cannot compact: {}", chain(&e))),
+            Ok(Err(e)) => self.error(format!(
+                "cannot compact: {}",
+                inert_line(&chain(&e).to_string())
+            )),
             Err(_) => self.error("cannot compact: no summary within 300 s"),
         }
     }
@@ -557,11 +584,8 @@ impl Chat<'_> {
             return self.error("/export FILE: where to write the Markdown");
         }
         let Some(agent) = self.agent() else { return };
-        if let Err(e) = agent.session().flush().await {
-            return self.error(format!(
-                "cannot export: the session log was not fully written: {}",
-                chain(&e)
-            ));
+        if !self.flush(agent).await {
+            return self.error("cannot export: the log is not all written");
         }
         let loaded = match self.store.load(agent.id()) {
             Ok(l) => l,
@@ -592,7 +616,7 @@ impl Chat<'_> {
         let Some(skill) = dsh_services::skills::find(&self.cwd, Some(&home), name) else {
             let known: Vec<String> = dsh_services::skills::discover(&self.cwd, Some(&home))
                 .into_iter()
-                .map(|s| s.name)
+                .map(|s| inert_line(&s.name))
                 .collect();
             return self.error(format!(
                 "no skill `{}` (known: {})",
@@ -609,7 +633,7 @@ impl Chat<'_> {
             text.push_str("\n\n");
             text.push_str(args.trim());
         }
-        self.note(format!("skill {}", skill.name));
+        self.note(format!("skill {}", inert_line(&skill.name)));
         self.send(&text);
     }
 
@@ -629,18 +653,36 @@ impl Chat<'_> {
             agent.cancel();
             let _ = agent.when_idle(Duration::from_secs(30)).await;
         }
-        if let Err(e) = agent.session().flush().await {
-            crate::errln!(
+        match tokio::time::timeout(FLUSH, agent.session().flush()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => crate::errln!(
                 "dsh chat: the session log was not fully written: {}",
                 chain(&e)
-            );
+            ),
+            Err(_) => crate::errln!(
+                "dsh chat: the session log was not written within {} s",
+                FLUSH.as_secs()
+            ),
         }
         let id = agent.id();
         let short: String = id.chars().take(8).collect();
         crate::errln!("session {short} ({id}) · continue with: dsh chat --resume {short}");
-        agent.dispose().await;
+        if tokio::time::timeout(DISPOSE, agent.dispose())
+            .await
+            .is_err()
+        {
+            crate::errln!(
+                "dsh chat: the agent did not stop within {} s",
+                DISPOSE.as_secs()
+            );
+        }
     }
 }
+
+/// How long writing a session's log may take.
+const FLUSH: Duration = Duration::from_secs(30);
+/// How long an agent may take to stop.
+const DISPOSE: Duration = Duration::from_secs(30);
 
 fn first_line(text: &str) -> String {
     inert_line(text.trim().lines().next().unwrap_or(""))
@@ -695,7 +737,9 @@ fn markdown(id: &str, events: &[dsh_services::session::SessionEvent]) -> String 
 }
 
 /// Writes `bytes` to `path` through a temporary file renamed over it: the
-/// file is whole or untouched.
+/// file is whole or untouched. The temporary file is created new (never
+/// through a link someone placed at its name) under a name no one can
+/// guess; a link at `path` itself is replaced, not followed.
 fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let dir = path
@@ -705,15 +749,33 @@ fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("the path names no file"))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+    let mut tmp = None;
+    for _ in 0..16 {
+        let candidate = dir.join(format!(
+            ".{}.{}.tmp",
+            name.to_string_lossy(),
+            Message::new_id()
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+        {
+            Ok(f) => {
+                tmp = Some((candidate, f));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let (tmp, mut f) = tmp.ok_or_else(|| std::io::Error::other("no free temporary name"))?;
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
-    })
+    }
+    written
 }

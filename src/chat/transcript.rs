@@ -38,13 +38,16 @@ pub async fn converse(
     let mut ended = false;
     let mut stop = std::pin::pin!(crate::exit::stop_signal());
     let result = loop {
-        let agent = chat.agent().cloned().filter(|_| ended);
+        // Once the input ended: the last turn's end (at once when no agent
+        // is left, after a session that could not be reopened).
+        let agent = chat.agent().cloned();
         let idle = async move {
             match agent {
-                Some(a) => {
+                Some(a) if ended => {
                     let _ = a.when_idle(LAST_TURN).await;
                 }
-                None => std::future::pending().await,
+                None if ended => {}
+                _ => std::future::pending().await,
             }
         };
         tokio::select! {
@@ -84,7 +87,10 @@ pub async fn converse(
 
 /// Does what `line` says; `false` when it asks to leave (`/exit`).
 async fn act(chat: &mut Chat<'_>, line: &str, printer: &mut Printer) -> bool {
-    if chat.approvals().waiting() {
+    // A command is a command even while a question waits (`/cancel`
+    // withdraws it); any other line answers it.
+    let command = matches!(parse_line(line), Ok(Input::Command(..)) | Err(_));
+    if !command && chat.approvals().waiting() {
         let answer = Answer::of(line);
         if let Some(id) = chat.approvals().answer(answer) {
             let said = match answer {
@@ -127,9 +133,7 @@ fn read_stdin() -> mpsc::UnboundedReceiver<Result<String, String>> {
                 let line = match read {
                     Ok(0) => return,
                     Ok(_) if raw.len() > LINE_MAX && !raw.ends_with(b"\n") => {
-                        // Skip the rest of the long line.
-                        let mut rest = Vec::new();
-                        let _ = input.read_until(b'\n', &mut rest);
+                        skip_line(&mut input);
                         Err(format!(
                             "line {n} is longer than {} KiB: skipped",
                             LINE_MAX / 1024
@@ -153,6 +157,23 @@ fn read_stdin() -> mpsc::UnboundedReceiver<Result<String, String>> {
         crate::errln!("dsh chat: cannot start the input reader: {e}");
     }
     rx
+}
+
+/// Skips the rest of a line without keeping it (it may be gigabytes).
+fn skip_line(input: &mut impl std::io::BufRead) {
+    loop {
+        let (found, used) = match input.fill_buf() {
+            Ok([]) | Err(_) => return,
+            Ok(buf) => match buf.iter().position(|b| *b == b'\n') {
+                Some(at) => (true, at + 1),
+                None => (false, buf.len()),
+            },
+        };
+        input.consume(used);
+        if found {
+            return;
+        }
+    }
 }
 
 /// Prints items one per line on stdout: streamed text as whole lines,

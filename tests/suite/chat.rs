@@ -181,13 +181,15 @@ fn turns_with_tools_a_steer_and_a_queued_followup() {
         "script.json",
         &[
             call(HOLD),
-            json!({"text": "first answer"}),
+            // Escape sequences from the model never reach the terminal.
+            json!({"text": "\u{1b}]0;pwned\u{7}\u{1b}[2Jfirst answer"}),
             call("echo two; exit 3"),
             json!({"text": "second answer"}),
         ],
     );
     let mut chat = Session::start(&p, &script, &["--approval", "never"]);
     chat.send("hello");
+    chat.expect("> hello");
     chat.expect("▸ bash echo holding");
     chat.send("!look at the README too");
     chat.expect("steered");
@@ -210,6 +212,10 @@ fn turns_with_tools_a_steer_and_a_queued_followup() {
         lines.iter().any(|l| l.starts_with("── turn 2 completed")),
         "{}",
         lines.join("\n")
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains(['\u{1b}', '\u{7}'])),
+        "an escape sequence reached the output: {lines:?}"
     );
     let log = events(&p, &session_id(&stderr));
     assert_eq!(count(&log, "turn/start"), 2, "{log:#?}");
@@ -335,18 +341,35 @@ fn commands_and_a_resumed_chat() {
     let refused = chat.expect("error: cannot write");
     assert!(refused.contains("missing/chat.md"), "{refused}");
     assert!(!p.ws.join("missing").exists());
+    // A link planted at the name is replaced, not written through.
+    let target = p.outside.join("target");
+    std::fs::write(&target, "keep").unwrap();
+    std::os::unix::fs::symlink(&target, p.ws.join("chat.md")).unwrap();
     chat.send("/export chat.md");
     chat.expect("exported to");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+    assert!(
+        !std::fs::symlink_metadata(p.ws.join("chat.md"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
     let md = std::fs::read_to_string(p.ws.join("chat.md")).unwrap();
     assert!(md.contains("## User\n\nhello there"), "{md}");
     assert!(md.contains("## Assistant\n\nthe first answer"), "{md}");
     chat.send("/fork");
     let forked = chat.expect("you are on the fork");
     let original = forked.split_whitespace().nth(1).unwrap().to_owned();
+    let fork = forked
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .trim_end_matches(';')
+        .to_owned();
     chat.send("on the fork");
     chat.expect("an answer on the fork");
     chat.send("/sessions");
-    chat.expect("* ");
+    chat.expect(&format!("* {}", &fork[..8]));
     chat.send(&format!("/resume {}", &original[..8]));
     chat.expect("resumed session");
     chat.send("back again");
@@ -416,6 +439,12 @@ fn permission_skill_tree_dashboard_and_cancel() {
             "workspace-write",
         ],
     );
+    let session = chat
+        .expect("chat on session ")
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .to_owned();
     chat.send("/permission danger-full-access");
     let refused = chat.expect("error: /permission danger-full-access");
     assert!(refused.contains("at most workspace-write"), "{refused}");
@@ -429,7 +458,7 @@ fn permission_skill_tree_dashboard_and_cancel() {
     chat.expect("skill helper");
     chat.expect("── turn 2 completed");
     chat.send("/tree");
-    chat.expect("driver/");
+    chat.expect(&format!("driver/{}", &session[..8]));
     chat.send("/dashboard");
     let at = chat.expect("dashboard at http://127.0.0.1:");
     let addr = at
@@ -577,4 +606,46 @@ fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
     );
     assert!(by_page.exists());
     assert!(!refused.exists());
+}
+
+/// A command is not an answer: `/cancel` while a question waits cancels the
+/// turn, and the question is withdrawn (its call never runs); `!` alone
+/// sends nothing.
+#[test]
+fn a_cancelled_turn_withdraws_its_question() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let never = p.outside.join("never");
+    let script = script(
+        &p,
+        "script.json",
+        &[escalated_touch(&never), json!({"text": "not reached"})],
+    );
+    let mut chat = Session::start(&p, &script, &["--approval", "ask"]);
+    chat.send("!");
+    chat.send("go");
+    chat.expect("> go");
+    chat.expect("approval 1:");
+    chat.send("/cancel");
+    // The note and the turn's items come in either order.
+    chat.expect("approval 1 withdrawn");
+    chat.expect("── turn 1 aborted");
+    let (status, lines, stderr) = chat.finish();
+    assert!(
+        status.success(),
+        "{status:?}\n{}\n{stderr}",
+        lines.join("\n")
+    );
+    assert!(!never.exists());
+    assert!(
+        lines.iter().any(|l| l == "cancelling the turn"),
+        "{}",
+        lines.join("\n")
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.starts_with("> ")).count(),
+        1,
+        "{}",
+        lines.join("\n")
+    );
 }
