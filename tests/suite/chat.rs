@@ -384,6 +384,14 @@ fn commands_and_a_resumed_chat() {
     assert_eq!(session_id(&stderr), original, "{stderr}");
     let log = events(&p, &original);
     assert_eq!(count(&log, "turn/start"), 2, "{log:#?}");
+    // The fork's turn asked the model /model named.
+    let on_fork = events(&p, &fork);
+    assert!(
+        on_fork
+            .iter()
+            .any(|e| e["type"] == "request/context" && e["data"]["model"] == "other-model"),
+        "{on_fork:#?}"
+    );
 
     // A later chat goes on with the same session, its turns shown first.
     let again = script(&p, "again.json", &[json!({"text": "the third answer"})]);
