@@ -71,25 +71,45 @@ impl Stop {
 /// The first of SIGINT, SIGTERM and SIGHUP to arrive. A signal that cannot
 /// be watched is left to its default action.
 pub async fn stop_signal() -> Stop {
-    use tokio::signal::unix::{SignalKind, signal};
-    let watch = |kind: SignalKind| signal(kind).ok();
-    let (mut int, mut term, mut hup) = (
-        watch(SignalKind::interrupt()),
-        watch(SignalKind::terminate()),
-        watch(SignalKind::hangup()),
-    );
-    async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
-        match s {
-            Some(s) => {
-                s.recv().await;
-            }
-            None => std::future::pending().await,
+    Signals::watch().next().await
+}
+
+/// SIGINT, SIGTERM and SIGHUP, watched from now on: each one that arrives,
+/// in turn (none is missed between two waits).
+pub struct Signals {
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Starts watching (a signal that cannot be watched keeps its default
+    /// action).
+    pub fn watch() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        let watch = |kind: SignalKind| signal(kind).ok();
+        Signals {
+            int: watch(SignalKind::interrupt()),
+            term: watch(SignalKind::terminate()),
+            hup: watch(SignalKind::hangup()),
         }
     }
-    tokio::select! {
-        () = next(&mut int) => Stop::Interrupt,
-        () = next(&mut term) => Stop::Terminate,
-        () = next(&mut hup) => Stop::Hangup,
+
+    /// The next signal.
+    pub async fn next(&mut self) -> Stop {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.int) => Stop::Interrupt,
+            () = next(&mut self.term) => Stop::Terminate,
+            () = next(&mut self.hup) => Stop::Hangup,
+        }
     }
 }
 

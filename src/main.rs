@@ -31,8 +31,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
                   130 cancelled."
 )]
 struct Cli {
+    /// None: `dsh chat` on a terminal, the help elsewhere.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -81,6 +82,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `dsh` alone: a chat at a terminal; elsewhere the help (exit 2), as
+    // any missing subcommand.
+    let command = match cli.command {
+        Some(c) => c,
+        None if dsh::chat::terminal::usable() => match Cli::parse_from(["dsh", "chat"]).command {
+            Some(chat) => chat,
+            None => return ExitCode::from(dsh::exit::USAGE),
+        },
+        None => {
+            let _ = <Cli as clap::CommandFactory>::command().print_help();
+            return ExitCode::from(dsh::exit::USAGE);
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("DSH_LOG").unwrap_or_else(|_| "off".into()),
@@ -90,7 +104,7 @@ fn main() -> ExitCode {
         .init();
     raise_open_file_limit();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Bench(b) = &cli.command
+    if let Command::Bench(b) = &command
         && let Some(n) = b.threads()
     {
         builder.worker_threads(n);
@@ -102,7 +116,7 @@ fn main() -> ExitCode {
             return ExitCode::from(dsh::exit::FAILED);
         }
     };
-    let code = rt.block_on(dispatch(cli.command));
+    let code = rt.block_on(dispatch(command));
     // Whatever a tool started and nothing reaped dies with us, reaped
     // (before the runtime's drop, which waits for blocking tasks that may
     // wait on it).

@@ -172,6 +172,9 @@ pub struct Approvals {
     /// The dashboard answers too: a question is put to both, the first
     /// answer wins and the other side's question is withdrawn.
     shared: std::sync::atomic::AtomicBool,
+    /// How long a question waits for its answer before it is refused
+    /// (`None`: as long as its call does).
+    expiry: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -203,6 +206,14 @@ impl Drop for Asked<'_> {
 }
 
 impl Approvals {
+    /// Questions refused when unanswered after `expiry`.
+    pub fn expiring(expiry: Option<Duration>) -> Approvals {
+        Approvals {
+            expiry,
+            ..Approvals::default()
+        }
+    }
+
     /// From now on the dashboard's answerer (further down the approval
     /// chain) gets each question too.
     pub fn share(&self) {
@@ -301,8 +312,23 @@ impl Approvals {
         };
         let mut elsewhere = std::pin::pin!(elsewhere);
         let mut asking_elsewhere = true;
+        let expired = async {
+            match self.expiry {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut expired = std::pin::pin!(expired);
         loop {
             tokio::select! {
+                () = &mut expired => {
+                    asked.settled = true;
+                    let after = self.expiry.map(lines::duration).unwrap_or_default();
+                    let _ = items.send(Item::Note(format!(
+                        "approval {id} unanswered after {after}: refused"
+                    )));
+                    return ApprovalOutcome::Rejected;
+                }
                 outcome = &mut answered => {
                     asked.settled = true;
                     return outcome.unwrap_or(ApprovalOutcome::Unavailable);
@@ -379,9 +405,25 @@ struct Watch {
     output: u64,
 }
 
-/// Shows `agent`'s events as items; `price` prices a turn's tokens.
-/// `reasoning`: whether the model's reasoning is shown.
-pub fn observe(agent: &Agent, items: Items, price: Option<Price>, reasoning: bool) {
+/// The tokens a chat has spent, over all its turns and agents.
+#[derive(Debug, Default)]
+pub struct Totals {
+    /// Input tokens (cached ones included).
+    pub input: std::sync::atomic::AtomicU64,
+    /// Output tokens.
+    pub output: std::sync::atomic::AtomicU64,
+}
+
+/// Shows `agent`'s events as items, and counts its tokens into `totals`;
+/// `price` prices a turn's tokens. `reasoning`: whether the model's
+/// reasoning is shown.
+pub fn observe(
+    agent: &Agent,
+    items: Items,
+    totals: Arc<Totals>,
+    price: Option<Price>,
+    reasoning: bool,
+) {
     let watch = Mutex::new(Watch::default());
     agent.session().observe(Arc::new(move |e| {
         let mut w = lock(&watch);
@@ -411,6 +453,11 @@ pub fn observe(agent: &Agent, items: Items, price: Option<Price>, reasoning: boo
             },
             EventData::AssistantMessage { usage, .. } => {
                 if let Some(u) = usage {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    totals
+                        .input
+                        .fetch_add(u.input_tokens + u.cache_read_tokens.unwrap_or(0), Relaxed);
+                    totals.output.fetch_add(u.output_tokens, Relaxed);
                     w.input += u.input_tokens;
                     w.cached += u.cache_read_tokens.unwrap_or(0);
                     w.output += u.output_tokens;
@@ -498,7 +545,9 @@ pub fn observe(agent: &Agent, items: Items, price: Option<Price>, reasoning: boo
 /// Sends `text` as the user's next message: a new turn when the agent is
 /// idle, else queued behind the running one. Returns whether it was queued.
 pub fn send(agent: &Agent, text: &str) -> Result<bool, String> {
-    let queued = !agent.is_idle();
+    // A turn that has ended but not yet settled queues nothing visible.
+    let progress = agent.progress();
+    let queued = progress.running || progress.queued > 0;
     agent
         .followup(Message::user_text(text))
         .map_err(|e| chain(&e).to_string())?;

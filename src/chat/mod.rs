@@ -15,6 +15,8 @@
 
 pub mod engine;
 pub mod input;
+pub mod markdown;
+pub mod terminal;
 pub mod transcript;
 
 use std::path::PathBuf;
@@ -53,6 +55,10 @@ pub struct ChatArgs {
     /// Do not show the model's reasoning.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Seconds an approval question waits for its answer before it is
+    /// refused (0: as long as its call does).
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub approval_timeout: u64,
     /// The model, policy and plugin tree.
     #[command(flatten)]
     pub agents: AgentArgs,
@@ -110,8 +116,11 @@ async fn open(rt: &Runtime, args: &ChatArgs, cwd: PathBuf) -> exit::Result<()> {
         store,
         agent: None,
         permission: None,
-        approvals: Arc::new(Approvals::default()),
+        approvals: Arc::new(Approvals::expiring(
+            (args.approval_timeout > 0).then(|| Duration::from_secs(args.approval_timeout)),
+        )),
         items,
+        totals: Arc::default(),
         dashboard,
     };
     match &args.resume {
@@ -134,7 +143,11 @@ async fn open(rt: &Runtime, args: &ChatArgs, cwd: PathBuf) -> exit::Result<()> {
         chat.approvals.share();
         chat.note(format!("dashboard at {url}"));
     }
-    let result = transcript::converse(&mut chat, shown).await;
+    let result = if terminal::usable() {
+        terminal::converse(&mut chat, shown).await
+    } else {
+        transcript::converse(&mut chat, shown).await
+    };
     chat.finish().await;
     result
 }
@@ -157,6 +170,8 @@ pub struct Chat<'a> {
     permission: Option<Policy>,
     approvals: Arc<Approvals>,
     items: Items,
+    /// The tokens spent so far.
+    totals: Arc<engine::Totals>,
     /// The dashboard's address, once serving.
     dashboard: Option<String>,
 }
@@ -227,7 +242,13 @@ impl Chat<'_> {
             .root()
             .get::<LlmRuntime>(LlmRuntime::SERVICE)
             .and_then(|llm| llm.defaults(&self.route.provider, &self.model).price);
-        engine::observe(&agent, self.items.clone(), price, self.reasoning);
+        engine::observe(
+            &agent,
+            self.items.clone(),
+            self.totals.clone(),
+            price,
+            self.reasoning,
+        );
         self.agent = Some(agent);
         Ok(())
     }
@@ -333,6 +354,87 @@ impl Chat<'_> {
                 "a turn is running: {what} waits until it ends (/cancel ends it now)"
             ));
             return false;
+        }
+        true
+    }
+
+    /// The status line: route and model, tokens in and out, the context
+    /// used of the model's window, the permission mode and sandbox, the
+    /// session.
+    pub async fn status(&self) -> String {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(agent) = self.agent() else {
+            return "no session open".to_owned();
+        };
+        let window = self
+            .rt
+            .root()
+            .get::<LlmRuntime>(LlmRuntime::SERVICE)
+            .and_then(|llm| {
+                llm.defaults(&self.route.provider, &self.model)
+                    .context_window
+            });
+        let context = match (agent.context_tokens(), window) {
+            (Some(used), Some(w)) if w > 0 => format!(
+                "context {} of {} ({}%)",
+                crate::lines::tokens(used),
+                crate::lines::tokens(w),
+                used * 100 / w
+            ),
+            (Some(used), _) => format!("context {}", crate::lines::tokens(used)),
+            (None, _) => "context not measured yet".to_owned(),
+        };
+        let policy = agent.policy();
+        let sandbox = if !policy.confines() {
+            "unconfined".to_owned()
+        } else {
+            match self
+                .rt
+                .root()
+                .get::<dsh_services::sandbox::Sandbox>(dsh_services::sandbox::Sandbox::SERVICE)
+            {
+                Some(s) => match s.backend().await {
+                    Ok(b) => b.name().to_owned(),
+                    Err(_) => "no sandbox".to_owned(),
+                },
+                None => "no sandbox".to_owned(),
+            }
+        };
+        let short: String = agent.id().chars().take(8).collect();
+        format!(
+            "{}/{} · {} in / {} out · {context} · {} ({sandbox}) · session {short}",
+            self.route.provider,
+            inert_line(&self.model),
+            crate::lines::tokens(self.totals.input.load(Relaxed)),
+            crate::lines::tokens(self.totals.output.load(Relaxed)),
+            policy.mode,
+        )
+    }
+
+    /// Does what a typed `line` says; `false` when it asks to leave
+    /// (`/exit`). A command is a command even while an approval question
+    /// waits (`/cancel` withdraws it); any other line answers the question.
+    pub async fn act(&mut self, line: &str) -> bool {
+        let parsed = input::parse_line(line);
+        let command = matches!(parsed, Ok(input::Input::Command(..)) | Err(_));
+        if !command && self.approvals.waiting() {
+            let answer = engine::Answer::of(line);
+            if let Some(id) = self.approvals.answer(answer) {
+                let said = match answer {
+                    engine::Answer::Once => "allowed once",
+                    engine::Answer::Always => "allowed, and from now on without asking",
+                    engine::Answer::No => "refused",
+                };
+                self.note(format!("approval {id}: {said}"));
+            }
+            return true;
+        }
+        match parsed {
+            Ok(input::Input::Message(text)) => self.send(&text),
+            Ok(input::Input::Steer(text)) => self.steer(&text),
+            Ok(input::Input::Command(command, rest)) => return self.command(command, &rest).await,
+            Ok(input::Input::Nothing) => {}
+            Err(e) => self.error(e.to_string()),
         }
         true
     }

@@ -17,8 +17,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::Chat;
-use super::engine::{Answer, Item};
-use super::input::{Input, parse_line};
+use super::engine::Item;
 use crate::exit;
 
 /// The longest line read; a longer one is refused (and skipped).
@@ -55,7 +54,7 @@ pub async fn converse(
             Some(item) = shown.recv() => printer.show(&item),
             line = lines.recv(), if !ended => match line {
                 Some(Err(e)) => printer.show(&Item::Error(e)),
-                Some(Ok(line)) if act(chat, &line, &mut printer).await => {}
+                Some(Ok(line)) if chat.act(&line).await => {}
                 // The end of the input, or `/exit`: no more lines are read.
                 _ => {
                     ended = true;
@@ -83,33 +82,6 @@ pub async fn converse(
     }
     printer.end();
     result
-}
-
-/// Does what `line` says; `false` when it asks to leave (`/exit`).
-async fn act(chat: &mut Chat<'_>, line: &str, printer: &mut Printer) -> bool {
-    // A command is a command even while a question waits (`/cancel`
-    // withdraws it); any other line answers it.
-    let command = matches!(parse_line(line), Ok(Input::Command(..)) | Err(_));
-    if !command && chat.approvals().waiting() {
-        let answer = Answer::of(line);
-        if let Some(id) = chat.approvals().answer(answer) {
-            let said = match answer {
-                Answer::Once => "allowed once",
-                Answer::Always => "allowed, and from now on without asking",
-                Answer::No => "refused",
-            };
-            printer.show(&Item::Note(format!("approval {id}: {said}")));
-        }
-        return true;
-    }
-    match parse_line(line) {
-        Ok(Input::Message(text)) => chat.send(&text),
-        Ok(Input::Steer(text)) => chat.steer(&text),
-        Ok(Input::Command(command, rest)) => return chat.command(command, &rest).await,
-        Ok(Input::Nothing) => {}
-        Err(e) => printer.show(&Item::Error(e.to_string())),
-    }
-    true
 }
 
 /// Stdin's lines, read on a thread of their own (a blocking read cannot be

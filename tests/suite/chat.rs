@@ -525,6 +525,24 @@ fn http(url: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value
     (status, json)
 }
 
+/// The page's pending questions once it lists `n` of them (within
+/// [`WAIT`]).
+fn pending(url: &str, n: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (status, listed) = http(url, "GET", "/api/approvals", None);
+        assert_eq!(status, 200, "{listed}");
+        let asks = listed["approvals"].as_array().cloned().unwrap_or_default();
+        if asks.len() == n {
+            return asks;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never {n} questions: {listed}"
+        );
+    }
+}
+
 /// With the dashboard up, a question is put to both the chat and the page:
 /// the page's answer is taken and the chat's question withdrawn; the chat's
 /// answer is taken and the page's question withdrawn. A turn the page
@@ -557,11 +575,10 @@ fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
         .to_owned();
     chat.send("go");
     chat.expect("approval 1:");
-    let (status, listed) = http(&url, "GET", "/api/approvals", None);
-    assert_eq!(status, 200, "{listed}");
-    let asks = listed["approvals"].as_array().unwrap();
-    assert_eq!(asks.len(), 1, "{listed}");
-    let id = asks[0]["id"].as_str().unwrap();
+    // The page is asked as the chat shows the question (it may list it a
+    // moment later).
+    let listed = pending(&url, 1);
+    let id = listed[0]["id"].as_str().unwrap().to_owned();
     let (status, answer) = http(
         &url,
         "POST",
@@ -572,13 +589,7 @@ fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
     chat.expect("approval 1 answered on the dashboard: allowed-once");
     chat.expect("  ✓ bash");
     chat.expect("approval 2:");
-    assert_eq!(
-        http(&url, "GET", "/api/approvals", None).1["approvals"]
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
+    pending(&url, 1);
     chat.send("n");
     chat.expect("approval 2: refused");
     chat.expect("── turn 1 completed");
@@ -656,4 +667,303 @@ fn a_cancelled_turn_withdraws_its_question() {
         "{}",
         lines.join("\n")
     );
+}
+
+/// `dsh chat` on a pseudo-terminal, its screen read through a vt100
+/// parser. The reader thread answers the editor's cursor-position queries
+/// (`ESC [6n`) as a terminal would.
+struct Terminal {
+    child: Child,
+    master: std::fs::File,
+    seen: std::sync::Arc<(std::sync::Mutex<Received>, std::sync::Condvar)>,
+}
+
+/// What the terminal received: as shown, and as sent; whether dsh has
+/// closed it.
+type Received = (vt100::Parser, Vec<u8>, bool);
+
+impl Terminal {
+    fn start(p: &Place, script: &Path, extra: &[&str]) -> Terminal {
+        let size = nix::pty::Winsize {
+            ws_row: 40,
+            ws_col: 110,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let pty = nix::pty::openpty(Some(&size), None).unwrap();
+        let slave = std::fs::File::from(pty.slave);
+        let child = Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .args(["chat", "--script"])
+            .arg(script)
+            .arg("--sessions-dir")
+            .arg(&p.sessions)
+            .args(extra)
+            .current_dir(&p.ws)
+            .env("HOME", p.base.join("home"))
+            .env("TERM", "xterm-256color")
+            .env_remove("DSH_APPROVAL")
+            .env_remove("DSH_PERMISSION_MODE")
+            .env_remove("DSH_BASE_URL")
+            .env_remove("DSH_MODEL")
+            .stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave)
+            .spawn()
+            .unwrap();
+        let master = std::fs::File::from(pty.master);
+        let seen = std::sync::Arc::new((
+            std::sync::Mutex::new((
+                vt100::Parser::new(40.try_into().unwrap(), 110.try_into().unwrap(), 0),
+                Vec::new(),
+                false,
+            )),
+            std::sync::Condvar::new(),
+        ));
+        let (mut reader, mut answer, shared) = (
+            master.try_clone().unwrap(),
+            master.try_clone().unwrap(),
+            seen.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // Ends when dsh has closed the terminal (EIO).
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let (lock, changed) = &*shared;
+                let mut state = lock.lock().unwrap();
+                state.0.process(&buf[..n]);
+                state.1.extend_from_slice(&buf[..n]);
+                if buf[..n].windows(4).any(|w| w == b"\x1b[6n") {
+                    let (row, col) = state.0.screen().cursor_position();
+                    let _ = write!(answer, "\x1b[{};{}R", row + 1, col + 1);
+                }
+                changed.notify_all();
+            }
+            let (lock, changed) = &*shared;
+            lock.lock().unwrap().2 = true;
+            changed.notify_all();
+        });
+        Terminal {
+            child,
+            master,
+            seen,
+        }
+    }
+
+    /// Waits until the screen shows `needle`; fails with the screen.
+    fn expect(&self, needle: &str) {
+        let (lock, changed) = &*self.seen;
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut state = lock.lock().unwrap();
+        while !state.0.screen().contents().contains(needle) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the screen never showed `{needle}`:\n{}",
+                state.0.screen().contents()
+            );
+            state = changed.wait_timeout(state, left).unwrap().0;
+        }
+    }
+
+    /// Waits (at most [`WAIT`]) until `done` holds of what the terminal
+    /// received and whether dsh closed it; returns both.
+    fn wait(&self, done: impl Fn(&str, bool) -> bool) -> (String, bool) {
+        let (lock, changed) = &*self.seen;
+        let state = lock.lock().unwrap();
+        let (state, _) = changed
+            .wait_timeout_while(state, WAIT, |s| !done(&String::from_utf8_lossy(&s.1), s.2))
+            .unwrap();
+        (String::from_utf8_lossy(&state.1).into_owned(), state.2)
+    }
+
+    /// Waits until the editor has the terminal raw (reading a line: Ctrl-C
+    /// is then a key, not a character the line discipline swallows).
+    fn until_raw(&self) {
+        super::until_blocking("the editor never read again", || {
+            nix::sys::termios::tcgetattr(&self.master).is_ok_and(|t| {
+                !t.local_flags
+                    .contains(nix::sys::termios::LocalFlags::ICANON)
+            })
+        });
+    }
+
+    fn keys(&mut self, keys: &str) {
+        self.master.write_all(keys.as_bytes()).unwrap();
+        self.master.flush().unwrap();
+    }
+
+    /// Keeps what the terminal received and what it shows as artefacts.
+    fn keep(&self, name: &str) -> String {
+        let artefacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+        std::fs::create_dir_all(&artefacts).unwrap();
+        let state = self.seen.0.lock().unwrap();
+        std::fs::write(artefacts.join(format!("{name}.pty.txt")), &state.1).unwrap();
+        let shown = state.0.screen().contents();
+        std::fs::write(artefacts.join(format!("{name}.screen.txt")), &shown).unwrap();
+        shown
+    }
+}
+
+/// At a terminal: a typed prompt streams its answer as rendered Markdown
+/// with the tool lines and a status line; Ctrl-C mid-turn cancels the turn
+/// and the prompt comes back; Ctrl-D leaves with exit 0 and the session
+/// saved. The screen is kept as an artefact (`chat-terminal.screen.txt`).
+#[test]
+fn at_a_terminal_a_turn_streams_ctrl_c_cancels_and_ctrl_d_leaves() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let script = script(
+        &p,
+        "script.json",
+        &[
+            call("echo hi"),
+            json!({
+                "reasoning": "Let me think about\nthe answer carefully",
+                "text": "Here is a **bold** answer\n- one item\n- `code` item"
+            }),
+            call(HOLD),
+            json!({"text": "never shown"}),
+        ],
+    );
+    let mut term = Terminal::start(&p, &script, &["--approval", "never"]);
+    term.expect("workspace-write");
+    term.expect("› ");
+    term.keys("hello\r");
+    term.expect("▸ bash echo hi");
+    // The reasoning is folded to one line, before the answer.
+    term.expect("· thought: Let me think about the answer carefully (7 words)");
+    term.expect("Here is a bold answer");
+    term.expect("• code item");
+    term.expect("── turn 1 completed");
+    term.expect("in / ");
+    term.keys("wait for it\r");
+    term.expect("▸ bash echo holding");
+    term.keys("\x03");
+    term.expect("── turn 2 aborted");
+    term.expect("cancelling the turn");
+    term.keys("\x04");
+    let status = super::wait_bounded(&mut term.child, "dsh chat at a terminal");
+    let shown = term.keep("chat-terminal");
+    assert!(status.success(), "{status:?}\n{shown}");
+    assert!(
+        shown.contains("continue with: dsh chat --resume"),
+        "{shown}"
+    );
+    // Nothing the model wrote as markup is left on the screen.
+    assert!(!shown.contains("**bold**"), "{shown}");
+    let id = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .and_then(|r| r.split(['(', ')']).nth(1))
+        .map(str::to_owned);
+    let id = id.unwrap_or_else(|| panic!("no session id on the screen:\n{shown}"));
+    assert_eq!(count(&events(&p, &id), "turn/start"), 2);
+    assert!(
+        p.base.join("home/.dsh/history").exists(),
+        "no history was kept"
+    );
+}
+
+/// At a terminal: Alt-Enter puts a new line in the message; an approval is
+/// answered inline; two Ctrl-C in a row with nothing running leave (exit
+/// 0, the session saved).
+#[test]
+fn at_a_terminal_a_message_spans_lines_approvals_are_inline_and_ctrl_c_twice_leaves() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let touched = p.outside.join("touched");
+    let script = script(
+        &p,
+        "script.json",
+        &[escalated_touch(&touched), json!({"text": "touched it"})],
+    );
+    let mut term = Terminal::start(&p, &script, &["--approval", "ask"]);
+    term.expect("› ");
+    term.keys("first line\x1b\rsecond line\r");
+    term.expect("approval 1:");
+    term.keys("y\r");
+    term.expect("approval 1: allowed once");
+    term.expect("── turn 1 completed");
+    // Each Ctrl-C once the editor reads again: the first of a pair says
+    // so, the second leaves (a loaded machine may let 2 s pass between
+    // two: then the next one is the second).
+    let mut status = None;
+    for said in 1..=5 {
+        term.until_raw();
+        term.keys("\x03");
+        let hint = "Ctrl-C again within 2 s";
+        if term
+            .wait(|raw, closed| closed || raw.matches(hint).count() >= said)
+            .1
+        {
+            status = Some(super::wait_bounded(
+                &mut term.child,
+                "dsh chat at a terminal",
+            ));
+            break;
+        }
+        term.until_raw();
+        term.keys("\x03");
+        if term
+            .wait(|raw, closed| closed || raw.matches(hint).count() > said)
+            .1
+        {
+            status = Some(super::wait_bounded(
+                &mut term.child,
+                "dsh chat at a terminal",
+            ));
+            break;
+        }
+    }
+    let shown = term.keep("chat-terminal-approval");
+    let status = status.unwrap_or_else(|| panic!("Ctrl-C twice did not leave:\n{shown}"));
+    assert!(status.success(), "{status:?}\n{shown}");
+    assert!(touched.exists(), "{shown}");
+    let id = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .and_then(|r| r.split(['(', ')']).nth(1))
+        .unwrap_or_else(|| panic!("no closing line:\n{shown}"))
+        .to_owned();
+    let prompt = events(&p, &id)
+        .into_iter()
+        .find(|e| e["type"] == "user/message" && e["data"]["source"]["kind"] == "user")
+        .unwrap();
+    assert_eq!(
+        prompt["data"]["content"][0]["text"], "first line\nsecond line",
+        "{prompt}"
+    );
+}
+
+/// A question left unanswered past `--approval-timeout` is refused, and
+/// its call does not run.
+#[test]
+fn an_unanswered_question_is_refused_when_it_times_out() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let never = p.outside.join("never");
+    let script = script(
+        &p,
+        "script.json",
+        &[escalated_touch(&never), json!({"text": "went on"})],
+    );
+    let mut chat = Session::start(
+        &p,
+        &script,
+        &["--approval", "ask", "--approval-timeout", "1"],
+    );
+    chat.send("go");
+    chat.expect("approval 1:");
+    chat.expect("approval 1 unanswered after 1.0 s: refused");
+    chat.expect("── turn 1 completed");
+    let (status, lines, stderr) = chat.finish();
+    assert!(
+        status.success(),
+        "{status:?}\n{}\n{stderr}",
+        lines.join("\n")
+    );
+    assert!(!never.exists());
 }
