@@ -321,6 +321,12 @@ impl Approvals {
         let mut expired = std::pin::pin!(expired);
         loop {
             tokio::select! {
+                // An answer that came wins over the expiry that fired with it.
+                biased;
+                outcome = &mut answered => {
+                    asked.settled = true;
+                    return outcome.unwrap_or(ApprovalOutcome::Unavailable);
+                }
                 () = &mut expired => {
                     asked.settled = true;
                     let after = self.expiry.map(lines::duration).unwrap_or_default();
@@ -328,10 +334,6 @@ impl Approvals {
                         "approval {id} unanswered after {after}: refused"
                     )));
                     return ApprovalOutcome::Rejected;
-                }
-                outcome = &mut answered => {
-                    asked.settled = true;
-                    return outcome.unwrap_or(ApprovalOutcome::Unavailable);
                 }
                 () = ask.cancel.cancelled() => return ApprovalOutcome::Cancelled,
                 outcome = &mut elsewhere, if asking_elsewhere => {
@@ -440,9 +442,7 @@ pub fn observe(
                 None
             }
             EventData::UserMessage(m) if m.source.kind == "user" => {
-                let text = m.text();
-                let first = inert_line(text.trim().lines().next().unwrap_or(""));
-                Some(Item::Prompt(cut(&first, 120)))
+                Some(Item::Prompt(prompt_line(&m.text())))
             }
             EventData::AssistantChunk { chunk, .. } => match &**chunk {
                 StreamChunk::TextDelta { text, .. } => Some(Item::Text(inert(text))),
@@ -540,6 +540,11 @@ pub fn observe(
             let _ = items.send(item);
         }
     }));
+}
+
+/// How a prompt item shows a message: its first line, inert, cut.
+pub fn prompt_line(text: &str) -> String {
+    cut(&inert_line(text.trim().lines().next().unwrap_or("")), 120)
 }
 
 /// Sends `text` as the user's next message: a new turn when the agent is

@@ -20,7 +20,10 @@ impl Markdown {
     /// `line` (without its newline) as the terminal shows it.
     pub fn line(&mut self, line: &str) -> String {
         let trimmed = line.trim_start();
-        if let Some(info) = trimmed.strip_prefix("```") {
+        if let Some(info) = trimmed
+            .strip_prefix("```")
+            .filter(|info| !info.contains('`'))
+        {
             self.code = !self.code;
             return if self.code && !info.trim().is_empty() {
                 format!("{DIM}── {} ──{RESET}", info.trim())
@@ -138,5 +141,10 @@ mod tests {
         assert_eq!(plain(&md.line("let x = **y**;")), "  let x = **y**;");
         assert_eq!(plain(&md.line("```")), "──");
         assert_eq!(plain(&md.line("**done**")), "done");
+        // Inline code that starts a line opens no block.
+        assert_eq!(plain(&md.line("```x``` is inline")), "``x`` is inline");
+        assert_eq!(plain(&md.line("after")), "after");
+        assert_eq!(plain(&md.line("** alone and ``")), "** alone and ``");
+        assert_eq!(plain(&md.line("# ünïcödé **ß**")), "ünïcödé ß");
     }
 }

@@ -122,6 +122,7 @@ async fn open(rt: &Runtime, args: &ChatArgs, cwd: PathBuf) -> exit::Result<()> {
         items,
         totals: Arc::default(),
         dashboard,
+        sent: Default::default(),
     };
     match &args.resume {
         Some(given) => {
@@ -174,6 +175,10 @@ pub struct Chat<'a> {
     totals: Arc<engine::Totals>,
     /// The dashboard's address, once serving.
     dashboard: Option<String>,
+    /// The first lines of the messages sent from here, as their prompt
+    /// items show them, until those come (a seat that shows what was typed
+    /// skips them).
+    sent: std::sync::Mutex<std::collections::VecDeque<String>>,
 }
 
 impl Chat<'_> {
@@ -446,9 +451,41 @@ impl Chat<'_> {
             return self.error("not sent: no session is open (/resume one)");
         };
         match engine::send(agent, text) {
-            Ok(true) => self.note("queued: it runs when this turn ends"),
-            Ok(false) => {}
+            Ok(queued) => {
+                self.remember(text);
+                if queued {
+                    self.note("queued: it runs when this turn ends");
+                }
+            }
             Err(e) => self.error(format!("not sent: {e}")),
+        }
+    }
+
+    /// Remembers a message sent from here (see [`Chat::typed_here`]).
+    fn remember(&self, text: &str) {
+        let mut sent = self
+            .sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sent.push_back(engine::prompt_line(text));
+        if sent.len() > 64 {
+            sent.pop_front();
+        }
+    }
+
+    /// Whether the prompt item `shown` is of a message sent from here (then
+    /// it and any older one are forgotten).
+    pub fn typed_here(&self, shown: &str) -> bool {
+        let mut sent = self
+            .sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match sent.iter().position(|s| s == shown) {
+            Some(at) => {
+                sent.drain(..=at);
+                true
+            }
+            None => false,
         }
     }
 
@@ -458,7 +495,10 @@ impl Chat<'_> {
             return self.error("not sent: no session is open (/resume one)");
         };
         match engine::steer(agent, text) {
-            Ok(true) => self.note("steered: the model reads it at its next step"),
+            Ok(true) => {
+                self.remember(text);
+                self.note("steered: the model reads it at its next step");
+            }
             Ok(false) => self.send(text),
             Err(e) => self.error(format!("not sent: {e}")),
         }

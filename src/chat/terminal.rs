@@ -52,19 +52,22 @@ pub async fn converse(
     chat: &mut Chat<'_>,
     mut shown: mpsc::UnboundedReceiver<Item>,
 ) -> exit::Result<()> {
+    // Watched before the editor's first read: rustyline puts back, after
+    // each read, the SIGINT handler it found (tokio's, from here on).
+    let mut signals = crate::exit::Signals::watch();
     let _restore = Restore::save();
     let Seat {
         mut keys,
         out,
         resume,
-        printer,
+        stopping,
+        printed,
     } = editor().map_err(|e| Exit::failed(format!("cannot use the terminal: {e}")))?;
     let mut screen = Screen::new(out);
     let mut leaving = false;
     let mut armed: Option<Instant> = None;
     // Whether the editor waits to be resumed (it handed over a key).
     let mut gated = false;
-    let mut signals = crate::exit::Signals::watch();
     let result = loop {
         let agent = chat.agent().cloned();
         let idle = async move {
@@ -79,6 +82,12 @@ pub async fn converse(
         let key = tokio::select! {
             biased;
             Some(item) = shown.recv() => {
+                // What was typed here is on the screen already.
+                if let Item::Prompt(p) = &item
+                    && chat.typed_here(p)
+                {
+                    continue;
+                }
                 let ended = matches!(item, Item::TurnEnd { .. });
                 screen.show(&item);
                 if ended {
@@ -98,10 +107,10 @@ pub async fn converse(
                 other => break Err(other.exit("the chat was stopped")),
             },
         };
-        // The editor waits after each key until resumed: at once for a
-        // message, an answer or a first Ctrl-C (so typing ahead reaches a
-        // reading editor), after the command for a command (which may end
-        // the chat: then no read is left holding the terminal).
+        // The editor waits after each key until resumed: at once (so what
+        // is typed ahead, and what is printed meanwhile, reaches a reading
+        // editor), but not after `/exit` or a second Ctrl-C: then no read
+        // is left holding the terminal.
         let resume_now = |waiting: &mut bool| {
             if std::mem::take(waiting) {
                 let _ = resume.send(());
@@ -110,9 +119,7 @@ pub async fn converse(
         match key {
             Key::Line(line) => {
                 armed = None;
-                screen.typed(&line);
-                let command = line.trim_start().starts_with('/');
-                if !command && !leaving {
+                if !leaving && !leaves(&line) {
                     resume_now(&mut gated);
                 }
                 if !leaving && !chat.act(&line).await {
@@ -146,8 +153,10 @@ pub async fn converse(
             resume_now(&mut gated);
         }
     };
-    // The editor stops at its next turn (if it reads now, a signal or an
-    // error ended the chat: the terminal is restored below all the same).
+    // The editor stops before its next read (one already under way when a
+    // signal ended the chat ends with the process; the terminal is
+    // restored all the same).
+    stopping.store(true, std::sync::atomic::Ordering::SeqCst);
     drop(resume);
     if let Some(a) = chat.agent()
         && chat.running()
@@ -160,12 +169,13 @@ pub async fn converse(
     }
     drop(screen);
     // Everything shown before the chat's last words.
-    let _ = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::task::spawn_blocking(move || printer.join()),
-    )
-    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), printed).await;
     result
+}
+
+/// Whether `line` is `/exit` (the editor then reads no more).
+fn leaves(line: &str) -> bool {
+    matches!(super::input::parse_line(line), Ok(super::input::Input::Command(c, _)) if c.name == "exit")
 }
 
 /// The editor's and the printer's threads, as the loop holds them.
@@ -176,17 +186,24 @@ struct Seat {
     out: std_mpsc::Sender<String>,
     /// Lets the editor read the next line (dropped: it stops).
     resume: std_mpsc::Sender<()>,
-    /// The printer's thread, ending once `out` is dropped.
-    printer: std::thread::JoinHandle<()>,
+    /// Set when the chat ends: the editor reads no more.
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Fires when the printer has printed everything (after `out` is
+    /// dropped).
+    printed: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// Starts the editor's thread and the printer's. The editor reads a line,
 /// hands it over, and reads the next only when resumed: when the chat
-/// ends, no read is left holding the terminal.
+/// ends, no read is left holding the terminal. Each line goes to the
+/// history file as it is read.
 fn editor() -> Result<Seat, String> {
     use rustyline::error::ReadlineError;
     use rustyline::{Cmd, Config, Editor, EventHandler, KeyCode, KeyEvent, Modifiers};
     let history = crate::home::dir().join("history");
+    if let Some(dir) = history.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
     let config = Config::builder()
         .auto_add_history(true)
         .max_history_size(5000)
@@ -203,26 +220,34 @@ fn editor() -> Result<Seat, String> {
     let _ = ed.load_history(&history);
     let mut printer = ed.create_external_printer().map_err(|e| e.to_string())?;
     let (out, lines) = std_mpsc::channel::<String>();
-    let printer = std::thread::Builder::new()
+    let (done, printed) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
         .name("dsh-printer".into())
         .spawn(move || {
             use rustyline::ExternalPrinter as _;
             // Ends when the loop drops its sender.
             while let Ok(text) = lines.recv() {
                 if printer.print(text).is_err() {
-                    return;
+                    break;
                 }
             }
+            let _ = done.send(());
         })
         .map_err(|e| e.to_string())?;
     let (tx, keys) = mpsc::unbounded_channel();
     let (resume, resumed) = std_mpsc::channel::<()>();
+    let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = stopping.clone();
     std::thread::Builder::new()
         .name("dsh-editor".into())
         .spawn(move || {
-            loop {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 let key = match ed.readline("› ") {
-                    Ok(line) => Key::Line(line),
+                    Ok(line) => {
+                        // Kept at once: a signal may end the chat mid-read.
+                        let _ = ed.append_history(&history);
+                        Key::Line(line)
+                    }
                     Err(ReadlineError::Interrupted) => Key::Interrupt,
                     Err(ReadlineError::Eof) => Key::Eof,
                     Err(e) => Key::Failed(e.to_string()),
@@ -232,27 +257,34 @@ fn editor() -> Result<Seat, String> {
                     break;
                 }
             }
-            if let Some(dir) = history.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let _ = ed.save_history(&history);
         })
         .map_err(|e| e.to_string())?;
     Ok(Seat {
         keys,
         out,
         resume,
-        printer,
+        stopping,
+        printed,
     })
 }
 
 /// Puts the terminal back as it was (a chat ended while the editor was
-/// reading leaves it raw).
+/// reading leaves it raw). Meanwhile, between two reads, Enter stays a
+/// carriage return (no CR-to-NL translation: typed ahead, it would reach the
+/// editor as Ctrl-J, a new line) and nothing typed is echoed twice.
 struct Restore(Option<nix::sys::termios::Termios>);
 
 impl Restore {
     fn save() -> Restore {
-        Restore(nix::sys::termios::tcgetattr(std::io::stdin()).ok())
+        use nix::sys::termios::{InputFlags, LocalFlags, SetArg, tcgetattr, tcsetattr};
+        let saved = tcgetattr(std::io::stdin()).ok();
+        if let Some(mode) = &saved {
+            let mut chat = mode.clone();
+            chat.input_flags.remove(InputFlags::ICRNL);
+            chat.local_flags.remove(LocalFlags::ECHO);
+            let _ = tcsetattr(std::io::stdin(), SetArg::TCSANOW, &chat);
+        }
+        Restore(saved)
     }
 }
 
@@ -265,6 +297,8 @@ impl Drop for Restore {
                 mode,
             );
         }
+        // Bracketed paste, which the editor turns on, off again.
+        crate::out!("\x1b[?2004l");
     }
 }
 
@@ -284,8 +318,6 @@ struct Screen {
     text: String,
     /// The reasoning so far, shown folded when it ends.
     reasoning: String,
-    /// The first lines of messages typed here, not yet seen as prompts.
-    typed: std::collections::VecDeque<String>,
 }
 
 impl Screen {
@@ -295,7 +327,6 @@ impl Screen {
             markdown: Markdown::default(),
             text: String::new(),
             reasoning: String::new(),
-            typed: std::collections::VecDeque::new(),
         }
     }
 
@@ -304,19 +335,6 @@ impl Screen {
     fn print(&self, mut line: String) {
         line.push('\n');
         let _ = self.out.send(line);
-    }
-
-    /// Remembers a typed message (its prompt item is not shown again).
-    fn typed(&mut self, line: &str) {
-        let first = crate::lines::inert_line(line.trim().lines().next().unwrap_or(""));
-        let text = line.trim_start();
-        if !text.is_empty() && !text.starts_with('/') {
-            let first = first.trim_start_matches('!').trim().to_owned();
-            self.typed.push_back(super::engine::cut(&first, 120));
-            if self.typed.len() > 64 {
-                self.typed.pop_front();
-            }
-        }
     }
 
     fn note(&self, line: &str) {
@@ -346,13 +364,12 @@ impl Screen {
             _ => {}
         }
         self.end();
+        if let Item::TurnEnd { .. } = item {
+            // A block the turn left open ends with it.
+            self.markdown = Markdown::default();
+        }
         let line = match item {
-            // What was typed here is on the screen already; a prompt from
-            // elsewhere (the dashboard) is shown.
-            Item::Prompt(p) if self.typed.front() == Some(p) => {
-                self.typed.pop_front();
-                return;
-            }
+            // A prompt from elsewhere (the dashboard).
             Item::Prompt(_) => format!("{DIM}{item}{RESET}"),
             Item::ToolStarted { .. } => format!("{BOLD}{item}{RESET}"),
             Item::ToolFinished {

@@ -790,7 +790,10 @@ impl Terminal {
         });
     }
 
+    /// Types `keys` once the editor reads (typed earlier, the line
+    /// discipline may hold or drop them).
     fn keys(&mut self, keys: &str) {
+        self.until_raw();
         self.master.write_all(keys.as_bytes()).unwrap();
         self.master.flush().unwrap();
     }
