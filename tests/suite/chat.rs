@@ -684,6 +684,16 @@ type Received = (vt100::Parser, Vec<u8>, bool);
 
 impl Terminal {
     fn start(p: &Place, script: &Path, extra: &[&str]) -> Terminal {
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["chat".into(), "--script".into(), script.into()];
+        args.push("--sessions-dir".into());
+        args.push(p.sessions.clone().into());
+        args.extend(extra.iter().map(Into::into));
+        Terminal::run(p, &args)
+    }
+
+    /// `dsh ARGS` on a fresh pseudo-terminal, in the test's workspace.
+    fn run(p: &Place, args: &[std::ffi::OsString]) -> Terminal {
         let size = nix::pty::Winsize {
             ws_row: 40,
             ws_col: 110,
@@ -693,14 +703,11 @@ impl Terminal {
         let pty = nix::pty::openpty(Some(&size), None).unwrap();
         let slave = std::fs::File::from(pty.slave);
         let child = Command::new(env!("CARGO_BIN_EXE_dsh"))
-            .args(["chat", "--script"])
-            .arg(script)
-            .arg("--sessions-dir")
-            .arg(&p.sessions)
-            .args(extra)
+            .args(args)
             .current_dir(&p.ws)
             .env("HOME", p.base.join("home"))
             .env("TERM", "xterm-256color")
+            .env_remove("DEEPSEEK_API_KEY")
             .env_remove("DSH_APPROVAL")
             .env_remove("DSH_PERMISSION_MODE")
             .env_remove("DSH_BASE_URL")
@@ -969,4 +976,28 @@ fn an_unanswered_question_is_refused_when_it_times_out() {
         lines.join("\n")
     );
     assert!(!never.exists());
+}
+
+/// `dsh` alone on a terminal opens a chat (here it says no model is
+/// configured, as `dsh chat` does); elsewhere it prints the help and exits 2.
+#[test]
+fn dsh_alone_opens_a_chat_on_a_terminal_and_prints_the_help_elsewhere() {
+    let _sweep = crate::suite::sweep();
+    let p = place();
+    let mut term = Terminal::run(&p, &[]);
+    term.expect("dsh chat: no model is configured");
+    let status = super::wait_bounded(&mut term.child, "dsh alone");
+    assert_eq!(status.code(), Some(2));
+    let out = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .current_dir(&p.ws)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = super::output_bounded(out, super::DEADLINE, "dsh alone, no terminal");
+    assert_eq!(out.status.code(), Some(2));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("Usage: dsh"), "{help}");
+    assert!(help.contains("chat"), "{help}");
 }
