@@ -238,6 +238,23 @@ pub fn place_via(node: Option<&str>, provider: Option<&str>) -> String {
     }
 }
 
+/// What a tool result says: its text blocks, joined.
+pub fn result_text(message: &dsh_services::llm::Message) -> String {
+    use dsh_services::llm::ContentBlock;
+    message
+        .content
+        .iter()
+        .flat_map(|b| match b {
+            ContentBlock::ToolResult { content, .. } => content.clone(),
+            _ => Vec::new(),
+        })
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } => Some(text),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use dsh_actors::agent::{Agent, AgentError, AgentSpec, TurnSummary};
-use dsh_services::llm::{ContentBlock, LlmRuntime, Price, StreamChunk};
+use dsh_services::llm::{LlmRuntime, Price, StreamChunk};
 use dsh_services::persistence::{JsonlStore, SessionPersistence};
 use dsh_services::session::{EventData, TurnEndReason};
+use dsh_supervisors::Runtime;
 use dsh_supervisors::error::chain;
-use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::{AgentArgs, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs};
 use crate::exit::{self, Exit};
@@ -331,18 +331,7 @@ fn observe(
             }
             EventData::ToolResult { message, error, .. } => {
                 phase(&spinner, IDLE);
-                let text: String = message
-                    .content
-                    .iter()
-                    .flat_map(|b| match b {
-                        ContentBlock::ToolResult { content, .. } => content.clone(),
-                        _ => Vec::new(),
-                    })
-                    .filter_map(|b| match b {
-                        ContentBlock::Text { text } => Some(text),
-                        _ => None,
-                    })
-                    .collect();
+                let text = lines::result_text(message);
                 match error {
                     Some(err) => crate::errln!(
                         "  ✗ {}: {}",
@@ -359,23 +348,11 @@ fn observe(
 
 /// Runs the prompt; returns how the process should exit.
 pub async fn run(args: RunArgs) -> Exit {
-    let cwd = match args.workspace.resolve() {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let rt = match Runtime::start(RuntimeSettings::default()).await {
-        Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
-    };
-    let exit = Exit::from(drive(&rt, &args, cwd).await);
-    crate::serve::hold(&args.dashboard).await;
-    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
-        .await
-        .is_err()
-    {
-        return Exit::failed("shutdown did not finish within 60 s");
-    }
-    exit
+    let args = &args;
+    crate::serve::in_runtime(&args.workspace, &args.dashboard, |rt, cwd| async move {
+        drive(&rt, args, cwd).await
+    })
+    .await
 }
 
 async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {

@@ -111,6 +111,42 @@ pub async fn dashboard_url(rt: &Runtime, args: &DashboardArgs) -> exit::Result<O
     Ok(Some(web.page_url()))
 }
 
+/// Runs a command's `drive` in a runtime of its own with the workspace
+/// resolved: then keeps the dashboard up with `--hold`, and shuts the
+/// runtime down in order (at most 60 s). Returns how the process exits.
+pub async fn in_runtime<F, Fut>(
+    workspace: &crate::args::WorkspaceArgs,
+    dashboard: &DashboardArgs,
+    drive: F,
+) -> Exit
+where
+    F: FnOnce(Runtime, std::path::PathBuf) -> Fut,
+    Fut: std::future::Future<Output = exit::Result<()>>,
+{
+    let cwd = match workspace.resolve() {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let rt = match Runtime::start(dsh_supervisors::RuntimeSettings::default()).await {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Exit::failed(format!(
+                "cannot start the runtime: {}",
+                dsh_supervisors::error::chain(&e)
+            ));
+        }
+    };
+    let exit = Exit::from(drive(rt.clone(), cwd).await);
+    hold(dashboard).await;
+    if tokio::time::timeout(std::time::Duration::from_secs(60), rt.shutdown())
+        .await
+        .is_err()
+    {
+        return Exit::failed("shutdown did not finish within 60 s");
+    }
+    exit
+}
+
 /// With `--hold`: keeps the process, and the page, up until Ctrl-C,
 /// SIGTERM or SIGHUP.
 pub async fn hold(args: &DashboardArgs) {

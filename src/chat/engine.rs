@@ -486,7 +486,7 @@ pub fn observe(
                     .and_then(|id| w.calls.remove(id))
                     .map(|(name, at)| (inert_line(&name), at.elapsed()))
                     .unwrap_or_else(|| ("tool".into(), Duration::ZERO));
-                let text = result_text(message);
+                let text = lines::result_text(message);
                 let outcome = match (error, exit_code(&text)) {
                     (Some(err), _) => Finished::Failed {
                         code: inert_line(&err.code),
@@ -569,22 +569,6 @@ pub fn steer(agent: &Agent, text: &str) -> Result<bool, String> {
         .steer(Message::user_text(text))
         .map_err(|e| chain(&e).to_string())?;
     Ok(true)
-}
-
-/// What a tool result says, its text blocks joined.
-pub fn result_text(message: &Message) -> String {
-    message
-        .content
-        .iter()
-        .flat_map(|b| match b {
-            ContentBlock::ToolResult { content, .. } => content.clone(),
-            _ => Vec::new(),
-        })
-        .filter_map(|b| match b {
-            ContentBlock::Text { text } => Some(text),
-            _ => None,
-        })
-        .collect()
 }
 
 /// The arguments of a call in a line: the one argument that says what the

@@ -28,8 +28,8 @@ use dsh_services::llm::{LlmRuntime, Message};
 use dsh_services::persistence::{SessionPersistence, resolve};
 use dsh_services::sandbox::{PermissionMode, Policy};
 use dsh_services::session::EventData;
+use dsh_supervisors::Runtime;
 use dsh_supervisors::error::chain;
-use dsh_supervisors::{Runtime, RuntimeSettings};
 
 use crate::args::{
     AgentArgs, DashboardArgs, HOW_TO_CONFIGURE, MODEL_PRECEDENCE, StoreArgs, WorkspaceArgs,
@@ -76,23 +76,11 @@ pub struct ChatArgs {
 /// Chats until the input ends or the user leaves; returns how the process
 /// should exit.
 pub async fn chat(args: ChatArgs) -> Exit {
-    let cwd = match args.workspace.resolve() {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
-    let rt = match Runtime::start(RuntimeSettings::default()).await {
-        Ok(rt) => rt,
-        Err(e) => return Exit::failed(format!("cannot start the runtime: {}", chain(&e))),
-    };
-    let exit = Exit::from(open(&rt, &args, cwd).await);
-    crate::serve::hold(&args.dashboard).await;
-    if tokio::time::timeout(Duration::from_secs(60), rt.shutdown())
-        .await
-        .is_err()
-    {
-        return Exit::failed("shutdown did not finish within 60 s");
-    }
-    exit
+    let args = &args;
+    crate::serve::in_runtime(&args.workspace, &args.dashboard, |rt, cwd| async move {
+        open(&rt, args, cwd).await
+    })
+    .await
 }
 
 /// Boots the model, opens the session and hands it to the seat.
@@ -856,7 +844,7 @@ fn markdown(id: &str, events: &[dsh_services::session::SessionEvent]) -> String 
                 );
             }
             EventData::ToolResult { message, error, .. } => {
-                let text = engine::result_text(message);
+                let text = crate::lines::result_text(message);
                 let shown: Vec<&str> = text.lines().take(20).collect();
                 let more = text.lines().count().saturating_sub(shown.len());
                 let status = error
