@@ -112,11 +112,29 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
 /// Where sessions go: a store named on the command line wins; else the one a
 /// `--config` file's `session-store` entry provides; else the default
 /// sessions directory.
+///
+/// The store opened here is provided to the runtime as well (unless one
+/// is already): the API and the dashboard then read the sessions this
+/// process writes — its children's too — after their agents are gone.
 pub fn store(rt: &Runtime, args: &StoreArgs) -> exit::Result<Arc<dyn SessionPersistence>> {
-    let provided = rt.root().get::<dyn SessionPersistence>(PERSISTENCE_SERVICE);
+    let root = rt.root();
+    let provided = root.get::<dyn SessionPersistence>(PERSISTENCE_SERVICE);
+    let has_one = provided.is_some();
     match provided.filter(|_| !args.named()) {
         Some(s) => Ok(s),
-        None => open_store(args),
+        None => {
+            let store = open_store(args)?;
+            if !has_one {
+                root.provide(PERSISTENCE_SERVICE, store.clone())
+                    .map_err(|e| {
+                        Exit::failed(format!(
+                            "cannot provide the session store: {}",
+                            dsh_supervisors::error::chain(&e)
+                        ))
+                    })?;
+            }
+            Ok(store)
+        }
     }
 }
 

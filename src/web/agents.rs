@@ -75,10 +75,13 @@ pub(super) async fn sessions(State(api): State<Api>) -> Response {
                 .filter_map(|id| agents.get(&id))
                 .map(|a| {
                     let h = a.session().header();
+                    let p = a.progress();
                     json!({
                         "id": a.id(), "live": true, "node": a.node_id(),
                         "parentSession": h.parent_session, "createdAt": h.created_at,
                         "events": a.session().next_seq(),
+                        "turns": p.turn, "tokens": p.tokens,
+                        "status": if p.running { "running" } else if p.hibernated { "hibernated" } else { "idle" },
                     })
                 })
                 .collect()
@@ -95,6 +98,10 @@ pub(super) async fn sessions(State(api): State<Api>) -> Response {
                 out.push(json!({
                     "id": s.id, "live": false,
                     "parentSession": s.parent_session, "createdAt": s.created_at,
+                    "updatedAt": s.updated_at,
+                    "durationMs": s.updated_at.saturating_sub(s.created_at),
+                    "title": s.title, "turns": s.turns, "tokens": s.tokens,
+                    "status": s.status, "events": s.events,
                 }));
             }
         }

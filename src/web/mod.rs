@@ -550,10 +550,45 @@ fn loopback_host(host: &str, bound: SocketAddr) -> bool {
 /// The dashboard: one page, its script and styles inside (no network).
 async fn page() -> Response {
     (
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        include_str!("dashboard.html"),
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, policy()),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        PAGE,
     )
         .into_response()
+}
+
+/// The dashboard: one page, its script and style inline.
+const PAGE: &str = include_str!("dashboard.html");
+
+/// The page's Content-Security-Policy: nothing but its own inline script
+/// and style (named by their SHA-256), requests to this server only,
+/// images from here or `data:` only, never framed. Model and tool text the
+/// page shows can neither run nor fetch anything.
+fn policy() -> &'static str {
+    static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    POLICY.get_or_init(|| {
+        let hash = |open: &str, close: &str| {
+            let body = PAGE
+                .split_once(open)
+                .and_then(|(_, rest)| rest.split_once(close))
+                .map_or("", |(body, _)| body);
+            let digest = ring::digest::digest(&ring::digest::SHA256, body.as_bytes());
+            use base64::Engine as _;
+            format!(
+                "'sha256-{}'",
+                base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
+            )
+        };
+        format!(
+            "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+            hash("<script>", "</script>"),
+            hash("<style>", "</style>"),
+        )
+    })
 }
 
 /// Recently stopped nodes, in stop order (the teardown view replays them).

@@ -62,6 +62,56 @@ fn endpoint(url: &str) -> (String, reqwest::Client) {
     }
 }
 
+/// The page is served with a Content-Security-Policy that lets only its
+/// own inline script and style run (named by their SHA-256, as served),
+/// requests go only to this server, images only from here or `data:`, and
+/// no one frames it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_is_served_under_a_policy_that_runs_only_its_own_script() {
+    use base64::Engine as _;
+    let (rt, base) = serve().await;
+    let page = client().get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(page.headers()["x-content-type-options"], "nosniff");
+    let body = page.text().await.unwrap();
+    let hash = |open: &str, close: &str| {
+        let inner = body
+            .split_once(open)
+            .unwrap()
+            .1
+            .split_once(close)
+            .unwrap()
+            .0;
+        let digest = ring::digest::digest(&ring::digest::SHA256, inner.as_bytes());
+        format!(
+            "'sha256-{}'",
+            base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
+        )
+    };
+    let directives: Vec<&str> = policy.split("; ").collect();
+    for expected in [
+        "default-src 'none'".to_owned(),
+        format!("script-src {}", hash("<script>", "</script>")),
+        format!("style-src {}", hash("<style>", "</style>")),
+        "connect-src 'self'".to_owned(),
+        "img-src 'self' data:".to_owned(),
+        "frame-ancestors 'none'".to_owned(),
+    ] {
+        assert!(
+            directives.contains(&expected.as_str()),
+            "{expected} not in {policy}"
+        );
+    }
+    // One script, one style: nothing inline goes unnamed.
+    assert_eq!(body.matches("<script").count(), 1);
+    assert_eq!(body.matches("<style").count(), 1);
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tree_and_actors_are_served_as_json_with_json_errors() {
     let _sweep = crate::suite::sweep();
@@ -1576,6 +1626,38 @@ async fn a_workflow_with_dashboard_and_hold_serves_its_tree_until_stopped() {
         })
         .count();
     assert_eq!(children, 3, "{stopped:#}");
+    // Nothing forgotten: the sessions the run wrote are listed with their
+    // title, time, tokens and how they ended, and each child's events are
+    // read back from the store its agent is gone from.
+    let sessions = get_json(&c, format!("{base}/api/sessions")).await;
+    let done: Vec<&serde_json::Value> = sessions
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["live"] == false
+                && s["title"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("Write one line about ")
+        })
+        .collect();
+    assert_eq!(done.len(), 3, "{sessions:#}");
+    for s in &done {
+        assert_eq!(s["status"], "completed", "{s}");
+        assert_eq!(s["turns"], 1, "{s}");
+        assert!(s["tokens"].as_u64().unwrap() > 0, "{s}");
+        assert!(s["updatedAt"].as_u64() >= s["createdAt"].as_u64(), "{s}");
+        let id = s["id"].as_str().unwrap();
+        let events = get_json(&c, format!("{base}/api/sessions/{id}/events")).await;
+        let kinds: Vec<&str> = events["events"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{events:#}"))
+            .iter()
+            .filter_map(|e| e["type"].as_str())
+            .collect();
+        assert!(kinds.contains(&"turn/end"), "{events:#}");
+    }
     // SIGTERM ends the hold; the run's own result stands.
     assert!(terminate(child).await.success());
 }

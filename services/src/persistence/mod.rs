@@ -175,6 +175,14 @@ pub struct SessionSummary {
     pub turns: u64,
     /// The first user prompt, shortened.
     pub title: String,
+    /// The last event's time, epoch ms (the creation time before any).
+    pub updated_at: u64,
+    /// Tokens its model calls spent: input (cached included) and output.
+    pub tokens: u64,
+    /// How its last turn ended (`completed`, `error`, `aborted`, …);
+    /// `open` when that turn has no end (running, or cut by a crash),
+    /// `new` before any turn.
+    pub status: String,
 }
 
 mod lock;
@@ -1043,6 +1051,30 @@ fn summarize(l: &Loaded) -> SessionSummary {
             .filter(|e| matches!(e.data, EventData::TurnStart { .. }))
             .count() as u64,
         title,
+        updated_at: l.events.last().map_or(l.header.created_at, |e| e.time),
+        tokens: l
+            .events
+            .iter()
+            .map(|e| match &e.data {
+                EventData::AssistantMessage { usage: Some(u), .. } => {
+                    u.input_tokens + u.cache_read_tokens.unwrap_or(0) + u.output_tokens
+                }
+                _ => 0,
+            })
+            .sum(),
+        status: l
+            .events
+            .iter()
+            .rev()
+            .find_map(|e| match &e.data {
+                EventData::TurnEnd { reason, .. } => {
+                    Some(crate::session::compare::end_kind(reason))
+                }
+                EventData::TurnStart { .. } => Some("open"),
+                _ => None,
+            })
+            .unwrap_or("new")
+            .to_owned(),
     }
 }
 

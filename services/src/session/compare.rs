@@ -63,7 +63,8 @@ pub fn shape(events: &[impl AsRef<SessionEvent>]) -> Vec<TurnShape> {
     out
 }
 
-fn end_kind(r: &TurnEndReason) -> &'static str {
+/// A turn end's kind as the log writes it (`completed`, `aborted`, …).
+pub fn end_kind(r: &TurnEndReason) -> &'static str {
     match r {
         TurnEndReason::Completed => "completed",
         TurnEndReason::Aborted { .. } => "aborted",
