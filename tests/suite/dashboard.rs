@@ -288,12 +288,23 @@ async fn the_page_shows_mirrored_nodes_with_their_node_and_a_hostile_kind_as_tex
 /// Runs `tests/browser/SCRIPT` against the page at `base` in headless
 /// Chromium, and reads the one JSON line it prints.
 async fn browser_report(peers: &std::path::Path, script: &str, base: &str) -> serde_json::Value {
+    browser_report_with(peers, script, base, &[]).await
+}
+
+/// [`browser_report`] with more arguments for the script after the URL.
+async fn browser_report_with(
+    peers: &std::path::Path,
+    script: &str,
+    base: &str,
+    more: &[&str],
+) -> serde_json::Value {
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/browser")
         .join(script);
     let run = tokio::process::Command::new("node")
         .arg(&script)
         .arg(base)
+        .args(more)
         .env(
             "PLAYWRIGHT_CORE",
             peers.join("npm/node_modules/playwright-core"),
@@ -311,4 +322,63 @@ async fn browser_report(peers: &std::path::Path, script: &str, base: &str) -> se
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(report.trim()).unwrap()
+}
+
+/// Answers every request with one text: what the test gives it.
+struct Says(String);
+
+impl LlmAdapter for Says {
+    fn name(&self) -> &str {
+        "says"
+    }
+    fn stream(&self, _request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let blocks = [ContentBlock::text(self.0.clone())];
+        let chunks = dsh::services::providers::scripted::chunks_for(
+            &blocks,
+            Default::default(),
+            FinishReason::Stop,
+        );
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+/// Attack: a model answers with an `<img onerror>`, a `<script>` and a
+/// Markdown image pointing at a local server; the page shows it all as text,
+/// runs nothing and fetches nothing (the server sees no connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_answer_shown_on_the_page_runs_nothing_and_fetches_nothing() {
+    let _sweep = crate::suite::sweep();
+    let peers = super::peers::peers();
+    let sink = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = sink.local_addr().unwrap().port();
+    let fetched = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = fetched.clone();
+    let listening = tokio::spawn(async move {
+        while let Ok((_conn, _)) = sink.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let answer = format!(
+        "<img src=x onerror=\"window.pwned=1\"> <script>window.pwned=2</script> ![](http://127.0.0.1:{port}/x) <img src=\"http://127.0.0.1:{port}/y\">"
+    );
+    let (rt, base) = serve_page("says", Arc::new(Says(answer))).await;
+    let cwd = dsh::kernel::scratch::fresh_dir("dsh-hostile").unwrap();
+    let agent = Agent::create(&rt.root(), AgentSpec::new("says", "m", cwd))
+        .await
+        .unwrap();
+    agent.run("hello", WAIT).await.unwrap();
+    let seen = browser_report_with(&peers, "hostile.cjs", &base, &[&port.to_string()]).await;
+    let shown = seen["shown"].as_str().unwrap();
+    // The detail pane shows the event (its JSON, cut): the tag as text.
+    assert!(
+        shown.contains("<img src=x onerror="),
+        "shown as text: {shown}"
+    );
+    assert_eq!(seen["pwned"], serde_json::Value::Null, "{seen}");
+    assert_eq!(seen["images"], 0, "{seen}");
+    assert_eq!(seen["scripts"], 1, "only the page's own script: {seen}");
+    assert_eq!(seen["requests"], serde_json::json!([]), "{seen}");
+    assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 0);
+    listening.abort();
+    rt.shutdown().await;
 }
