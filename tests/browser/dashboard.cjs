@@ -31,7 +31,8 @@ function step(name) { process.stderr.write(`dashboard: ${name}\n`); }
 
     step("a child's events");
     await page.locator('[data-name^="scope/subagent/"]').first().click();
-    await page.waitForSelector('#events li[data-type="tool/call"]', { timeout: WAIT });
+    await page.waitForSelector('#conversation .msg.tool', { timeout: WAIT });
+    await page.waitForSelector('#events li[data-type="tool/call"]', { timeout: WAIT, state: "attached" });
     const events = await page.locator("#events li").count();
 
     step("cancel the coordinator from the page");

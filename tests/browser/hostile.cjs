@@ -21,8 +21,8 @@ const WAIT = 30000;
     await page.goto(base);
     await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
     await page.locator('[data-name^="scope/agent/"]').first().click();
-    await page.waitForSelector('#events li[data-type="assistant/message"]', { timeout: WAIT });
-    const shown = await page.locator('#events li[data-type="assistant/message"]').first().textContent();
+    await page.waitForSelector('#conversation .msg.assistant', { timeout: WAIT });
+    const shown = await page.locator('#conversation .msg.assistant').first().textContent();
     const seen = await page.evaluate(() => ({
       images: document.querySelectorAll("img").length,
       scripts: document.querySelectorAll("script").length,

@@ -369,10 +369,15 @@ async fn a_hostile_answer_shown_on_the_page_runs_nothing_and_fetches_nothing() {
     agent.run("hello", WAIT).await.unwrap();
     let seen = browser_report_with(&peers, "hostile.cjs", &base, &[&port.to_string()]).await;
     let shown = seen["shown"].as_str().unwrap();
-    // The detail pane shows the event (its JSON, cut): the tag as text.
+    // The conversation shows the answer as text, the image named only.
     assert!(
-        shown.contains("<img src=x onerror="),
+        shown.contains("<img src=x onerror=\"window.pwned=1\">"),
         "shown as text: {shown}"
+    );
+    assert!(shown.contains("<script>window.pwned=2</script>"), "{shown}");
+    assert!(
+        shown.contains(&format!("[image: http://127.0.0.1:{port}/x]")),
+        "{shown}"
     );
     assert_eq!(seen["pwned"], serde_json::Value::Null, "{seen}");
     assert_eq!(seen["images"], 0, "{seen}");
@@ -380,5 +385,129 @@ async fn a_hostile_answer_shown_on_the_page_runs_nothing_and_fetches_nothing() {
     assert_eq!(seen["requests"], serde_json::json!([]), "{seen}");
     assert_eq!(fetched.load(std::sync::atomic::Ordering::SeqCst), 0);
     listening.abort();
+    rt.shutdown().await;
+}
+
+/// Calls `lookup` once, then answers in Markdown.
+struct Looks;
+
+impl LlmAdapter for Looks {
+    fn name(&self) -> &str {
+        "looks"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let answered = request
+            .messages
+            .last()
+            .is_some_and(|m| m.source.kind == "tool");
+        let (blocks, finish) = if answered {
+            (
+                vec![ContentBlock::text(
+                    "**Found** it:\n- one\n- `two`\n\n```\nlet x = 1;\n```",
+                )],
+                FinishReason::Stop,
+            )
+        } else {
+            (
+                vec![ContentBlock::ToolCall {
+                    id: "call_lookup".into(),
+                    name: "lookup".into(),
+                    arguments: serde_json::json!({"query": "supervision trees"}).to_string(),
+                }],
+                FinishReason::ToolCalls,
+            )
+        };
+        let chunks =
+            dsh::services::providers::scripted::chunks_for(&blocks, Default::default(), finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+struct Lookup;
+
+impl Tool for Lookup {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: "lookup".into(),
+            description: "Looks something up.".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+        }
+    }
+    fn execute(
+        self: Arc<Self>,
+        _cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move { Ok(ToolOutput::text("first finding\nsecond finding")) }.boxed()
+    }
+}
+
+/// An agent's session reads as a conversation: the user's message, the
+/// tool call with what it asked and its result, the answer rendered as
+/// Markdown (strong, list, code), the turn's end. The screenshot is kept
+/// (`dashboard-conversation.png`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_session_reads_as_a_conversation() {
+    let _sweep = crate::suite::sweep();
+    let peers = super::peers::peers();
+    let (rt, base) = serve_page("looks", Arc::new(Looks)).await;
+    let root = rt.root();
+    let tools = root.get::<ToolRegistry>(ToolRegistry::SERVICE).unwrap();
+    tools.register(&root, Arc::new(Lookup)).unwrap();
+    let cwd = dsh::kernel::scratch::fresh_dir("dsh-conversation").unwrap();
+    let agent = Agent::create(&root, AgentSpec::new("looks", "m", cwd))
+        .await
+        .unwrap();
+    agent.run("Find what supervises what.", WAIT).await.unwrap();
+    let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    let png = artefacts.join("dashboard-conversation.png");
+    let seen =
+        browser_report_with(&peers, "conversation.cjs", &base, &[png.to_str().unwrap()]).await;
+    let messages = seen["messages"].as_array().unwrap();
+    let of = |class: &str| -> Vec<&serde_json::Value> {
+        messages
+            .iter()
+            .filter(|m| m["class"].as_str().unwrap().split(' ').any(|c| c == class))
+            .collect()
+    };
+    let user = of("user");
+    assert_eq!(user.len(), 1, "{seen:#}");
+    assert!(
+        user[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Find what supervises what.")
+    );
+    let tool = of("tool");
+    assert_eq!(tool.len(), 1, "{seen:#}");
+    let call = tool[0]["text"].as_str().unwrap();
+    assert!(
+        call.contains("lookup") && call.contains("supervision trees"),
+        "{call}"
+    );
+    assert!(
+        call.contains("result · 2 lines") && call.contains("second finding"),
+        "{call}"
+    );
+    let answer = of("assistant");
+    let last = answer.last().unwrap();
+    assert_eq!(last["strong"], serde_json::json!(["Found"]), "{last}");
+    assert!(last["text"].as_str().unwrap().contains("• one"), "{last}");
+    assert!(
+        last["code"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("two")),
+        "{last}"
+    );
+    assert!(
+        last["text"].as_str().unwrap().contains("let x = 1;"),
+        "{last}"
+    );
+    assert!(
+        of("note").iter().any(|n| n["text"] == "turn 1 completed"),
+        "{seen:#}"
+    );
+    assert!(std::fs::metadata(&png).unwrap().len() > 0);
     rt.shutdown().await;
 }
