@@ -40,8 +40,17 @@ function step(name) { process.stderr.write(`dashboard: ${name}\n`); }
     await page.waitForSelector("#cancel", { timeout: WAIT });
     await page.locator("#cancel").click();
     await page.waitForFunction(
-      () => document.querySelectorAll('[data-name^="scope/subagent/"]').length === 0,
+      () => document.querySelectorAll('[data-name^="scope/subagent/"]:not([data-stopped])').length === 0,
       null, { timeout: WAIT });
+    // The stopped children stay in the tree, dimmed, with how they ended;
+    // a click shows one's final state.
+    const kept = await page.locator('[data-name^="scope/subagent/"][data-stopped]').count();
+    await page.locator('[data-name^="scope/subagent/"][data-stopped]').first().click();
+    await page.waitForFunction(() => {
+      const t = document.getElementById("detail").textContent;
+      return t.includes("scope/subagent/") && /disposed|stopped/.test(t);
+    }, null, { timeout: WAIT });
+    const final = await page.locator("#detail").textContent();
 
     step("the teardown view");
     await page.locator(`[data-node-id="${coordinator}"]`).first().click();
@@ -50,7 +59,7 @@ function step(name) { process.stderr.write(`dashboard: ${name}\n`); }
     const order = await page.$$eval("#teardown li", (lis) => lis.map((li) => ({
       seq: +li.dataset.stopSeq, text: li.textContent,
     })));
-    console.log(JSON.stringify({ before, grown, events, order }));
+    console.log(JSON.stringify({ before, grown, events, order, kept, final }));
   } finally {
     await browser.close();
   }

@@ -176,6 +176,14 @@ async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order()
         order.windows(2).all(|w| w[0] < w[1]),
         "stop order: {order:?}"
     );
+    // Nothing forgotten: the stopped children stay in the tree, and one's
+    // final state shows when selected.
+    assert!(seen["kept"].as_u64().unwrap() >= 3, "{seen}");
+    let last = seen["final"].as_str().unwrap();
+    assert!(
+        last.contains("scope/subagent/") && (last.contains("disposed") || last.contains("stopped")),
+        "{last}"
+    );
     // The page's cancel reached the coordinator: its turn ended aborted.
     coordinator.when_idle(WAIT).await.unwrap();
     assert!(matches!(
