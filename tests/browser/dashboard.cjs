@@ -28,6 +28,14 @@ function step(name) { process.stderr.write(`dashboard: ${name}\n`); }
       () => document.querySelectorAll('[data-name^="scope/subagent/"]').length >= 3,
       null, { timeout: WAIT });
     const grown = await page.locator('[data-name^="scope/subagent/"]').count();
+    // Each child is called by its workflow label, and the search finds it.
+    await page.waitForFunction(
+      () => [...document.querySelectorAll('[data-name^="scope/subagent/"]')].every((r) => /«worker \d»/.test(r.textContent)),
+      null, { timeout: WAIT });
+    const labels = await page.$$eval('[data-name^="scope/subagent/"]', (rows) => rows.map((r) => r.querySelector(".label").textContent).sort());
+    await page.fill("#search", "worker 2");
+    const found = await page.$$eval(".row.match", (rows) => rows.map((r) => r.querySelector(".label") && r.querySelector(".label").textContent));
+    await page.fill("#search", "");
 
     step("a child's events");
     await page.locator('[data-name^="scope/subagent/"]').first().click();
@@ -59,7 +67,7 @@ function step(name) { process.stderr.write(`dashboard: ${name}\n`); }
     const order = await page.$$eval("#teardown li", (lis) => lis.map((li) => ({
       seq: +li.dataset.stopSeq, text: li.textContent,
     })));
-    console.log(JSON.stringify({ before, grown, events, order, kept, final }));
+    console.log(JSON.stringify({ before, grown, events, order, kept, final, labels, found }));
   } finally {
     await browser.close();
   }

@@ -164,6 +164,13 @@ async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order()
     let seen: serde_json::Value = serde_json::from_str(&report).unwrap();
     assert_eq!(seen["before"], 0);
     assert!(seen["grown"].as_u64().unwrap() >= 3, "{seen}");
+    // Readable names: each child by its workflow label; the search finds one.
+    assert_eq!(
+        seen["labels"],
+        serde_json::json!(["«worker 1»", "«worker 2»", "«worker 3»"]),
+        "{seen}"
+    );
+    assert_eq!(seen["found"], serde_json::json!(["«worker 2»"]), "{seen}");
     assert!(seen["events"].as_u64().unwrap() >= 3, "{seen}");
     let order: Vec<u64> = seen["order"]
         .as_array()

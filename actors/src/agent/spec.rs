@@ -70,6 +70,9 @@ pub struct AgentSpec {
     /// `workspace-write` with the network on). A delegated child's is its
     /// parent's, or narrower.
     pub permission: Option<Policy>,
+    /// What people call it (the tree's summary and the dashboard show it):
+    /// a workflow child's label, else the head of its task.
+    pub label: Option<String>,
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -119,6 +122,7 @@ impl AgentSpec {
             on_turn_end: None,
             approval: None,
             permission: None,
+            label: None,
         }
     }
 }

@@ -32,6 +32,9 @@ impl Agent {
         if progress.hibernated {
             summary["hibernated"] = true.into();
         }
+        if let Some(label) = &self.inner.spec.label {
+            summary["label"] = label.as_str().into();
+        }
         if let Some(me) = self.awake().filter(|_| !progress.running) {
             let fiber = me.scope.fiber();
             let settled = me.settled.get().map_or(0, |s| s.0);

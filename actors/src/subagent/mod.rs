@@ -1180,6 +1180,21 @@ async fn compose(
     }
     let id = spec.id.get_or_insert_with(Message::new_id).clone();
     spec.name = Some(format!("subagent/{}", crate::session::short(&id)));
+    spec.label = request
+        .label
+        .clone()
+        .filter(|l| !l.trim().is_empty())
+        .or_else(|| {
+            let head: String = request
+                .prompt
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            (!head.is_empty()).then(|| match head.char_indices().nth(48) {
+                Some((at, _)) => format!("{}…", &head[..at]),
+                None => head,
+            })
+        });
     let owner = match &request.owner {
         Some(owner) => owner.clone(),
         None => request.parent.context()?,
