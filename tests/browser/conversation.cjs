@@ -2,31 +2,22 @@
 // saves a screenshot. Usage: node conversation.cjs <base-url> <png-path>
 // Prints a JSON line with the conversation's messages (class and text).
 "use strict";
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const { WAIT, run } = require("./browser.cjs");
 
 const [base, png] = process.argv.slice(2);
-const WAIT = 30000;
 
-(async () => {
-  const browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    args: ["--no-sandbox", "--headless=new", "--disable-gpu"],
-  });
-  try {
-    const page = await browser.newPage({ viewport: { width: 1400, height: 800 } });
-    await page.goto(base);
-    await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
-    await page.locator('[data-name^="scope/agent/"]').first().click();
-    await page.waitForSelector('#conversation .msg.tool[data-result="1"]', { timeout: WAIT });
-    await page.waitForSelector('#conversation .msg.note', { timeout: WAIT });
-    const messages = await page.$$eval("#conversation .msg", (ms) => ms.map((m) => ({
-      class: m.className, text: m.textContent,
-      strong: [...m.querySelectorAll("strong")].map((s) => s.textContent),
-      code: [...m.querySelectorAll("code")].map((s) => s.textContent),
-    })));
-    await page.screenshot({ path: png, fullPage: true });
-    console.log(JSON.stringify({ messages }));
-  } finally {
-    await browser.close();
-  }
-})().catch((e) => { console.error(e); process.exit(1); });
+run(async (browser) => {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 800 } });
+  await page.goto(base);
+  await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
+  await page.locator('[data-name^="scope/agent/"]').first().click();
+  await page.waitForSelector('#conversation .msg.tool[data-result="1"]', { timeout: WAIT });
+  await page.waitForSelector('#conversation .msg.note', { timeout: WAIT });
+  const messages = await page.$$eval("#conversation .msg", (ms) => ms.map((m) => ({
+    class: m.className, text: m.textContent,
+    strong: [...m.querySelectorAll("strong")].map((s) => s.textContent),
+    code: [...m.querySelectorAll("code")].map((s) => s.textContent),
+  })));
+  await page.screenshot({ path: png, fullPage: true });
+  console.log(JSON.stringify({ messages }));
+});

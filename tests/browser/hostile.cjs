@@ -2,34 +2,25 @@
 // headless Chromium, and reports whether anything ran or was fetched.
 // Usage: node hostile.cjs <base-url> <sink-port>
 "use strict";
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const { WAIT, run } = require("./browser.cjs");
 
 const [base, sink] = process.argv.slice(2);
-const WAIT = 30000;
 
-(async () => {
-  const browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    args: ["--no-sandbox", "--headless=new", "--disable-gpu"],
-  });
-  try {
-    const page = await browser.newPage();
-    const requests = [];
-    page.on("request", (r) => { if (r.url().includes(":" + sink)) requests.push(r.url()); });
-    const violations = [];
-    page.on("console", (m) => { if (/Content Security Policy/.test(m.text())) violations.push(m.text()); });
-    await page.goto(base);
-    await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
-    await page.locator('[data-name^="scope/agent/"]').first().click();
-    await page.waitForSelector('#conversation .msg.assistant', { timeout: WAIT });
-    const shown = await page.locator('#conversation .msg.assistant').first().textContent();
-    const seen = await page.evaluate(() => ({
-      images: document.querySelectorAll("img").length,
-      scripts: document.querySelectorAll("script").length,
-      pwned: window.pwned || null,
-    }));
-    console.log(JSON.stringify({ shown, requests, violations, ...seen }));
-  } finally {
-    await browser.close();
-  }
-})().catch((e) => { console.error(e); process.exit(1); });
+run(async (browser) => {
+  const page = await browser.newPage();
+  const requests = [];
+  page.on("request", (r) => { if (r.url().includes(":" + sink)) requests.push(r.url()); });
+  const violations = [];
+  page.on("console", (m) => { if (/Content Security Policy/.test(m.text())) violations.push(m.text()); });
+  await page.goto(base);
+  await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
+  await page.locator('[data-name^="scope/agent/"]').first().click();
+  await page.waitForSelector('#conversation .msg.assistant', { timeout: WAIT });
+  const shown = await page.locator('#conversation .msg.assistant').first().textContent();
+  const seen = await page.evaluate(() => ({
+    images: document.querySelectorAll("img").length,
+    scripts: document.querySelectorAll("script").length,
+    pwned: window.pwned || null,
+  }));
+  console.log(JSON.stringify({ shown, requests, violations, ...seen }));
+});

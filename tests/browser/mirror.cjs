@@ -3,27 +3,18 @@
 // Waits for the rows the Rust test put in the tree, and prints a JSON line
 // with their text, their status and whether the hostile kind ran.
 "use strict";
-const { chromium } = require(process.env.PLAYWRIGHT_CORE);
+const { WAIT, run } = require("./browser.cjs");
 
 const [base] = process.argv.slice(2);
-const WAIT = 30000;
 
-(async () => {
-  const browser = await chromium.launch({
-    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-    args: ["--no-sandbox", "--headless=new", "--disable-gpu"],
-  });
-  try {
-    const page = await browser.newPage();
-    await page.goto(base);
-    await page.waitForSelector('[data-name="scope/subagent/m1"]', { timeout: WAIT });
-    await page.waitForSelector('[data-name="driver/m1"][data-status="lost"]', { timeout: WAIT });
-    const scope = await page.locator('[data-name="scope/subagent/m1"]').first().textContent();
-    const driver = await page.locator('[data-name="driver/m1"]').first().textContent();
-    const injected = await page.evaluate(
-      () => document.querySelectorAll("#tree img").length + (window.pwned ? 1 : 0));
-    console.log(JSON.stringify({ scope, driver, injected }));
-  } finally {
-    await browser.close();
-  }
-})().catch((e) => { console.error(e); process.exit(1); });
+run(async (browser) => {
+  const page = await browser.newPage();
+  await page.goto(base);
+  await page.waitForSelector('[data-name="scope/subagent/m1"]', { timeout: WAIT });
+  await page.waitForSelector('[data-name="driver/m1"][data-status="lost"]', { timeout: WAIT });
+  const scope = await page.locator('[data-name="scope/subagent/m1"]').first().textContent();
+  const driver = await page.locator('[data-name="driver/m1"]').first().textContent();
+  const injected = await page.evaluate(
+    () => document.querySelectorAll("#tree img").length + (window.pwned ? 1 : 0));
+  console.log(JSON.stringify({ scope, driver, injected }));
+});
