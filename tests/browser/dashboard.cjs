@@ -28,6 +28,8 @@ run(async (browser) => {
     null, { timeout: WAIT });
   const labels = await page.$$eval('[data-name^="scope/subagent/"]', (rows) => rows.map((r) => r.querySelector(".label").textContent).sort());
   await page.fill("#search", "worker 2");
+  // The tree is redrawn at the next frame.
+  await page.waitForSelector(".row.match", { timeout: WAIT });
   const found = await page.$$eval(".row.match", (rows) => rows.map((r) => r.querySelector(".label") && r.querySelector(".label").textContent));
   await page.fill("#search", "");
 
@@ -36,6 +38,16 @@ run(async (browser) => {
   await page.waitForSelector('#conversation .msg.tool', { timeout: WAIT });
   await page.waitForSelector('#events li[data-type="tool/call"]', { timeout: WAIT, state: "attached" });
   const events = await page.locator("#events li").count();
+
+  step("the coordinator's conversation links its children's sessions");
+  await page.locator(`[data-node-id="${coordinator}"]`).first().click();
+  await page.waitForSelector("#cancel", { timeout: WAIT });
+  await page.waitForSelector("#conversation a.session-link", { timeout: WAIT });
+  const links = await page.locator("#conversation a.session-link").count();
+  await page.locator("#conversation a.session-link").first().click();
+  await page.waitForSelector('#detail h3:text("session ")', { timeout: WAIT });
+  await page.waitForSelector("#conversation .msg.user", { timeout: WAIT });
+  const linked = await page.locator("#conversation .msg.user").first().textContent();
 
   step("cancel the coordinator from the page");
   await page.locator(`[data-node-id="${coordinator}"]`).first().click();
@@ -61,5 +73,5 @@ run(async (browser) => {
   const order = await page.$$eval("#teardown li", (lis) => lis.map((li) => ({
     seq: +li.dataset.stopSeq, text: li.textContent,
   })));
-  console.log(JSON.stringify({ before, grown, events, order, kept, final, labels, found }));
+  console.log(JSON.stringify({ before, grown, events, order, kept, final, labels, found, links, linked }));
 });

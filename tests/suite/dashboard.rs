@@ -171,6 +171,10 @@ async fn the_page_shows_the_tree_growing_events_and_a_cancel_draining_in_order()
         "{seen}"
     );
     assert_eq!(seen["found"], serde_json::json!(["«worker 2»"]), "{seen}");
+    // The coordinator's conversation names its children's sessions as
+    // links; one opens that child's conversation.
+    assert!(seen["links"].as_u64().unwrap() >= 1, "{seen}");
+    assert!(seen["linked"].as_str().unwrap().contains("park "), "{seen}");
     assert!(seen["events"].as_u64().unwrap() >= 3, "{seen}");
     let order: Vec<u64> = seen["order"]
         .as_array()
