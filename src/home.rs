@@ -1,7 +1,6 @@
 //! `~/.dsh`: where dsh keeps what outlives a run on this machine (the
 //! sessions store by default, the anonymous installation id).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// `$HOME/.dsh`, or `.dsh` in the current directory when `$HOME` is unset.
@@ -52,7 +51,9 @@ pub fn user_id_in(home: &Path) -> String {
         }
     }
     let id = uuid::Uuid::new_v4().to_string();
-    if let Err(e) = write_atomically(home, &path, &id) {
+    let written = std::fs::create_dir_all(home)
+        .and_then(|()| write_whole(&path, format!("{id}\n").as_bytes()));
+    if let Err(e) = written {
         tracing::warn!(path = %path.display(), error = %e, "cannot keep the anonymous id; using one for this run");
         return id;
     }
@@ -64,16 +65,46 @@ pub fn user_id_in(home: &Path) -> String {
         .map_or(id, |u| u.to_string())
 }
 
-/// Writes `text` to `path` through a temporary file and a rename, so a
-/// reader sees the old file or the whole new one.
-fn write_atomically(home: &Path, path: &Path, text: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(home)?;
-    let tmp = home.join(format!(".{USER_ID_FILE}.{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
+/// Writes `bytes` to `path` through a temporary file renamed over it: the
+/// file is whole or untouched. The temporary file is created new (never
+/// through a link someone placed at its name) under a name no one can
+/// guess; a link at `path` itself is replaced, not followed.
+pub fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the path names no file"))?;
+    let mut tmp = None;
+    for _ in 0..16 {
+        let candidate = dir.join(format!(
+            ".{}.{}.tmp",
+            name.to_string_lossy(),
+            dsh_services::llm::Message::new_id()
+        ));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&candidate)
+        {
+            Ok(f) => {
+                tmp = Some((candidate, f));
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let (tmp, mut f) = tmp.ok_or_else(|| std::io::Error::other("no free temporary name"))?;
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
-    })
+    }
+    written
 }

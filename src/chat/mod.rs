@@ -253,7 +253,7 @@ impl Chat<'_> {
         let mut answer: Option<String> = None;
         let flush_answer = |answer: &mut Option<String>| {
             if let Some(a) = answer.take().filter(|a| !a.trim().is_empty()) {
-                self.note(format!("< {}", cut(&first_line(&a), 100)));
+                self.note(format!("< {}", engine::prompt_line(&a)));
             }
         };
         for e in events {
@@ -263,7 +263,7 @@ impl Chat<'_> {
                     flush_answer(&mut answer);
                 }
                 EventData::UserMessage(m) => {
-                    self.note(format!("> {}", cut(&first_line(&m.text()), 100)));
+                    self.note(format!("> {}", engine::prompt_line(&m.text())));
                 }
                 EventData::AssistantMessage { message, .. } => {
                     let text = message.text();
@@ -725,7 +725,7 @@ impl Chat<'_> {
         let path = self.cwd.join(file);
         let written = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || write_whole(&path, text.as_bytes())
+            move || crate::home::write_whole(&path, text.as_bytes())
         })
         .await;
         match written {
@@ -767,10 +767,19 @@ impl Chat<'_> {
         self.send(&text);
     }
 
-    /// Waits for the running and queued turns, at most `limit`.
-    pub async fn when_idle(&self, limit: Duration) {
-        if let Some(agent) = self.agent() {
-            let _ = agent.when_idle(limit).await;
+    /// Once `leaving` (the input ended, or `/exit`): ready when the running
+    /// and queued turns are done (at once with no agent left, after a
+    /// session that could not be reopened). Until then: never.
+    pub fn turns_done(&self, leaving: bool) -> impl std::future::Future<Output = ()> + use<> {
+        let agent = self.agent().cloned();
+        async move {
+            match agent {
+                Some(a) if leaving => {
+                    let _ = a.when_idle(LAST_TURN).await;
+                }
+                None if leaving => {}
+                _ => std::future::pending().await,
+            }
         }
     }
 
@@ -809,14 +818,12 @@ impl Chat<'_> {
     }
 }
 
+/// How long the end of a chat waits for its last turn.
+const LAST_TURN: Duration = Duration::from_secs(6 * 3600);
 /// How long writing a session's log may take.
 const FLUSH: Duration = Duration::from_secs(30);
 /// How long an agent may take to stop.
 const DISPOSE: Duration = Duration::from_secs(30);
-
-fn first_line(text: &str) -> String {
-    inert_line(text.trim().lines().next().unwrap_or(""))
-}
 
 /// A session's conversation as Markdown: each user message, each answer,
 /// each tool call with its result's first lines.
@@ -864,48 +871,4 @@ fn markdown(id: &str, events: &[dsh_services::session::SessionEvent]) -> String 
         }
     }
     out
-}
-
-/// Writes `bytes` to `path` through a temporary file renamed over it: the
-/// file is whole or untouched. The temporary file is created new (never
-/// through a link someone placed at its name) under a name no one can
-/// guess; a link at `path` itself is replaced, not followed.
-fn write_whole(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("the path names no file"))?;
-    let mut tmp = None;
-    for _ in 0..16 {
-        let candidate = dir.join(format!(
-            ".{}.{}.tmp",
-            name.to_string_lossy(),
-            Message::new_id()
-        ));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&candidate)
-        {
-            Ok(f) => {
-                tmp = Some((candidate, f));
-                break;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    let (tmp, mut f) = tmp.ok_or_else(|| std::io::Error::other("no free temporary name"))?;
-    let written = f
-        .write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }

@@ -25,9 +25,6 @@ use crate::exit::{self, Exit, Stop};
 /// How long after a Ctrl-C a second one leaves.
 const TWICE: Duration = Duration::from_secs(2);
 
-/// How long `/exit` waits for the running turn.
-const LAST_TURN: Duration = Duration::from_secs(6 * 3600);
-
 /// What the editor thread hands the loop.
 enum Key {
     /// Enter: the line typed (several lines after Alt-Enter).
@@ -69,16 +66,7 @@ pub async fn converse(
     // Whether the editor waits to be resumed (it handed over a key).
     let mut gated = false;
     let result = loop {
-        let agent = chat.agent().cloned();
-        let idle = async move {
-            match agent {
-                Some(a) if leaving => {
-                    let _ = a.when_idle(LAST_TURN).await;
-                }
-                None if leaving => {}
-                _ => std::future::pending().await,
-            }
-        };
+        let idle = chat.turns_done(leaving);
         let key = tokio::select! {
             biased;
             Some(item) = shown.recv() => {

@@ -12,7 +12,6 @@
 //!   session is written, and the chat exits 0.
 
 use std::io::{BufRead as _, Read as _};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -22,9 +21,6 @@ use crate::exit;
 
 /// The longest line read; a longer one is refused (and skipped).
 const LINE_MAX: usize = 1 << 20;
-
-/// How long the end of the input waits for the running turn.
-const LAST_TURN: Duration = Duration::from_secs(6 * 3600);
 
 /// Converses until the input ends or `/exit` (then the running and queued
 /// turns finish first), or a signal (which cancels them).
@@ -37,18 +33,7 @@ pub async fn converse(
     let mut ended = false;
     let mut stop = std::pin::pin!(crate::exit::stop_signal());
     let result = loop {
-        // Once the input ended: the last turn's end (at once when no agent
-        // is left, after a session that could not be reopened).
-        let agent = chat.agent().cloned();
-        let idle = async move {
-            match agent {
-                Some(a) if ended => {
-                    let _ = a.when_idle(LAST_TURN).await;
-                }
-                None if ended => {}
-                _ => std::future::pending().await,
-            }
-        };
+        let idle = chat.turns_done(ended);
         tokio::select! {
             biased;
             Some(item) = shown.recv() => printer.show(&item),

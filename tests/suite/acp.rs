@@ -9,6 +9,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::place;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     ContentBlock, InitializeRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
@@ -16,34 +17,13 @@ use agent_client_protocol::v1::schema::{
     SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{Agent, ByteStreams, Client};
-use dsh::kernel::scratch::fresh_dir;
 use serde_json::{Value, json};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-struct Place {
-    ws: PathBuf,
-    outside: PathBuf,
-    sessions: PathBuf,
-    base: PathBuf,
-}
-
-fn place() -> Place {
-    let base = fresh_dir("dsh-acp").unwrap().canonicalize().unwrap();
-    let p = Place {
-        ws: base.join("ws"),
-        outside: base.join("outside"),
-        sessions: base.join("sessions"),
-        base,
-    };
-    std::fs::create_dir_all(&p.ws).unwrap();
-    std::fs::create_dir_all(&p.outside).unwrap();
-    p
-}
-
 /// A scripted model: each call in turn, then `done`.
-fn script(p: &Place, calls: &[Value]) -> PathBuf {
+fn script(p: &super::Place, calls: &[Value]) -> PathBuf {
     let mut steps: Vec<Value> = calls.iter().map(|c| json!({"tool_calls": [c]})).collect();
     steps.push(json!({"text": "done"}));
     let file = p.base.join("script.json");
@@ -51,14 +31,7 @@ fn script(p: &Place, calls: &[Value]) -> PathBuf {
     file
 }
 
-fn escalated_touch(path: &Path) -> Value {
-    json!({"name": "bash", "arguments": {
-        "command": format!("touch {}", path.display()), "description": "touch",
-        "sandbox_permissions": "danger-full-access", "justification": "the test asks for it"
-    }})
-}
-
-fn dsh_acp(p: &Place, script: &Path) -> tokio::process::Command {
+fn dsh_acp(p: &super::Place, script: &Path) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"));
     c.args(["acp", "--approval", "ask", "--script"])
         .arg(script)
@@ -82,9 +55,15 @@ fn dsh_acp(p: &Place, script: &Path) -> tokio::process::Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_protocol_sdk_client_drives_a_session_and_answers_its_permission_requests() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let (approved, refused) = (p.outside.join("approved"), p.outside.join("refused"));
-    let script = script(&p, &[escalated_touch(&approved), escalated_touch(&refused)]);
+    let script = script(
+        &p,
+        &[
+            super::escalated_touch(&approved),
+            super::escalated_touch(&refused),
+        ],
+    );
     let mut child = dsh_acp(&p, &script).spawn().unwrap();
     let stdin = child.stdin.take().unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -184,8 +163,8 @@ async fn the_protocol_sdk_client_drives_a_session_and_answers_its_permission_req
 #[test]
 fn raw_frames_bad_requests_and_an_unanswered_ask() {
     let _sweep = crate::suite::sweep();
-    let p = place();
-    let script = script(&p, &[escalated_touch(&p.outside.join("never"))]);
+    let p = place("dsh-acp");
+    let script = script(&p, &[super::escalated_touch(&p.outside.join("never"))]);
     let script = script.display().to_string();
     let mut raw = Raw::spawn(&p, &["--approval", "ask", "--script", &script], &[]);
     let mut stdin = raw.stdin.take().unwrap();
@@ -279,7 +258,7 @@ fn raw_frames_bad_requests_and_an_unanswered_ask() {
 #[test]
 fn a_non_utf8_frame_and_a_huge_one_are_refused_and_the_connection_goes_on() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let mut raw = Raw::start(&p);
     let mut stdin = raw.stdin.take().unwrap();
     let next = |raw: &Raw| raw.lines.recv_timeout(WAIT).expect("a frame");
@@ -347,13 +326,13 @@ struct Raw {
 
 impl Raw {
     /// `dsh acp --demo-model` keeping its sessions in `p`.
-    fn start(p: &Place) -> Raw {
+    fn start(p: &super::Place) -> Raw {
         Raw::spawn(p, &["--demo-model"], &[])
     }
 
     /// `dsh acp ARGS` keeping its sessions in `p`, with `env` set and no
     /// model or policy variables inherited.
-    fn spawn(p: &Place, args: &[&str], env: &[(&str, &str)]) -> Raw {
+    fn spawn(p: &super::Place, args: &[&str], env: &[(&str, &str)]) -> Raw {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"));
         command
             .arg("acp")
@@ -446,7 +425,7 @@ fn updates(frames: &[Value]) -> Vec<(String, String)> {
 #[test]
 fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let mut first = Raw::start(&p);
     let init = first.call(1, "initialize", json!({"protocolVersion": 1}));
     assert_eq!(init[0]["result"]["agentCapabilities"]["loadSession"], true);
@@ -534,7 +513,7 @@ fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
 fn an_image_prompt_reaches_a_model_that_takes_images() {
     let _sweep = crate::suite::sweep();
     use base64::Engine as _;
-    let p = place();
+    let p = place("dsh-acp");
     let (url, server) = super::run::deepseek_mock(
         vec![vec![
             r#"{"choices":[{"delta":{"content":"a small square"}}]}"#,
@@ -625,7 +604,7 @@ fn an_image_prompt_reaches_a_model_that_takes_images() {
 #[test]
 fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let token = "77.9753";
     let script = script(
         &p,
@@ -670,7 +649,7 @@ fn stdin_closing_mid_turn_cancels_it_and_the_server_exits_cleanly() {
 #[test]
 fn with_progress_tool_calls_results_and_the_plan_are_sent() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let script = script(
         &p,
         &[
@@ -739,7 +718,7 @@ fn with_progress_tool_calls_results_and_the_plan_are_sent() {
 /// a parent agent in `p.ws`; every ask the parent's seam gets, answered
 /// allowed once.
 async fn delegating(
-    p: &Place,
+    p: &super::Place,
     child_args: &[String],
 ) -> (
     dsh::kernel::Runtime,
@@ -755,7 +734,7 @@ async fn delegating(
 
 /// [`delegating`] to the ACP agent `command args…`.
 async fn delegating_to(
-    p: &Place,
+    p: &super::Place,
     command: &Path,
     args: Vec<String>,
 ) -> (
@@ -813,9 +792,9 @@ async fn delegating_to(
 async fn an_acp_child_completes_a_delegated_task_and_asks_the_parent() {
     let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::{StartRequest, StopReason};
-    let p = place();
+    let p = place("dsh-acp");
     let made = p.outside.join("made-by-child");
-    let child_script = script(&p, &[escalated_touch(&made)]);
+    let child_script = script(&p, &[super::escalated_touch(&made)]);
     let child_args = [
         "--approval",
         "ask",
@@ -855,7 +834,7 @@ async fn an_acp_child_completes_a_delegated_task_and_asks_the_parent() {
 /// `cancel` scenario, once its model stream is held open; the recording's
 /// path (which the child's command line names).
 async fn held_child(
-    p: &Place,
+    p: &super::Place,
     cancel: tokio_util::sync::CancellationToken,
 ) -> (
     dsh::kernel::Runtime,
@@ -888,7 +867,7 @@ async fn held_child(
 async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
     let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::StopReason;
-    let p = place();
+    let p = place("dsh-acp");
     let cancel = tokio_util::sync::CancellationToken::new();
     let (rt, run, recording) = held_child(&p, cancel).await;
     let pid = std::fs::read_dir("/proc")
@@ -932,7 +911,7 @@ async fn an_acp_child_killed_mid_turn_fails_the_run_and_leaves_nothing() {
 #[test]
 fn a_configured_acp_subagent_is_a_tool_the_parent_calls() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let child = p.base.join("child.json");
     std::fs::write(&child, json!({"steps": [{"text": "CHILD_OK"}]}).to_string()).unwrap();
     let parent = p.base.join("parent.json");
@@ -992,7 +971,7 @@ async fn a_third_party_acp_agent_answers_as_a_subagent() {
     let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::{StartRequest, StopReason};
     let eliza = super::peers::peers().join("cargo/bin/elizacp");
-    let p = place();
+    let p = place("dsh-acp");
     let args = ["--deterministic", "acp"].map(String::from).to_vec();
     let (rt, parent, subagents, _) = delegating_to(&p, &eliza, args).await;
     let run = subagents
@@ -1019,7 +998,7 @@ async fn a_third_party_acp_agent_answers_as_a_subagent() {
 #[test]
 fn one_connection_holds_several_sessions() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let other = p.base.join("other");
     std::fs::create_dir_all(&other).unwrap();
     let mut raw = Raw::start(&p);
@@ -1072,7 +1051,7 @@ fn one_connection_holds_several_sessions() {
 async fn cancelling_an_acp_child_aborts_its_turn() {
     let _sweep = crate::suite::sweep();
     use dsh::actors::subagent::StopReason;
-    let p = place();
+    let p = place("dsh-acp");
     let cancel = tokio_util::sync::CancellationToken::new();
     let (rt, run, recording) = held_child(&p, cancel.clone()).await;
     cancel.cancel();
@@ -1090,7 +1069,7 @@ async fn cancelling_an_acp_child_aborts_its_turn() {
 #[test]
 fn a_session_s_mcp_servers_serve_its_agent_alone() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     // Each session's turn: the call, then `done` (the model serves the
     // steps in order, whichever session asks).
     let sum = json!({"tool_calls": [{"name": "mcp__everything__get-sum", "arguments": {"a": 20, "b": 22}}]});
@@ -1208,7 +1187,7 @@ fn a_session_s_mcp_servers_serve_its_agent_alone() {
 #[test]
 fn a_slow_mcp_server_does_not_hold_the_connection() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-acp");
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     let (held_tx, held_rx) = std::sync::mpsc::channel();

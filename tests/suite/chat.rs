@@ -8,37 +8,14 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use dsh::kernel::scratch::fresh_dir;
+use super::place;
 use serde_json::{Value, json};
 
 /// How long one expected line may take to come.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A test's directories: the workspace, a directory outside it, the
-/// sessions store, a home.
-struct Place {
-    base: PathBuf,
-    ws: PathBuf,
-    outside: PathBuf,
-    sessions: PathBuf,
-}
-
-fn place() -> Place {
-    let base = fresh_dir("dsh-chat").unwrap().canonicalize().unwrap();
-    let p = Place {
-        ws: base.join("ws"),
-        outside: base.join("outside"),
-        sessions: base.join("sessions"),
-        base,
-    };
-    std::fs::create_dir_all(&p.ws).unwrap();
-    std::fs::create_dir_all(&p.outside).unwrap();
-    std::fs::create_dir_all(p.base.join("home")).unwrap();
-    p
-}
-
 /// A scripted model's steps, written to `name` under the test's base.
-fn script(p: &Place, name: &str, steps: &[Value]) -> PathBuf {
+fn script(p: &super::Place, name: &str, steps: &[Value]) -> PathBuf {
     let file = p.base.join(name);
     std::fs::write(&file, json!({ "steps": steps }).to_string()).unwrap();
     file
@@ -48,11 +25,9 @@ fn call(command: &str) -> Value {
     json!({"tool_calls": [{"name": "bash", "arguments": {"command": command, "description": "run"}}]})
 }
 
+/// A step of the script: [`escalated_touch`] of `path`.
 fn escalated_touch(path: &Path) -> Value {
-    json!({"tool_calls": [{"name": "bash", "arguments": {
-        "command": format!("touch {}", path.display()), "description": "touch",
-        "sandbox_permissions": "danger-full-access", "justification": "the test asks for it"
-    }}]})
+    json!({"tool_calls": [super::escalated_touch(path)]})
 }
 
 /// A command that waits until the test creates `go` in the workspace.
@@ -68,7 +43,8 @@ struct Session {
 }
 
 impl Session {
-    fn start(p: &Place, script: &Path, extra: &[&str]) -> Session {
+    fn start(p: &super::Place, script: &Path, extra: &[&str]) -> Session {
+        std::fs::create_dir_all(p.base.join("home")).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_dsh"))
             .args(["chat", "--script"])
             .arg(script)
@@ -135,6 +111,17 @@ impl Session {
         }
     }
 
+    /// Ends the input; the chat must exit 0. Every stdout line, and stderr.
+    fn finish_ok(self) -> (Vec<String>, String) {
+        let (status, lines, stderr) = self.finish();
+        assert!(
+            status.success(),
+            "{status:?}\n{}\n{stderr}",
+            lines.join("\n")
+        );
+        (lines, stderr)
+    }
+
     /// Ends the input; returns the exit status, every stdout line, stderr.
     fn finish(mut self) -> (ExitStatus, Vec<String>, String) {
         drop(self.stdin.take());
@@ -147,7 +134,7 @@ impl Session {
     }
 }
 
-/// The id a chat's closing line on stderr names.
+/// The id a chat's closing line names (on stderr, or on the screen).
 fn session_id(stderr: &str) -> String {
     let line = stderr
         .lines()
@@ -157,7 +144,7 @@ fn session_id(stderr: &str) -> String {
 }
 
 /// The events of stored session `id`, parsed (its header first).
-fn events(p: &Place, id: &str) -> Vec<Value> {
+fn events(p: &super::Place, id: &str) -> Vec<Value> {
     let text = std::fs::read_to_string(p.sessions.join(id).join("session.jsonl")).unwrap();
     text.lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -175,7 +162,7 @@ fn count(events: &[Value], kind: &str) -> usize {
 #[test]
 fn turns_with_tools_a_steer_and_a_queued_followup() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let script = script(
         &p,
         "script.json",
@@ -202,12 +189,7 @@ fn turns_with_tools_a_steer_and_a_queued_followup() {
     chat.expect("▸ bash echo two; exit 3");
     chat.expect("  ✗ bash · exit 3 · 1 line ·");
     chat.expect("second answer");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    let (lines, stderr) = chat.finish_ok();
     assert!(
         lines.iter().any(|l| l.starts_with("── turn 2 completed")),
         "{}",
@@ -237,7 +219,7 @@ fn turns_with_tools_a_steer_and_a_queued_followup() {
 #[test]
 fn an_approval_answered_and_one_left_unanswered_at_the_end_of_input() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let (allowed, refused) = (p.outside.join("allowed"), p.outside.join("refused"));
     let script = script(
         &p,
@@ -257,12 +239,7 @@ fn an_approval_answered_and_one_left_unanswered_at_the_end_of_input() {
     chat.expect("approval 1: allowed once");
     chat.expect("  ✓ bash");
     chat.expect("approval 2:");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    let (lines, _) = chat.finish_ok();
     let all = lines.join("\n");
     assert!(
         all.contains("no more input: 1 approval question refused"),
@@ -278,7 +255,7 @@ fn an_approval_answered_and_one_left_unanswered_at_the_end_of_input() {
 #[test]
 fn an_approval_answered_always_is_not_asked_again() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let (one, two) = (p.outside.join("one"), p.outside.join("two"));
     let script = script(
         &p,
@@ -296,8 +273,7 @@ fn an_approval_answered_always_is_not_asked_again() {
     chat.expect("approval 1: allowed, and from now on without asking");
     chat.expect("allowed bash (always");
     chat.expect("── turn 1 completed");
-    let (status, lines, stderr) = chat.finish();
-    assert!(status.success(), "{status:?}\n{stderr}");
+    let (lines, _) = chat.finish_ok();
     assert!(
         !lines.iter().any(|l| l.starts_with("approval 2")),
         "{}",
@@ -313,7 +289,7 @@ fn an_approval_answered_always_is_not_asked_again() {
 #[test]
 fn commands_and_a_resumed_chat() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let first = script(
         &p,
         "script.json",
@@ -375,12 +351,7 @@ fn commands_and_a_resumed_chat() {
     chat.send("back again");
     chat.expect("back on the original");
     chat.expect("── turn 2 completed");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    let (_, stderr) = chat.finish_ok();
     assert_eq!(session_id(&stderr), original, "{stderr}");
     let log = events(&p, &original);
     assert_eq!(count(&log, "turn/start"), 2, "{log:#?}");
@@ -406,8 +377,7 @@ fn commands_and_a_resumed_chat() {
     chat.expect("resumed session");
     chat.send("once more");
     chat.expect("── turn 3 completed");
-    let (status, _, stderr) = chat.finish();
-    assert!(status.success(), "{stderr}");
+    chat.finish_ok();
     assert_eq!(count(&events(&p, &original), "turn/start"), 3);
 }
 
@@ -418,7 +388,7 @@ fn commands_and_a_resumed_chat() {
 #[test]
 fn permission_skill_tree_dashboard_and_cancel() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let skills = p.ws.join(".dsh/skills");
     std::fs::create_dir_all(&skills).unwrap();
     std::fs::write(
@@ -481,12 +451,7 @@ fn permission_skill_tree_dashboard_and_cancel() {
     chat.send("/cancel");
     chat.expect("cancelling the turn");
     chat.expect("── turn 3 aborted");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    let (_, stderr) = chat.finish_ok();
     let log = events(&p, &session_id(&stderr))
         .iter()
         .map(|e| e.to_string())
@@ -550,7 +515,7 @@ fn pending(url: &str, n: usize) -> Vec<Value> {
 #[test]
 fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let (by_page, refused) = (p.outside.join("by-page"), p.outside.join("refused"));
     let script = script(
         &p,
@@ -617,12 +582,7 @@ fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
     assert_eq!(status, 200, "{started}");
     chat.expect("answered the page");
     chat.expect("── turn 2 completed");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    chat.finish_ok();
     assert!(by_page.exists());
     assert!(!refused.exists());
 }
@@ -633,7 +593,7 @@ fn the_first_answer_wins_between_the_chat_and_the_dashboard() {
 #[test]
 fn a_cancelled_turn_withdraws_its_question() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let never = p.outside.join("never");
     let script = script(
         &p,
@@ -649,12 +609,7 @@ fn a_cancelled_turn_withdraws_its_question() {
     // The note and the turn's items come in either order.
     chat.expect("approval 1 withdrawn");
     chat.expect("── turn 1 aborted");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    let (lines, _) = chat.finish_ok();
     assert!(!never.exists());
     assert!(
         lines.iter().any(|l| l == "cancelling the turn"),
@@ -683,7 +638,7 @@ struct Terminal {
 type Received = (vt100::Parser, Vec<u8>, bool);
 
 impl Terminal {
-    fn start(p: &Place, script: &Path, extra: &[&str]) -> Terminal {
+    fn start(p: &super::Place, script: &Path, extra: &[&str]) -> Terminal {
         let mut args: Vec<std::ffi::OsString> =
             vec!["chat".into(), "--script".into(), script.into()];
         args.push("--sessions-dir".into());
@@ -693,7 +648,7 @@ impl Terminal {
     }
 
     /// `dsh ARGS` on a fresh pseudo-terminal, in the test's workspace.
-    fn run(p: &Place, args: &[std::ffi::OsString]) -> Terminal {
+    fn run(p: &super::Place, args: &[std::ffi::OsString]) -> Terminal {
         let size = nix::pty::Winsize {
             ws_row: 40,
             ws_col: 110,
@@ -701,6 +656,7 @@ impl Terminal {
             ws_ypixel: 0,
         };
         let pty = nix::pty::openpty(Some(&size), None).unwrap();
+        std::fs::create_dir_all(p.base.join("home")).unwrap();
         let slave = std::fs::File::from(pty.slave);
         let child = Command::new(env!("CARGO_BIN_EXE_dsh"))
             .args(args)
@@ -824,7 +780,7 @@ impl Terminal {
 #[test]
 fn at_a_terminal_a_turn_streams_ctrl_c_cancels_and_ctrl_d_leaves() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let script = script(
         &p,
         "script.json",
@@ -864,12 +820,7 @@ fn at_a_terminal_a_turn_streams_ctrl_c_cancels_and_ctrl_d_leaves() {
     );
     // Nothing the model wrote as markup is left on the screen.
     assert!(!shown.contains("**bold**"), "{shown}");
-    let id = shown
-        .lines()
-        .find_map(|l| l.strip_prefix("session "))
-        .and_then(|r| r.split(['(', ')']).nth(1))
-        .map(str::to_owned);
-    let id = id.unwrap_or_else(|| panic!("no session id on the screen:\n{shown}"));
+    let id = session_id(&shown);
     assert_eq!(count(&events(&p, &id), "turn/start"), 2);
     assert!(
         p.base.join("home/.dsh/history").exists(),
@@ -883,7 +834,7 @@ fn at_a_terminal_a_turn_streams_ctrl_c_cancels_and_ctrl_d_leaves() {
 #[test]
 fn at_a_terminal_a_message_spans_lines_approvals_are_inline_and_ctrl_c_twice_leaves() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let touched = p.outside.join("touched");
     let script = script(
         &p,
@@ -932,12 +883,7 @@ fn at_a_terminal_a_message_spans_lines_approvals_are_inline_and_ctrl_c_twice_lea
     let status = status.unwrap_or_else(|| panic!("Ctrl-C twice did not leave:\n{shown}"));
     assert!(status.success(), "{status:?}\n{shown}");
     assert!(touched.exists(), "{shown}");
-    let id = shown
-        .lines()
-        .find_map(|l| l.strip_prefix("session "))
-        .and_then(|r| r.split(['(', ')']).nth(1))
-        .unwrap_or_else(|| panic!("no closing line:\n{shown}"))
-        .to_owned();
+    let id = session_id(&shown);
     let prompt = events(&p, &id)
         .into_iter()
         .find(|e| e["type"] == "user/message" && e["data"]["source"]["kind"] == "user")
@@ -953,7 +899,7 @@ fn at_a_terminal_a_message_spans_lines_approvals_are_inline_and_ctrl_c_twice_lea
 #[test]
 fn an_unanswered_question_is_refused_when_it_times_out() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let never = p.outside.join("never");
     let script = script(
         &p,
@@ -969,12 +915,7 @@ fn an_unanswered_question_is_refused_when_it_times_out() {
     chat.expect("approval 1:");
     chat.expect("approval 1 unanswered after 1.0 s: refused");
     chat.expect("── turn 1 completed");
-    let (status, lines, stderr) = chat.finish();
-    assert!(
-        status.success(),
-        "{status:?}\n{}\n{stderr}",
-        lines.join("\n")
-    );
+    chat.finish_ok();
     assert!(!never.exists());
 }
 
@@ -983,7 +924,7 @@ fn an_unanswered_question_is_refused_when_it_times_out() {
 #[test]
 fn dsh_alone_opens_a_chat_on_a_terminal_and_prints_the_help_elsewhere() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-chat");
     let mut term = Terminal::run(&p, &[]);
     term.expect("dsh chat: no model is configured");
     let status = super::wait_bounded(&mut term.child, "dsh alone");

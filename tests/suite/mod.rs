@@ -73,3 +73,39 @@ pub(crate) fn until_blocking(what: &str, mut done: impl FnMut() -> bool) {
         std::thread::yield_now();
     }
 }
+
+/// A test's directories: a workspace, a directory outside it, a sessions
+/// directory, all under `base` (fresh, canonical).
+pub(crate) struct Place {
+    pub(crate) ws: std::path::PathBuf,
+    pub(crate) outside: std::path::PathBuf,
+    pub(crate) sessions: std::path::PathBuf,
+    pub(crate) base: std::path::PathBuf,
+}
+
+/// A fresh [`Place`] named after `prefix`; the workspace and the outside
+/// directory exist.
+pub(crate) fn place(prefix: &str) -> Place {
+    let base = dsh::kernel::scratch::fresh_dir(prefix)
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let p = Place {
+        ws: base.join("ws"),
+        outside: base.join("outside"),
+        sessions: base.join("sessions"),
+        base,
+    };
+    for d in [&p.ws, &p.outside] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    p
+}
+
+/// A `bash` call that touches `path` and asks to run unconfined for it.
+pub(crate) fn escalated_touch(path: &std::path::Path) -> serde_json::Value {
+    serde_json::json!({"name": "bash", "arguments": {
+        "command": format!("touch {}", path.display()), "description": "touch",
+        "sandbox_permissions": "danger-full-access", "justification": "the test asks for it"
+    }})
+}

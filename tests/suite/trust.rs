@@ -11,33 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use dsh::kernel::scratch::fresh_dir;
+use super::place;
 use serde_json::{Value, json};
 
-/// A workspace, a directory outside it, and a sessions directory.
-struct Place {
-    ws: PathBuf,
-    outside: PathBuf,
-    sessions: PathBuf,
-    base: PathBuf,
-}
-
-fn place() -> Place {
-    let base = fresh_dir("dsh-trust").unwrap().canonicalize().unwrap();
-    let p = Place {
-        ws: base.join("ws"),
-        outside: base.join("outside"),
-        sessions: base.join("sessions"),
-        base,
-    };
-    for d in [&p.ws, &p.outside] {
-        std::fs::create_dir_all(d).unwrap();
-    }
-    p
-}
-
 /// A script file of `steps`, then a final answer.
-fn script(p: &Place, name: &str, calls: Vec<Value>) -> PathBuf {
+fn script(p: &super::Place, name: &str, calls: Vec<Value>) -> PathBuf {
     let mut steps: Vec<Value> = calls
         .into_iter()
         .map(|c| json!({"tool_calls": [c]}))
@@ -60,7 +38,7 @@ fn escalated_bash(command: &str) -> Value {
 }
 
 /// Every way out the model tries, and the files that prove one worked.
-fn probes(p: &Place) -> (Vec<Value>, Vec<PathBuf>) {
+fn probes(p: &super::Place) -> (Vec<Value>, Vec<PathBuf>) {
     let o = &p.outside;
     std::os::unix::fs::symlink(o.join("via-dangle"), p.ws.join("dangle")).unwrap();
     let calls = vec![
@@ -79,7 +57,7 @@ fn probes(p: &Place) -> (Vec<Value>, Vec<PathBuf>) {
 
 /// `dsh run` in a new session without a controlling terminal (so nobody
 /// can answer on one), with `args` and `env`.
-fn run(p: &Place, script: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+fn run(p: &super::Place, script: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new("setsid");
     c.arg("-w")
         .arg(env!("CARGO_BIN_EXE_dsh"))
@@ -102,7 +80,7 @@ fn run(p: &Place, script: &Path, args: &[&str], env: &[(&str, &str)]) -> Output 
 }
 
 /// The one session's events.
-fn events(p: &Place) -> Vec<Value> {
+fn events(p: &super::Place) -> Vec<Value> {
     let dir = std::fs::read_dir(&p.sessions)
         .unwrap()
         .flatten()
@@ -153,7 +131,7 @@ fn under_never_and_read_only_a_scripted_model_cannot_leave_the_workspace() {
             false,
         ),
     ] {
-        let p = place();
+        let p = place("dsh-trust");
         let (calls, markers) = probes(&p);
         let file = script(&p, "probe", calls);
         let out = run(&p, &file, &args, &env);
@@ -221,7 +199,7 @@ fn under_never_and_read_only_a_scripted_model_cannot_leave_the_workspace() {
 #[test]
 fn a_config_sets_the_mode_and_a_flag_overrides_it() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-trust");
     let config = p.base.join("cordis.yml");
     std::fs::write(
         &config,
@@ -278,7 +256,7 @@ fn a_config_sets_the_mode_and_a_flag_overrides_it() {
 
 /// Runs `dsh run` on a pty (util-linux `script`), answering the approval
 /// question with `answer` once it is shown; the transcript.
-fn on_a_terminal(p: &Place, file: &Path, answer: &str) -> String {
+fn on_a_terminal(p: &super::Place, file: &Path, answer: &str) -> String {
     let command = format!(
         "{} run --script {} --cwd {} --sessions-dir {} probe",
         env!("CARGO_BIN_EXE_dsh"),
@@ -336,7 +314,7 @@ fn on_a_terminal(p: &Place, file: &Path, answer: &str) -> String {
 fn the_terminal_is_asked_and_only_its_yes_lets_one_call_out() {
     let _sweep = crate::suite::sweep();
     for (answer, allowed) in [("y", true), ("n", false)] {
-        let p = place();
+        let p = place("dsh-trust");
         let marker = p.outside.join("escalated");
         let file = script(
             &p,
@@ -358,7 +336,7 @@ fn the_terminal_is_asked_and_only_its_yes_lets_one_call_out() {
 #[test]
 fn tools_never_see_the_keys_unless_passed_through() {
     let _sweep = crate::suite::sweep();
-    let p = place();
+    let p = place("dsh-trust");
     let file = script(&p, "env", vec![bash("env > env.txt")]);
     let keys = [
         ("DSH_API_KEY", "dsh-secret"),
