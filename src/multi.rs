@@ -184,6 +184,7 @@ async fn coordinate(
     };
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.name = Some(name.to_owned());
+    spec.label = Some(format!("{name} coordinator"));
     spec.system = Some(crate::stage::system_prompt(&cwd, &model));
     spec.sections = crate::stage::workspace_sections(&cwd).await;
     spec.store = Some(store.clone());

@@ -575,22 +575,8 @@ pub fn steer(agent: &Agent, text: &str) -> Result<bool, String> {
 /// call does (a command, a path, a pattern), else the JSON; inert, on one
 /// line, cut to `width` characters.
 pub fn short_arguments(arguments: &str, width: usize) -> String {
-    const TELLING: [&str; 8] = [
-        "command",
-        "file_path",
-        "path",
-        "pattern",
-        "url",
-        "query",
-        "prompt",
-        "task",
-    ];
-    let parsed: Option<serde_json::Value> = serde_json::from_str(arguments).ok();
-    let text = parsed
-        .as_ref()
-        .and_then(|v| TELLING.iter().find_map(|k| v.get(*k)?.as_str()))
-        .unwrap_or(arguments);
-    let flat: String = inert(text)
+    let text = dsh_services::tools::telling_argument(arguments);
+    let flat: String = inert(&text)
         .chars()
         .map(|c| if c.is_whitespace() { ' ' } else { c })
         .collect();

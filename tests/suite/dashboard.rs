@@ -477,6 +477,17 @@ async fn an_agents_session_reads_as_a_conversation() {
         .await
         .unwrap();
     agent.run("Find what supervises what.", WAIT).await.unwrap();
+    // The call's node read what it did: its tool and its telling argument.
+    let call = rt
+        .tree()
+        .stopped_nodes()
+        .into_iter()
+        .find(|n| n.kind == "tool")
+        .expect("the call's node is remembered");
+    assert_eq!(
+        call.summary,
+        serde_json::json!({"tool": "lookup", "call": "supervision trees"})
+    );
     let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
     std::fs::create_dir_all(&artefacts).unwrap();
     let png = artefacts.join("dashboard-conversation.png");
@@ -529,4 +540,177 @@ async fn an_agents_session_reads_as_a_conversation() {
     );
     assert!(std::fs::metadata(&png).unwrap().len() > 0);
     rt.shutdown().await;
+}
+
+/// Runs `tests/browser/held.cjs` on the held dashboard of `dsh ARGS…
+/// --dashboard --hold` (with `files` in its workspace), whose run started
+/// `children` children; the screenshot goes to the artefacts as `png`.
+/// The report, and the run's record as `/api/record` serves it.
+async fn held_page(
+    args: &[&str],
+    files: &[(&str, &str)],
+    children: usize,
+    png: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    let _sweep = crate::suite::sweep();
+    let peers = super::peers::peers();
+    let mut argv = args.to_vec();
+    argv.extend(["--demo-model", "--dashboard"]);
+    let (child, url) = super::web::held(&argv, files, &[]).await;
+    let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    let png = artefacts.join(png);
+    let count = children.to_string();
+    let seen =
+        browser_report_with(&peers, "held.cjs", &url, &[&count, png.to_str().unwrap()]).await;
+    let (base, c) = super::web::endpoint(&url);
+    let record = super::web::get_json(&c, format!("{base}/api/record")).await;
+    assert!(super::web::terminate(child).await.success());
+    (seen, record)
+}
+
+/// The record's entries for the children a run started (`scope/subagent/…`).
+fn children_of(record: &serde_json::Value) -> Vec<&serde_json::Value> {
+    record["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("scope/subagent/"))
+        })
+        .collect()
+}
+
+/// After `dsh workflow … --dashboard --hold`, the page still shows every
+/// child the run started: under its phase, by its label, stopped, with how
+/// long it ran and its tokens; the coordinator (by its label) reads as the
+/// run: its phases, each child's line with a link to its session and how
+/// it ended. A stopped child shows its final state with its conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_workflow_shows_its_children_by_phase_with_labels_ends_and_durations() {
+    let flow = "phase('survey');\n\
+        const a = await Promise.all(['a', 'b'].map(t => agent('List the files about ' + t + '.', {label: 'survey ' + t, phase: 'survey'})));\n\
+        phase('verify');\n\
+        const v = await agent('Check the results.', {label: 'verifier', phase: 'verify'});\n\
+        return {a, v};\n";
+    let (seen, record) = held_page(
+        &["workflow", "flow.js"],
+        &[("flow.js", flow)],
+        3,
+        "dashboard-held-workflow.png",
+    )
+    .await;
+    let rows = seen["rows"].as_array().unwrap();
+    let labels: Vec<&str> = rows.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    // In start order, under their phases.
+    assert_eq!(
+        labels,
+        ["«survey a»", "«survey b»", "«verifier»"],
+        "{seen:#}"
+    );
+    assert_eq!(
+        seen["groups"],
+        serde_json::json!(["phase survey", "phase verify"])
+    );
+    for r in rows {
+        assert_eq!(r["status"], "disposed", "{r}");
+        let took = r["took"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no duration: {r}"));
+        assert!(took.ends_with(" ms") || took.ends_with(" s"), "{r}");
+        assert!(r["text"].as_str().unwrap().contains("tokens="), "{r}");
+    }
+    assert!(
+        seen["coordinatorRow"]
+            .as_str()
+            .unwrap()
+            .contains("«workflow coordinator»"),
+        "{seen:#}"
+    );
+    // The coordinator spent nothing itself; its children did.
+    assert!(
+        seen["detail"]
+            .as_str()
+            .unwrap()
+            .contains("with its children"),
+        "{seen:#}"
+    );
+    assert_eq!(
+        seen["phases"],
+        serde_json::json!(["phase survey", "phase verify"])
+    );
+    let lines = seen["lines"].as_array().unwrap();
+    assert_eq!(lines.len(), 3, "{seen:#}");
+    for l in lines {
+        assert_eq!(l["outcome"], "completed", "{l}");
+        assert_eq!(l["link"], true, "{l}");
+        assert!(l["text"].as_str().unwrap().contains(" tokens"), "{l}");
+    }
+    let final_state = seen["final"].as_str().unwrap();
+    assert!(final_state.contains("ran "), "{final_state}");
+    assert!(
+        final_state.contains("List the files about a."),
+        "{final_state}"
+    );
+    // The record says the same: each child ended, with a time and tokens.
+    let children = children_of(&record);
+    assert_eq!(children.len(), 3, "{record:#}");
+    for c in children {
+        assert_eq!(c["status"], "disposed", "{c}");
+        assert!(c["tokens"].as_u64().unwrap() > 0, "{c}");
+    }
+}
+
+/// After `dsh ralph … --dashboard --hold`, the page shows the loop's three
+/// rounds by their labels, and the coordinator's conversation reads as the
+/// loop: its objective, each round's handoff in full (status, summary,
+/// evidence, next steps, a link to the round's worker) and how it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_ralph_loop_shows_its_rounds_and_their_handoffs_in_full() {
+    let (seen, record) = held_page(
+        &["ralph", "Write NOTES.md", "--max-rounds", "5"],
+        &[],
+        3,
+        "dashboard-held-ralph.png",
+    )
+    .await;
+    let labels: Vec<&str> = seen["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        labels,
+        ["«ralph round 1»", "«ralph round 2»", "«ralph round 3»"],
+        "{seen:#}"
+    );
+    let handoffs = seen["handoffs"].as_array().unwrap();
+    let rounds: Vec<u64> = handoffs
+        .iter()
+        .map(|h| h["round"].as_u64().unwrap())
+        .collect();
+    assert_eq!(rounds, [1, 2, 3], "{seen:#}");
+    for h in handoffs {
+        assert_eq!(h["link"], true, "{h}");
+    }
+    let first = handoffs[0]["text"].as_str().unwrap();
+    for part in [
+        "continue",
+        "Round 1: drafted part 1 of the notes.",
+        "evidence",
+        "next steps",
+    ] {
+        assert!(first.contains(part), "{part}: {first}");
+    }
+    assert!(
+        handoffs[2]["class"].as_str().unwrap().contains("complete"),
+        "{seen:#}"
+    );
+    let notes = seen["notes"].to_string();
+    assert!(notes.contains("objective: Write NOTES.md"), "{notes}");
+    assert!(notes.contains("ended complete after 3 rounds"), "{notes}");
+    assert_eq!(children_of(&record).len(), 3, "{record:#}");
 }

@@ -23,7 +23,7 @@ async fn serve() -> (Runtime, String) {
 }
 
 /// GETs `url` and parses the JSON body.
-async fn get_json(c: &reqwest::Client, url: String) -> serde_json::Value {
+pub(super) async fn get_json(c: &reqwest::Client, url: String) -> serde_json::Value {
     c.get(url).send().await.unwrap().json().await.unwrap()
 }
 
@@ -55,7 +55,7 @@ fn client_with(token: Option<&str>) -> reqwest::Client {
 
 /// A printed URL (`http://ADDR` or `http://ADDR/#token=T`): the base and a
 /// client that carries the token, if the URL has one.
-fn endpoint(url: &str) -> (String, reqwest::Client) {
+pub(super) fn endpoint(url: &str) -> (String, reqwest::Client) {
     match url.split_once("/#token=") {
         Some((base, token)) => (base.to_owned(), client_with(Some(token))),
         None => (url.trim_end_matches('/').to_owned(), client()),
@@ -193,7 +193,7 @@ async fn dsh_serve_in(
 }
 
 /// SIGTERM, then the exit status (within the wait budget).
-async fn terminate(mut child: tokio::process::Child) -> std::process::ExitStatus {
+pub(super) async fn terminate(mut child: tokio::process::Child) -> std::process::ExitStatus {
     let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     tokio::time::timeout(WAIT, child.wait())
@@ -1550,7 +1550,7 @@ async fn a_continuable_child_on_another_node_takes_its_next_turn_there_and_shows
 /// `dsh ARGS… --hold` in a fresh workspace (with `files` in it and `env`
 /// set), once its run is over and the dashboard is held; the process and
 /// the URL it printed.
-async fn held(
+pub(super) async fn held(
     args: &[&str],
     files: &[(&str, &str)],
     env: &[(&str, &str)],

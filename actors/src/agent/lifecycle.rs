@@ -97,7 +97,7 @@ impl Agent {
             }),
             idle: Idle::default(),
             resumed,
-            tokens: AtomicU64::new(0),
+            tokens: Arc::new(AtomicU64::new(0)),
             life: Mutex::new(Life::Gone { node: 0 }),
             transitioning: AtomicBool::new(false),
             agents,

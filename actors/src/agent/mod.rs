@@ -525,7 +525,7 @@ struct Inner {
     /// time; see [`Agent::transition`]).
     transitioning: AtomicBool,
     /// Tokens spent (input + output), over the agent's life.
-    tokens: AtomicU64,
+    tokens: Arc<AtomicU64>,
     life: Mutex<Life>,
     /// The registry (and its keeper, which wakes and hibernates agents).
     agents: Option<Arc<Agents>>,

@@ -73,6 +73,9 @@ pub struct AgentSpec {
     /// What people call it (the tree's summary and the dashboard show it):
     /// a workflow child's label, else the head of its task.
     pub label: Option<String>,
+    /// The group it belongs to among its siblings (a workflow child's
+    /// phase): the dashboard shows the children of one group together.
+    pub group: Option<String>,
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -123,6 +126,7 @@ impl AgentSpec {
             approval: None,
             permission: None,
             label: None,
+            group: None,
         }
     }
 }

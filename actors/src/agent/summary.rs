@@ -13,11 +13,22 @@ impl Agent {
     /// JSON per agent): turn, step (0 between turns), tokens spent, whether
     /// it hibernates, and between turns what keeps it from hibernating
     /// (`pinned`: registrations made in its scope after it was built).
+    /// Once the agent is gone (its node stopped, kept in the tree's
+    /// record), what stays: its id, tokens, label and group.
     pub(super) fn summary_fn(&self) -> Arc<dsh_supervisors::tree::SummaryFn> {
         let weak = self.downgrade();
+        let id = self.inner.id.clone();
+        let (tokens, spec) = (self.inner.tokens.clone(), self.inner.spec.clone());
         Arc::new(move || match weak.upgrade() {
             Some(agent) => agent.summary(),
-            None => serde_json::Value::Null,
+            None => {
+                let mut summary = serde_json::json!({
+                    "agent": id,
+                    "tokens": tokens.load(Ordering::Relaxed),
+                });
+                named(&mut summary, &spec);
+                summary
+            }
         })
     }
 
@@ -32,9 +43,7 @@ impl Agent {
         if progress.hibernated {
             summary["hibernated"] = true.into();
         }
-        if let Some(label) = &self.inner.spec.label {
-            summary["label"] = label.as_str().into();
-        }
+        named(&mut summary, &self.inner.spec);
         if let Some(me) = self.awake().filter(|_| !progress.running) {
             let fiber = me.scope.fiber();
             let settled = me.settled.get().map_or(0, |s| s.0);
@@ -45,6 +54,16 @@ impl Agent {
             }
         }
         summary
+    }
+}
+
+/// What people call the agent, in its summary: its label and group.
+fn named(summary: &mut serde_json::Value, spec: &super::AgentSpec) {
+    if let Some(label) = &spec.label {
+        summary["label"] = label.as_str().into();
+    }
+    if let Some(group) = &spec.group {
+        summary["group"] = group.as_str().into();
     }
 }
 

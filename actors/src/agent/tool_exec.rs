@@ -34,7 +34,10 @@ pub(super) async fn execute(
     placement: Placement,
 ) -> PipelineOutcome {
     let name = format!("tool/{}#{}", call.name, call.id);
-    let spec = TaskSpec::new("tool", name).cancelled_by(token);
+    let summary = serde_json::json!({ "tool": call.name, "call": gist(&call.arguments) });
+    let spec = TaskSpec::new("tool", name)
+        .summary(summary)
+        .cancelled_by(token);
     let ended = match placement {
         // Boxed: a run's futures, each waiting on its task, stay small.
         Placement::Alone => Box::pin(alone(me, spec, call)).await,
@@ -51,6 +54,38 @@ pub(super) async fn execute(
         }
     }
 }
+
+/// What a call does, for its tree node: its telling argument on one line,
+/// with no control characters, at most [`GIST`] characters.
+fn gist(arguments: &str) -> String {
+    let text = dsh_services::tools::telling_argument(arguments);
+    let mut words = text
+        .split(|c: char| c.is_whitespace() || c.is_control() || reorders(c))
+        .filter(|w| !w.is_empty());
+    let mut out = String::new();
+    for word in words.by_ref() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(word);
+        if out.chars().count() > GIST {
+            break;
+        }
+    }
+    if out.chars().count() > GIST {
+        out = out.chars().take(GIST - 1).collect();
+        out.push('…');
+    }
+    out
+}
+
+/// A bidirectional control: it would reorder what follows it on the page.
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The longest gist a tool node shows.
+const GIST: usize = 120;
 
 /// Why a call gave no outcome of its own.
 enum Ended {
@@ -109,5 +144,28 @@ pub(super) async fn release_step_children(me: &Awake) {
     children.sort_by_key(|c| order.iter().position(|n| *n == c.node_id()));
     for child in children.into_iter().rev() {
         child.dispose().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_node_reads_what_its_call_does_on_one_inert_line() {
+        assert_eq!(
+            gist(r#"{"command":"cargo  test\n--all"}"#),
+            "cargo test --all"
+        );
+        assert_eq!(gist(r#"{"path":"src/lib.rs","limit":3}"#), "src/lib.rs");
+        assert_eq!(gist(r#"{"a":1}"#), r#"{"a":1}"#);
+        // Control characters and bidirectional overrides go.
+        assert_eq!(
+            gist("{\"command\":\"rm \\u001b[2J\\u202egnp.exe\"}"),
+            "rm [2J gnp.exe"
+        );
+        let long = gist(&format!(r#"{{"command":"{}"}}"#, "x ".repeat(200)));
+        assert_eq!(long.chars().count(), GIST);
+        assert!(long.ends_with('…'));
     }
 }

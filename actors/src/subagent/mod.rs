@@ -234,6 +234,8 @@ impl SubagentError {
 pub struct StartRequest {
     /// Short display label, persisted in the descriptor.
     pub label: Option<String>,
+    /// The group it belongs to among its siblings (a workflow phase).
+    pub group: Option<String>,
     /// The child's prompt.
     pub prompt: String,
     /// The delegating agent: cwd, lineage and depth come from it.
@@ -262,6 +264,7 @@ impl StartRequest {
     pub fn new(parent: &Agent, prompt: impl Into<String>, cancel: CancellationToken) -> Self {
         StartRequest {
             label: None,
+            group: None,
             prompt: prompt.into(),
             parent: parent.clone(),
             cancel,
@@ -1180,6 +1183,7 @@ async fn compose(
     }
     let id = spec.id.get_or_insert_with(Message::new_id).clone();
     spec.name = Some(format!("subagent/{}", crate::session::short(&id)));
+    spec.group = request.group.clone();
     spec.label = request
         .label
         .clone()

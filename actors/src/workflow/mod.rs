@@ -568,6 +568,7 @@ fn child(
     let mut request = StartRequest::new(&host.parent, prompt, host.cancel.child_token());
     request.owner = Some(host.scope_ctx.clone());
     request.label = options.label.clone();
+    request.group = options.phase.clone();
     request.output_schema = options.schema.clone();
     request.route = host.route.clone();
     let subagents = host.subagents.clone();

@@ -46,6 +46,31 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// What a call with raw `arguments` does, for a person: its telling
+/// argument (the command, path, pattern, URL, query, prompt or task) when
+/// the arguments are an object that has one, else the arguments as they
+/// are. Raw text: whoever shows it makes it inert and cuts it.
+pub fn telling_argument(arguments: &str) -> std::borrow::Cow<'_, str> {
+    const TELLING: [&str; 8] = [
+        "command",
+        "file_path",
+        "path",
+        "pattern",
+        "url",
+        "query",
+        "prompt",
+        "task",
+    ];
+    let parsed: Option<serde_json::Value> = serde_json::from_str(arguments).ok();
+    match parsed
+        .as_ref()
+        .and_then(|v| TELLING.iter().find_map(|k| v.get(*k)?.as_str()))
+    {
+        Some(text) => std::borrow::Cow::Owned(text.to_owned()),
+        None => std::borrow::Cow::Borrowed(arguments),
+    }
+}
+
 /// The parameter schema of a tool whose arguments are the struct `T`
 /// (`#[derive(Deserialize, JsonSchema)]`): an object schema with its
 /// `properties` (each described by its field's doc comment) and `required`

@@ -441,9 +441,14 @@ impl Context {
     /// records it stopped in its place; [`Context::drop_part`] removes it
     /// earlier. Returns the node id. Refused once the fiber is unloading.
     pub fn part(&self, kind: &str, name: impl Into<String>) -> Result<u64> {
-        let node = self
-            .fiber
-            .child_node(&self.rt, Form::Part, kind, &name.into(), Status::Active);
+        let node = self.fiber.child_node(
+            &self.rt,
+            Form::Part,
+            kind,
+            &name.into(),
+            Status::Active,
+            serde_json::Value::Null,
+        );
         let id = node.info.id;
         let entry = ChildEntry {
             node,
@@ -484,6 +489,7 @@ pub struct TaskSpec<'a> {
     pub(crate) name: String,
     pub(crate) shutdown: Shutdown,
     pub(crate) cancel: Option<&'a CancellationToken>,
+    pub(crate) summary: serde_json::Value,
 }
 
 impl<'a> TaskSpec<'a> {
@@ -494,7 +500,15 @@ impl<'a> TaskSpec<'a> {
             name: name.into(),
             shutdown: ChildPolicy::WORKER.shutdown,
             cancel: None,
+            summary: serde_json::Value::Null,
         }
+    }
+
+    /// What the task's node says of it from its start (a tool call: its
+    /// tool and what it does), as the tree's summaries do.
+    pub fn summary(mut self, summary: serde_json::Value) -> Self {
+        self.summary = summary;
+        self
     }
 
     /// Sets the shutdown budget.
@@ -524,9 +538,14 @@ async fn spawn_counted<A: Actor>(
     if ctx.fiber.status().is_terminal() || ctx.fiber.status() == Status::Unloading {
         return Err(ctx.fiber.inactive());
     }
-    let node = ctx
-        .fiber
-        .child_node(&ctx.rt, Form::Actor, kind, name, Status::Loading);
+    let node = ctx.fiber.child_node(
+        &ctx.rt,
+        Form::Actor,
+        kind,
+        name,
+        Status::Loading,
+        serde_json::Value::Null,
+    );
     let id = node.info.id;
     let counted = Counted {
         inner: actor,

@@ -249,6 +249,7 @@ impl Tree {
                     status: stop.status,
                     reason: stop.reason,
                     stop_seq: stop.seq,
+                    stopped_ms: stop.stopped_ms,
                 });
             } else {
                 left_out += 1;

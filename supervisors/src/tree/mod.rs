@@ -405,6 +405,8 @@ pub enum TreeChange {
         reason: Arc<str>,
         /// Position in the global stop order.
         stop_seq: u64,
+        /// When it stopped, ms since epoch.
+        stopped_ms: u64,
     },
     /// A supervised child failed (a panic or an error) and the supervisor reacted.
     Supervision {
@@ -481,6 +483,7 @@ struct Stops {
 struct StopRecord {
     id: u64,
     seq: u64,
+    stopped_ms: u64,
     status: Status,
     reason: Arc<str>,
 }
@@ -533,6 +536,16 @@ impl Tree {
         self.insert_with(info, status, Summary::Value(serde_json::Value::Null))
     }
 
+    /// [`Tree::insert`] with the node's summary from its start.
+    pub(crate) fn insert_summarized(
+        &self,
+        info: NodeInfo,
+        status: Status,
+        summary: serde_json::Value,
+    ) -> Arc<Node> {
+        self.insert_with(info, status, Summary::Value(summary))
+    }
+
     fn insert_with(&self, info: NodeInfo, status: Status, summary: Summary) -> Arc<Node> {
         let stats = Arc::new(NodeStats::default());
         stats.set_status(status);
@@ -581,11 +594,12 @@ impl Tree {
         let (_, node) = self.live.remove(&id)?;
         node.stats.set_status(status);
         let reason: Arc<str> = reason.into();
+        let stopped_ms = now_ms();
         let mut entry = StoppedNode {
             status,
             mailbox_depth: node.stats.mailbox_depth(),
             last_activity_ms: node.stats.last_activity_ms.load(Ordering::Relaxed),
-            stopped_ms: now_ms(),
+            stopped_ms,
             node,
             reason: reason.clone(),
             seq: 0,
@@ -609,6 +623,7 @@ impl Tree {
                 stops.log.push_back(StopRecord {
                     id,
                     seq,
+                    stopped_ms,
                     status,
                     reason: reason.clone(),
                 });
@@ -625,6 +640,7 @@ impl Tree {
             status,
             reason,
             stop_seq: seq,
+            stopped_ms,
         });
         Some(seq)
     }

@@ -224,8 +224,9 @@ impl FiberShared {
         kind: &str,
         name: &str,
         status: Status,
+        summary: serde_json::Value,
     ) -> Arc<Node> {
-        rt.tree().insert(
+        rt.tree().insert_summarized(
             NodeInfo {
                 id: rt.next_id(),
                 form,
@@ -236,6 +237,7 @@ impl FiberShared {
                 node: None,
             },
             status,
+            summary,
         )
     }
 

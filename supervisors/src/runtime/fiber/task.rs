@@ -242,7 +242,14 @@ where
     if fiber.accepting().is_err() {
         return Err(fiber.inactive());
     }
-    let node = fiber.child_node(rt, Form::Task, spec.kind, &spec.name, Status::Active);
+    let node = fiber.child_node(
+        rt,
+        Form::Task,
+        spec.kind,
+        &spec.name,
+        Status::Active,
+        spec.summary,
+    );
     let cancel = spec
         .cancel
         .map_or_else(CancellationToken::new, |p| p.child_token());
