@@ -12,7 +12,7 @@ run(async (browser) => {
   await page.waitForSelector(`#state:text("live")`, { timeout: WAIT });
   await page.locator('[data-name^="scope/agent/"]').first().click();
   await page.waitForSelector('#conversation .msg.tool[data-result="1"]', { timeout: WAIT });
-  await page.waitForSelector('#conversation .msg.note', { timeout: WAIT });
+  await page.waitForSelector("#conversation .msg.hook", { timeout: WAIT });
   const messages = await page.$$eval("#conversation .msg", (ms) => ms.map((m) => ({
     class: m.className, text: m.textContent,
     strong: [...m.querySelectorAll("strong")].map((s) => s.textContent),

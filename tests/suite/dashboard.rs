@@ -254,6 +254,11 @@ async fn the_page_shows_a_pending_approval_and_answers_it() {
         shown.contains("bash") && shown.contains("shown in the dashboard"),
         "{shown}"
     );
+    let answered = seen["answered"].as_str().unwrap();
+    assert!(
+        answered.contains("approval asked · bash") && answered.ends_with("→ allowed-once"),
+        "{answered}"
+    );
     agent.when_idle(WAIT).await.unwrap();
     let ran =
         agent.session().events().iter().any(|e| {
@@ -477,6 +482,12 @@ async fn an_agents_session_reads_as_a_conversation() {
         .await
         .unwrap();
     agent.run("Find what supervises what.", WAIT).await.unwrap();
+    // A hook's decision, as the hook bridge records it.
+    agent.record(
+        "hook/result",
+        serde_json::json!({"turn": 1, "point": "PreToolUse", "handlerId": "guard",
+            "decision": "block", "durationMs": 12, "exitCode": 2, "stderrSummary": "not there"}),
+    );
     // The call's node read what it did: its tool and its telling argument.
     let call = rt
         .tree()
@@ -536,6 +547,15 @@ async fn an_agents_session_reads_as_a_conversation() {
     );
     assert!(
         of("note").iter().any(|n| n["text"] == "turn 1 completed"),
+        "{seen:#}"
+    );
+    let hook = of("hook");
+    assert_eq!(hook.len(), 1, "{seen:#}");
+    assert!(
+        hook[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("hook PreToolUse · guard · block · exit 2 · 12 ms"),
         "{seen:#}"
     );
     assert!(std::fs::metadata(&png).unwrap().len() > 0);
