@@ -89,7 +89,15 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
         sandbox.set(args.policy.sandbox_over(sandbox.settings())?);
     }
     if purpose == Purpose::Serve {
-        // Each request names its route (or takes the only one); nothing to pick.
+        // Each request names its route (or takes the only one); the model
+        // the command line chose is what a request naming none gets.
+        if let (Some(choice), Some(llm)) = (&choice, root.get::<LlmRuntime>(LlmRuntime::SERVICE))
+            && let Ok(Some(provider)) =
+                pick_provider(&llm.providers(), args.model.provider.as_deref())
+            && (*choice != ModelChoice::Config || args.model.model.is_some())
+        {
+            llm.prefer(&provider, &args.model.model_id(Some(choice)));
+        }
         return Ok(None);
     }
     if purpose == Purpose::Run {

@@ -286,6 +286,45 @@ pub(super) fn read_only(api: &Api) -> Option<Response> {
     }
 }
 
+/// `GET /api/routes`: what the page's start form offers: each provider
+/// route with the model ids a person may choose (the one the command line
+/// chose first), the permission modes an agent may be given (at most the
+/// server's), and whether agents may be started at all.
+pub(super) async fn routes(State(api): State<Api>) -> Response {
+    let root = api.rt.root();
+    let routes: Vec<Value> = root
+        .get::<LlmRuntime>(LlmRuntime::SERVICE)
+        .map(|llm| {
+            llm.providers()
+                .into_iter()
+                .map(|p| json!({"provider": p, "models": llm.model_ids(&p)}))
+                .collect()
+        })
+        .unwrap_or_default();
+    let standing = root
+        .get::<Sandbox>(Sandbox::SERVICE)
+        .map(|s| s.defaults())
+        .unwrap_or_default();
+    let modes: Vec<&str> = PermissionMode::ALL
+        .into_iter()
+        .filter(|m| {
+            let asked = Policy {
+                mode: *m,
+                network: standing.network,
+            };
+            standing.narrowed(Some(asked)).mode == *m
+        })
+        .map(PermissionMode::as_str)
+        .collect();
+    Json(json!({
+        "routes": routes,
+        "permissionModes": modes,
+        "standing": standing.mode.as_str(),
+        "mutations": api.mutations,
+    }))
+    .into_response()
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateAgent {
@@ -337,8 +376,12 @@ pub(super) async fn create(State(api): State<Api>, request: Request) -> Response
             );
         }
     };
+    let model = spec
+        .model
+        .or_else(|| llm.model_ids(&provider).into_iter().next())
+        .unwrap_or_else(|| "default".into());
     let cwd = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
-    let mut agent_spec = AgentSpec::new(&provider, spec.model.as_deref().unwrap_or("default"), cwd);
+    let mut agent_spec = AgentSpec::new(&provider, &model, cwd);
     agent_spec.system = spec.system;
     agent_spec.sections = crate::home::workspace_sections(&agent_spec.cwd).await;
     if let Some(mode) = spec.permission_mode {
@@ -346,10 +389,18 @@ pub(super) async fn create(State(api): State<Api>, request: Request) -> Response
             .get::<Sandbox>(Sandbox::SERVICE)
             .map(|s| s.defaults())
             .unwrap_or_default();
-        agent_spec.permission = Some(standing.narrowed(Some(Policy {
+        let policy = standing.narrowed(Some(Policy {
             mode,
             network: standing.network,
-        })));
+        }));
+        agent_spec.permission = Some(policy);
+        // The mode it was given, in its log.
+        agent_spec.opening = vec![dsh_services::session::EventData::Other {
+            kind: Arc::from("sandbox/mode"),
+            data: Arc::new(
+                json!({"mode": policy.mode, "network": policy.network, "source": "api"}),
+            ),
+        }];
     }
     let agent = match Agent::create(&root, agent_spec).await {
         Ok(a) => a,

@@ -650,6 +650,7 @@ fn router(
         .route("/api/sessions", get(agents::sessions))
         .route("/api/sessions/{id}/events", get(agents::events))
         .route("/api/agents", axum::routing::post(agents::create))
+        .route("/api/routes", get(agents::routes))
         .route(
             "/api/agents/{id}/{action}",
             axum::routing::post(agents::act),

@@ -734,3 +734,53 @@ async fn a_held_ralph_loop_shows_its_rounds_and_their_handoffs_in_full() {
     assert!(notes.contains("ended complete after 3 rounds"), "{notes}");
     assert_eq!(children_of(&record).len(), 3, "{record:#}");
 }
+
+/// `dsh serve --demo-model --mutations`: the page's form offers the route
+/// and the modes at most the server's, starts an agent that answers (with
+/// the mode chosen), and a follow-up typed in its conversation view reaches
+/// it and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_from_the_page_answers_and_takes_a_follow_up() {
+    let _sweep = crate::suite::sweep();
+    let peers = super::peers::peers();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-start-page").unwrap();
+    let args = ["--demo-model", "--mutations", "--bind", "127.0.0.1:0"].map(String::from);
+    let sessions = dir.join("sessions");
+    let env = [("DSH_SESSIONS_DIR", sessions.to_str().unwrap())];
+    let (child, url) = super::web::dsh_serve_url(&dir, &args, &env).await;
+    let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    let png = artefacts.join("dashboard-start.png");
+    let seen = browser_report_with(&peers, "start.cjs", &url, &[png.to_str().unwrap()]).await;
+    assert_eq!(
+        seen["routes"],
+        serde_json::json!(["demo · demo"]),
+        "{seen:#}"
+    );
+    assert_eq!(
+        seen["modes"],
+        serde_json::json!(["read-only", "workspace-write"]),
+        "{seen:#}"
+    );
+    assert_eq!(seen["standing"], "workspace-write");
+    let users = seen["users"].to_string();
+    assert!(
+        users.contains("Write one line about supervision."),
+        "{users}"
+    );
+    assert!(users.contains("Now one line about teardown."), "{users}");
+    let answers = seen["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{seen:#}");
+    // The agent runs with the mode the form chose, as its log says.
+    let (base, c) = super::web::endpoint(&url);
+    let id = seen["agent"].as_str().unwrap();
+    let events = super::web::get_json(&c, format!("{base}/api/sessions/{id}/events")).await;
+    let mode = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "sandbox/mode")
+        .unwrap_or_else(|| panic!("{events:#}"));
+    assert_eq!(mode["data"]["mode"], "read-only", "{mode}");
+    assert!(super::web::terminate(child).await.success());
+}

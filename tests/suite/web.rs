@@ -165,6 +165,18 @@ async fn dsh_serve_in(
     args: &[String],
     env: &[(&str, &str)],
 ) -> (tokio::process::Child, String, reqwest::Client) {
+    let (child, url) = dsh_serve_url(cwd, args, env).await;
+    let (base, c) = endpoint(&url);
+    (child, base, c)
+}
+
+/// `dsh serve ARGS…` in `cwd` (with `env` set): the process and the URL it
+/// printed (`#token=…` included when it made one).
+pub(super) async fn dsh_serve_url(
+    cwd: &std::path::Path,
+    args: &[String],
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String) {
     use tokio::io::AsyncBufReadExt;
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
         .current_dir(cwd)
@@ -187,9 +199,9 @@ async fn dsh_serve_in(
         .unwrap_or_default();
     let url = line
         .strip_prefix("dsh serve: listening on ")
-        .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"));
-    let (base, c) = endpoint(url);
-    (child, base, c)
+        .unwrap_or_else(|| panic!("{args:?}: unexpected first line: {line}"))
+        .to_owned();
+    (child, url)
 }
 
 /// SIGTERM, then the exit status (within the wait budget).
@@ -249,7 +261,34 @@ async fn dsh_serve_takes_any_config_or_a_model_from_its_flags() {
             dsh_serve(&args, &[("DSH_SESSIONS_DIR", sessions.to_str().unwrap())]).await;
         let r = c.get(format!("{base}/api/tree")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{args:?}");
-        if args.contains(&"--demo-model".to_owned()) {
+        // What the page's start form offers: the routes, with the model the
+        // flags chose; the modes at most the server's.
+        let offered = get_json(&c, format!("{base}/api/routes")).await;
+        let providers: Vec<&str> = offered["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["provider"].as_str().unwrap())
+            .collect();
+        let demo = args.contains(&"--demo-model".to_owned());
+        let expected: &[&str] = if demo {
+            &["demo"]
+        } else if args.contains(&two_routes.display().to_string()) {
+            &["a", "b"]
+        } else {
+            &[]
+        };
+        assert_eq!(providers, expected, "{args:?}: {offered}");
+        assert_eq!(offered["mutations"], demo, "{offered}");
+        assert_eq!(
+            offered["permissionModes"],
+            serde_json::json!(["read-only", "workspace-write"]),
+            "{offered}"
+        );
+        if demo {
+            assert_eq!(offered["routes"][0]["models"], serde_json::json!(["demo"]));
+        }
+        if demo {
             let r = c
                 .post(format!("{base}/api/agents"))
                 .json(&serde_json::json!({"prompt": "Write one line about teardown."}))

@@ -121,6 +121,12 @@ pub trait LlmAdapter: Send + Sync + 'static {
         let _ = model;
         false
     }
+
+    /// The model ids this route knows (its catalogue), for a person to
+    /// choose from; empty when it has none (any id passes through).
+    fn model_ids(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The call settings an adapter supplies for a model (see
@@ -183,6 +189,9 @@ impl Waterfall for LlmStream {
 #[derive(Default)]
 pub struct LlmRuntime {
     routes: RwLock<HashMap<String, Arc<dyn LlmAdapter>>>,
+    /// The model id an agent on a route uses when it names none (the one
+    /// the command line chose).
+    preferred: RwLock<HashMap<String, String>>,
 }
 
 impl LlmRuntime {
@@ -250,6 +259,29 @@ impl LlmRuntime {
         routes
             .get(provider)
             .is_some_and(|a| a.accepts_images(model))
+    }
+
+    /// Makes `model` the id agents on `provider` use when they name none.
+    pub fn prefer(&self, provider: &str, model: &str) {
+        let mut preferred = self.preferred.write().unwrap_or_else(|p| p.into_inner());
+        preferred.insert(provider.to_owned(), model.to_owned());
+    }
+
+    /// The model ids a person may choose on `provider`: the preferred one
+    /// first, then the route's catalogue (none for a route that is not
+    /// registered).
+    pub fn model_ids(&self, provider: &str) -> Vec<String> {
+        let Some(adapter) = self.adapter(provider) else {
+            return Vec::new();
+        };
+        let preferred = self.preferred.read().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<String> = preferred.get(provider).cloned().into_iter().collect();
+        for id in adapter.model_ids() {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        ids
     }
 
     /// Registered provider routes, sorted.

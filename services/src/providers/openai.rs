@@ -891,6 +891,10 @@ impl LlmAdapter for OpenAiCompatible {
         };
         Box::pin(futures::stream::once(start).flatten())
     }
+
+    fn model_ids(&self) -> Vec<String> {
+        self.config.models.iter().map(|m| m.id.clone()).collect()
+    }
 }
 
 /// Whether any message of `request` carries an image (a tool result's too).
