@@ -26,7 +26,7 @@ run(async (browser) => {
     took: (r.querySelector(".took") || {}).textContent || null,
     text: r.textContent,
   })));
-  const groups = await page.$$eval("#tree li.group", (gs) => gs.map((g) => g.textContent));
+  const groups = await page.$$eval("#tree .group", (gs) => gs.map((g) => g.textContent));
 
   step("the coordinator's conversation");
   const coordinator = page.locator(".row", { has: page.locator(".label", { hasText: "coordinator" }) }).first();

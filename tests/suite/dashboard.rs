@@ -784,3 +784,97 @@ async fn an_agent_started_from_the_page_answers_and_takes_a_follow_up() {
     assert_eq!(mode["data"]["mode"], "read-only", "{mode}");
     assert!(super::web::terminate(child).await.success());
 }
+
+/// Answers once, spending 100 input and 20 output tokens (40 of the input
+/// from cache).
+struct Spends;
+
+impl LlmAdapter for Spends {
+    fn name(&self) -> &str {
+        "spends"
+    }
+    fn stream(&self, _request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let usage = dsh::services::llm::TokenUsage {
+            input_tokens: 100,
+            output_tokens: 20,
+            cache_read_tokens: Some(40),
+            ..Default::default()
+        };
+        let chunks = dsh::services::providers::scripted::chunks_for(
+            &[ContentBlock::text("spent")],
+            usage,
+            FinishReason::Stop,
+        );
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+/// A thousand agents: the page keeps every one in its row list, yet the DOM
+/// holds only the rows in view plus an overscan, at the top and scrolled to
+/// the end; the search brings a far agent into view; sorted by tokens, the
+/// two that spent come first. The page's own render time is printed (a
+/// figure for docs/dashboard.md, not asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_agents_keep_the_dom_to_the_rows_in_view() {
+    const AGENTS: usize = 1000;
+    let _sweep = crate::suite::sweep();
+    let peers = super::peers::peers();
+    let (rt, url) = serve_page("spends", Arc::new(Spends)).await;
+    let root = rt.root();
+    let cwd = dsh::kernel::scratch::fresh_dir("dsh-thousand").unwrap();
+    let mut agents = Vec::with_capacity(AGENTS);
+    for _ in 0..AGENTS {
+        let agent = Agent::create(&root, AgentSpec::new("spends", "m", cwd.clone()))
+            .await
+            .unwrap();
+        agents.push(agent);
+    }
+    let name = |a: &Agent| format!("scope/agent/{}", &a.id()[..8]);
+    for i in [10, 500] {
+        agents[i].run("Spend.", WAIT).await.unwrap();
+    }
+    let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    let png = artefacts.join("dashboard-thousand.png");
+    // Each agent is three rows (its scope, session and driver).
+    let least = (AGENTS * 3).to_string();
+    let last = name(&agents[AGENTS - 1]);
+    let sought = name(&agents[777]);
+    let seen = browser_report_with(
+        &peers,
+        "thousand.cjs",
+        &url,
+        &[&least, &last, &sought, png.to_str().unwrap()],
+    )
+    .await;
+    for at in ["top", "bottom", "searched"] {
+        let look = &seen[at];
+        let rows = look["rows"].as_u64().unwrap();
+        assert!(rows >= AGENTS as u64 * 3, "{at}: {look}");
+        // In view: the view's height in 20 px rows (and one cut in half);
+        // around it, 15 rows each side.
+        let in_view = look["view"].as_u64().unwrap().div_ceil(20) + 1;
+        let dom = look["dom"].as_u64().unwrap();
+        assert!(
+            dom <= in_view + 2 * 15,
+            "{at}: {dom} rows in the DOM: {look}"
+        );
+        assert!(dom >= in_view.min(rows) - 1, "{at}: {look}");
+    }
+    let spenders: Vec<&str> = seen["spenders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let mut first_two = spenders[..2].to_vec();
+    first_two.sort();
+    let mut expected = vec![name(&agents[10]), name(&agents[500])];
+    expected.sort();
+    assert_eq!(first_two, expected, "{seen:#}");
+    eprintln!(
+        "dashboard: {AGENTS} agents, {} rows: render {} ms",
+        seen["top"]["rows"], seen["renders"]
+    );
+    rt.shutdown().await;
+}
