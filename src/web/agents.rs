@@ -32,7 +32,8 @@ pub(super) fn by_node(rt: &Runtime, node: u64) -> Option<Agent> {
         .find(|a| a.node_id() == node)
 }
 
-fn by_id(rt: &Runtime, id: &str) -> Option<Agent> {
+/// The live agent `id`, if it is.
+pub(super) fn by_id(rt: &Runtime, id: &str) -> Option<Agent> {
     rt.root().get::<Agents>(Agents::SERVICE)?.get(id)
 }
 

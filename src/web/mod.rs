@@ -68,6 +68,7 @@ use tokio_util::sync::CancellationToken;
 mod agents;
 mod approvals;
 mod sse;
+mod timeline;
 
 /// Config of the `web` plugin.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -651,6 +652,7 @@ fn router(
         .route("/api/sessions/{id}/events", get(agents::events))
         .route("/api/agents", axum::routing::post(agents::create))
         .route("/api/routes", get(agents::routes))
+        .route("/api/timeline/{id}", get(timeline::timeline))
         .route(
             "/api/agents/{id}/{action}",
             axum::routing::post(agents::act),

@@ -41,6 +41,16 @@ run(async (browser) => {
     [...document.querySelectorAll("#conversation .msg.child")].every((m) => m.dataset.outcome),
   null, { timeout: WAIT });
   const detail = await page.$eval("#agent-id", (a) => a.parentElement.textContent);
+  step("the coordinator's timeline");
+  await page.waitForSelector("#timeline .chart-box", { timeout: WAIT });
+  const lanes = await page.$$eval("#timeline .lane[data-agent]", (ls) => ls.map((l) => ({
+    agent: l.dataset.agent, name: l.querySelector(".lane-name").textContent,
+    bars: [...l.querySelectorAll(".bar")].map((b) => `${b.dataset.kind}:${b.dataset.status}`),
+    tokens: +l.querySelector(".lane-tokens").textContent,
+  })));
+  const bands = await page.$$eval("#timeline .band", (bs) => bs.map((b) => b.textContent));
+  const spent = await page.locator("#timeline-tokens").textContent();
+  const chartCalls = await page.$eval("#timeline .chart-box", (c) => +c.dataset.calls);
   const phases = await page.$$eval("#conversation .group", (gs) => gs.map((g) => g.textContent));
   const lines = await page.$$eval("#conversation .msg.child", (ms) => ms.map((m) => ({
     label: (m.querySelector(".label") || {}).textContent || null,
@@ -59,5 +69,5 @@ run(async (browser) => {
   await page.waitForFunction(() => /ran \d/.test(document.getElementById("detail").textContent), null, { timeout: WAIT });
   await page.waitForSelector("#detail #conversation .msg.user", { timeout: WAIT });
   const final = await page.locator("#detail").textContent();
-  console.log(JSON.stringify({ rows, groups, coordinatorRow, detail, phases, lines, handoffs, notes, final }));
+  console.log(JSON.stringify({ rows, groups, coordinatorRow, detail, phases, lines, handoffs, notes, final, lanes, bands, spent, chartCalls }));
 });

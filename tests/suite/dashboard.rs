@@ -581,10 +581,12 @@ async fn held_page(
     std::fs::create_dir_all(&artefacts).unwrap();
     let png = artefacts.join(png);
     let count = children.to_string();
-    let seen =
+    let mut seen =
         browser_report_with(&peers, "held.cjs", &url, &[&count, png.to_str().unwrap()]).await;
     let (base, c) = super::web::endpoint(&url);
     let record = super::web::get_json(&c, format!("{base}/api/record")).await;
+    let names = timeline_matches_the_logs(&seen, &url).await;
+    seen["laneNames"] = serde_json::json!(names);
     assert!(super::web::terminate(child).await.success());
     (seen, record)
 }
@@ -600,6 +602,56 @@ fn children_of(record: &serde_json::Value) -> Vec<&serde_json::Value> {
                 .as_str()
                 .is_some_and(|n| n.starts_with("scope/subagent/"))
         })
+        .collect()
+}
+
+/// The timeline the page drew (`seen["lanes"]`) against the sessions' own
+/// logs, read through the API at `url`: one lane per agent, as many model
+/// bars as the log has steps and tool bars as it has calls, each lane's
+/// tokens the sum of its messages' usage, and the total said above the
+/// lanes their sum. Returns the lanes' names.
+async fn timeline_matches_the_logs(seen: &serde_json::Value, url: &str) -> Vec<String> {
+    let (base, c) = super::web::endpoint(url);
+    let lanes = seen["lanes"].as_array().unwrap();
+    let mut total = 0;
+    for lane in lanes {
+        let agent = lane["agent"].as_str().unwrap();
+        let log =
+            super::web::get_json(&c, format!("{base}/api/sessions/{agent}/events?limit=5000"))
+                .await;
+        let events = log["events"].as_array().unwrap();
+        let count = |kind: &str| events.iter().filter(|e| e["type"] == kind).count();
+        let bars: Vec<&str> = lane["bars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_str().unwrap())
+            .collect();
+        let of = |kind: &str| bars.iter().filter(|b| b.starts_with(kind)).count();
+        assert_eq!(of("model:"), count("step/start"), "{lane}");
+        assert_eq!(of("tool:"), count("tool/call"), "{lane}");
+        assert!(bars.iter().all(|b| b.ends_with(":ok")), "{lane}");
+        let spent: u64 = events
+            .iter()
+            .filter(|e| e["type"] == "assistant/message")
+            .map(|e| {
+                let u = &e["data"]["usage"];
+                u["inputTokens"].as_u64().unwrap_or(0) + u["outputTokens"].as_u64().unwrap_or(0)
+            })
+            .sum();
+        assert_eq!(lane["tokens"].as_u64().unwrap(), spent, "{lane}");
+        total += spent;
+    }
+    let said = seen["spent"].as_str().unwrap();
+    let numbers: Vec<u64> = said
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    // `tokens input I · output O · cached C`
+    assert_eq!(numbers[0] + numbers[1], total, "{said}");
+    lanes
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_owned())
         .collect()
 }
 
@@ -674,6 +726,26 @@ async fn a_held_workflow_shows_its_children_by_phase_with_labels_ends_and_durati
         final_state.contains("List the files about a."),
         "{final_state}"
     );
+    // The timeline: the coordinator's lane, then its children's (the
+    // verifier, started last, last), under the two phases' bands; a point
+    // on the tokens chart for each model call.
+    let names: Vec<&str> = seen["laneNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 4, "{seen:#}");
+    assert_eq!(names[0], "«workflow coordinator»");
+    let mut survey = names[1..3].to_vec();
+    survey.sort();
+    assert_eq!(survey, ["«survey a»", "«survey b»"], "{seen:#}");
+    assert_eq!(names[3], "«verifier»");
+    assert_eq!(
+        seen["bands"],
+        serde_json::json!(["phase survey", "phase verify"])
+    );
+    assert_eq!(seen["chartCalls"], 3, "{seen:#}");
     // The record says the same: each child ended, with a time and tokens.
     let children = children_of(&record);
     assert_eq!(children.len(), 3, "{record:#}");
@@ -733,6 +805,25 @@ async fn a_held_ralph_loop_shows_its_rounds_and_their_handoffs_in_full() {
     assert!(notes.contains("objective: Write NOTES.md"), "{notes}");
     assert!(notes.contains("ended complete after 3 rounds"), "{notes}");
     assert_eq!(children_of(&record).len(), 3, "{record:#}");
+    // The timeline: a lane per round in order, each with its model call and
+    // its `report` call, under the rounds' bands.
+    assert_eq!(
+        seen["laneNames"],
+        serde_json::json!([
+            "«ralph coordinator»",
+            "«ralph round 1»",
+            "«ralph round 2»",
+            "«ralph round 3»"
+        ]),
+        "{seen:#}"
+    );
+    for lane in &seen["lanes"].as_array().unwrap()[1..] {
+        assert!(lane["bars"].to_string().contains("tool:ok"), "{lane}");
+    }
+    assert_eq!(
+        seen["bands"],
+        serde_json::json!(["round 1", "round 2", "round 3"])
+    );
 }
 
 /// `dsh serve --demo-model --mutations`: the page's form offers the route
@@ -786,12 +877,22 @@ async fn an_agent_started_from_the_page_answers_and_takes_a_follow_up() {
 }
 
 /// Answers once, spending 100 input and 20 output tokens (40 of the input
-/// from cache).
+/// from cache), at 1, 0.5 (cached) and 2 per million.
 struct Spends;
 
 impl LlmAdapter for Spends {
     fn name(&self) -> &str {
         "spends"
+    }
+    fn defaults(&self, _model: &str) -> dsh::services::llm::ModelDefaults {
+        dsh::services::llm::ModelDefaults {
+            price: Some(dsh::services::llm::Price {
+                input: 1_000_000,
+                cached_input: 500_000,
+                output: 2_000_000,
+            }),
+            ..Default::default()
+        }
     }
     fn stream(&self, _request: LlmRequest, _c: CancellationToken) -> ChunkStream {
         let usage = dsh::services::llm::TokenUsage {
@@ -872,6 +973,20 @@ async fn a_thousand_agents_keep_the_dom_to_the_rows_in_view() {
     let mut expected = vec![name(&agents[10]), name(&agents[500])];
     expected.sort();
     assert_eq!(first_two, expected, "{seen:#}");
+    // The timeline of one spender: its tokens and their cost at the route's
+    // price (100 × 1 + 40 × 0.5 + 20 × 2 millionths); of the whole root:
+    // 200 lanes, and how many more there were.
+    let (base, c) = super::web::endpoint(&url);
+    let one =
+        super::web::get_json(&c, format!("{base}/api/timeline/{}", agents[10].node_id())).await;
+    assert_eq!(
+        one["tokens"],
+        serde_json::json!({"input": 100, "output": 20, "cached": 40, "cost": 160}),
+        "{one:#}"
+    );
+    let all = super::web::get_json(&c, format!("{base}/api/timeline/1")).await;
+    assert_eq!(all["lanes"].as_array().unwrap().len(), 200);
+    assert_eq!(all["more"], AGENTS - 200, "{}", all["more"]);
     eprintln!(
         "dashboard: {AGENTS} agents, {} rows: render {} ms",
         seen["top"]["rows"], seen["renders"]
