@@ -50,6 +50,7 @@ pub use dsh_supervisors as kernel;
 
 pub mod approval;
 pub mod attachments;
+pub mod definitions;
 pub mod instructions;
 pub mod jobs;
 pub mod llm;

@@ -1,4 +1,5 @@
 mod attachments;
+mod definitions;
 mod instructions;
 mod openai;
 mod persistence;
