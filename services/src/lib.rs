@@ -29,6 +29,8 @@
 //!   repair on load (torn tails reported, interrupted turns closed), listing.
 //! - [`skills`]: skills found under the project's and the user's skill
 //!   directories, their catalog and their loaded form.
+//! - [`definitions`]: named agent definitions (ours and Claude Code's
+//!   files), found nearest first and read as hostile files.
 //! - [`jobs`]: background jobs — ids, owners, statuses, streamed output
 //!   with a spill file, each job a supervised worker under its owner.
 //! - [`tools`]: tool definitions (arguments as one typed struct, its schema
