@@ -118,25 +118,35 @@ impl Definitions {
         self.found.get(name)
     }
 
-    /// The names found, with a refusal for `name` that lists them.
-    pub fn require(&self, name: &str) -> Result<&Definition, String> {
-        self.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.found.keys().map(String::as_str).collect();
-            let refused = self
+    /// The definition named `name`, or a refusal that lists what was found
+    /// and what was refused.
+    pub fn require(&self, name: &str) -> Result<&Definition, NoSuchDefinition> {
+        self.get(name).ok_or_else(|| NoSuchDefinition {
+            name: name.to_owned(),
+            found: if self.found.is_empty() {
+                "none; see `dsh agents list`".to_owned()
+            } else {
+                self.found.keys().cloned().collect::<Vec<_>>().join(", ")
+            },
+            refused: self
                 .errors
                 .iter()
                 .map(|e| format!("\n  refused: {e}"))
-                .collect::<String>();
-            format!(
-                "no agent definition named `{name}` (found: {}){refused}",
-                if known.is_empty() {
-                    "none; see `dsh agents list`".to_owned()
-                } else {
-                    known.join(", ")
-                }
-            )
+                .collect(),
         })
     }
+}
+
+/// A name no definition has.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("no agent definition named `{name}` (found: {found}){refused}")]
+pub struct NoSuchDefinition {
+    /// The name asked for.
+    pub name: String,
+    /// The names found.
+    pub found: String,
+    /// The files refused, one line each.
+    pub refused: String,
 }
 
 /// The roots for an agent in `cwd`, in precedence order, with their

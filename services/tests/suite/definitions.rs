@@ -176,5 +176,11 @@ fn a_hostile_definition_is_refused_with_its_file_and_field_and_the_rest_load() {
         "{:?}",
         again.errors
     );
-    assert!(again.require("nope").unwrap_err().contains("found: good"));
+    assert!(
+        again
+            .require("nope")
+            .unwrap_err()
+            .to_string()
+            .contains("found: good")
+    );
 }
