@@ -18,6 +18,7 @@
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`stage`]: booting the agent services and the model those options name.
+//! - [`agents`]: `dsh agents list|show` — the named agent definitions found.
 //! - [`config`]: `dsh check`, `dsh tree`, `dsh mcp list`.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
 //! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent
@@ -46,6 +47,7 @@ pub use dsh_services::providers::demo;
 pub use dsh_supervisors as kernel;
 
 pub mod acp;
+pub mod agents;
 pub mod args;
 pub mod board;
 pub mod catalogue;

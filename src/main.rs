@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dsh::{acp, chat, config, multi, node, replay, run, serve, sessions};
+use dsh::{acp, agents, chat, config, multi, node, replay, run, serve, sessions};
 use dsh_supervisors::error::chain;
 
 mod bench;
@@ -51,6 +51,9 @@ enum Command {
     Chat(Box<chat::ChatArgs>),
     /// Stored sessions: list, show, fork, export.
     Sessions(sessions::SessionsArgs),
+    /// Named agent definitions (.dsh/agents, .claude/agents, ~/.dsh/agents):
+    /// list what was found, show one.
+    Agents(agents::AgentsArgs),
     /// Re-run a recorded session (ours or the upstream harness's): its prompts
     /// turn by turn, its model output step by step, the tools for real; then
     /// compare turns, steps, tool calls, final texts and end reasons.
@@ -135,6 +138,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Run(args) => ("run", run::run(*args).await),
         Command::Chat(args) => ("chat", chat::chat(*args).await),
         Command::Sessions(args) => ("sessions", sessions::sessions(args)),
+        Command::Agents(args) => ("agents", agents::agents(args)),
         Command::Replay(args) => ("replay", replay::replay(args).await),
         Command::Demo(args) => ("demo", multi::demo(args).await),
         Command::Workflow(args) => ("workflow", multi::workflow(*args).await),

@@ -187,6 +187,9 @@ async fn coordinate(
     spec.label = Some(format!("{name} coordinator"));
     spec.system = Some(crate::stage::system_prompt(&cwd, &model));
     spec.sections = crate::stage::workspace_sections(&cwd).await;
+    let definitions = crate::stage::definitions(rt, &cwd).await;
+    spec.sections
+        .extend(dsh_services::definitions::section(&definitions));
     spec.store = Some(store.clone());
     spec.origin = Some(format!("cli/{name}"));
     if let Some(id) = resume {

@@ -40,6 +40,10 @@ pub struct RunArgs {
     /// System prompt.
     #[arg(long)]
     pub system: Option<String>,
+    /// Run as the named agent definition (`dsh agents list`): its system
+    /// prompt, model, tools, permission mode and effort
+    #[arg(long, value_name = "NAME", conflicts_with = "system")]
+    pub agent: Option<String>,
     /// Steps allowed in the turn.
     #[arg(long, default_value_t = 64)]
     pub max_steps: u32,
@@ -366,6 +370,15 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
     );
     spec.sections = crate::stage::workspace_sections(&cwd).await;
     spec.max_steps = args.max_steps;
+    let definitions = crate::stage::definitions(rt, &cwd).await;
+    spec.sections
+        .extend(dsh_services::definitions::section(&definitions));
+    if let Some(name) = &args.agent {
+        let definition = definitions
+            .require(name)
+            .map_err(|e| Exit::usage(crate::lines::inert_line(&e.to_string())))?;
+        crate::stage::define(rt, &mut spec, definition);
+    }
     place_session(store(rt, &args.store)?, args, &mut spec)?;
     if !args.cluster.nodes.is_empty() {
         crate::node::offer_remote(rt, &args.cluster).await?;

@@ -329,6 +329,82 @@ pub fn system_prompt(cwd: &std::path::Path, model: &str) -> String {
     )
 }
 
+/// The named agent definitions for `cwd` (its project's nearest first,
+/// then the user's `~/.dsh/agents`), read off the async workers and made
+/// the ones the runtime's children may be made from; each file refused is
+/// said on stderr with why.
+pub async fn definitions(
+    rt: &Runtime,
+    cwd: &std::path::Path,
+) -> Arc<dsh_services::definitions::Definitions> {
+    let (cwd, home) = (cwd.to_path_buf(), crate::home::dir());
+    let found =
+        tokio::task::spawn_blocking(move || dsh_services::definitions::discover(&cwd, Some(&home)))
+            .await
+            .unwrap_or_default();
+    for e in &found.errors {
+        crate::errln!(
+            "dsh: agent definition refused: {}",
+            crate::lines::inert_line(&e.to_string())
+        );
+    }
+    if let Some(subagents) = rt
+        .root()
+        .get::<dsh_actors::subagent::Subagents>(dsh_actors::subagent::Subagents::SERVICE)
+    {
+        subagents.set_definitions(found.clone());
+    }
+    Arc::new(found)
+}
+
+/// Makes a top-level agent's `spec` what `definition` says, within what
+/// this runtime allows: its body as the system prompt; its model (a
+/// configured route, or a model id on the spec's route); the global tools
+/// its names and globs match; its permission mode narrowed to the
+/// sandbox's standing one; its effort; its step cap (at most the spec's).
+pub fn define(
+    rt: &Runtime,
+    spec: &mut dsh_actors::agent::AgentSpec,
+    definition: &dsh_services::definitions::Definition,
+) {
+    let root = rt.root();
+    spec.system = Some(definition.prompt.clone());
+    if let (Some(model), Some(llm)) = (
+        &definition.model,
+        root.get::<LlmRuntime>(LlmRuntime::SERVICE),
+    ) {
+        (spec.provider, spec.model) =
+            dsh_actors::subagent::definition_route(&llm, &spec.provider, model);
+    }
+    if let (Some(patterns), Some(registry)) = (
+        &definition.tools,
+        root.get::<dsh_services::tools::ToolRegistry>(dsh_services::tools::ToolRegistry::SERVICE),
+    ) {
+        spec.restriction = Some(dsh_services::tools::Restriction {
+            allow: Some(dsh_actors::subagent::definition_tools(
+                &registry, None, patterns,
+            )),
+            deny: Vec::new(),
+        });
+    }
+    if let Some(mode) = definition.permission_mode {
+        let standing = root
+            .get::<Sandbox>(Sandbox::SERVICE)
+            .map(|s| s.defaults())
+            .unwrap_or_default();
+        spec.permission = Some(standing.narrowed(Some(dsh_services::sandbox::Policy {
+            mode,
+            network: standing.network,
+        })));
+    }
+    spec.reasoning_effort = definition.reasoning_effort.clone();
+    if let Some(cap) = definition.max_steps {
+        spec.max_steps = spec.max_steps.min(cap);
+    }
+    spec.label = Some(definition.name.clone());
+    spec.definition = Some(definition.name.clone());
+}
+
 /// The workspace's system prompt sections for an agent in `cwd`: its
 /// `AGENTS.md` files (and the user's `~/.dsh/AGENTS.md`), then its skills
 /// catalog; read off the async workers.

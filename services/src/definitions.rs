@@ -551,6 +551,43 @@ fn tools_of(
     Ok(out)
 }
 
+/// The prompt section naming the definitions found (each name with its
+/// description, made inert), or `None` when there are none.
+pub fn section(definitions: &Definitions) -> Option<crate::prompt::RenderedSection> {
+    if definitions.found.is_empty() {
+        return None;
+    }
+    let lines: String = definitions
+        .found
+        .values()
+        .map(|d| {
+            let said: String = d
+                .description
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(crate::skills::DESCRIPTION_MAX)
+                .collect();
+            format!(
+                "\n- `{}`: {}",
+                d.name,
+                said.replace('<', "&lt;").replace('>', "&gt;")
+            )
+        })
+        .collect();
+    Some((
+        SECTION.to_owned(),
+        ORDER,
+        format!(
+            "# Named agents\nThese agents are defined for this project. To hand a task to one, call `subagent` with `agent` set to its name (in a workflow script, `agent(prompt, {{agent: NAME}})`): it runs with its own instructions, model and tools.\n\n<available_agents>{lines}\n</available_agents>"
+        ),
+    ))
+}
+
+/// The named agents section's name.
+pub const SECTION: &str = "agent-definitions";
+/// Its order (after the skills catalog).
+pub const ORDER: i32 = 320;
+
 /// Whether tool `name` is one of `patterns` (names, `*` matching any run).
 pub fn tool_matches(patterns: &[String], name: &str) -> bool {
     patterns.iter().any(|p| glob(p.as_bytes(), name.as_bytes()))

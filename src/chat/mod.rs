@@ -90,7 +90,9 @@ async fn open(rt: &Runtime, args: &ChatArgs, cwd: PathBuf) -> exit::Result<()> {
         .ok_or_else(|| Exit::usage(HOW_TO_CONFIGURE))?;
     let store = crate::stage::store(rt, &args.store)?;
     let dashboard = crate::serve::dashboard_url(rt, &args.dashboard).await?;
-    let sections = crate::home::workspace_sections(&cwd).await;
+    let mut sections = crate::home::workspace_sections(&cwd).await;
+    let definitions = crate::stage::definitions(rt, &cwd).await;
+    sections.extend(dsh_services::definitions::section(&definitions));
     let (items, shown) = tokio::sync::mpsc::unbounded_channel();
     let mut chat = Chat {
         rt,

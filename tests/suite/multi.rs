@@ -749,3 +749,131 @@ fn a_killed_ralph_loop_resumes_after_its_last_completed_round() {
     );
     assert!(!out.contains("round 1:"), "{out}");
 }
+
+/// A reviewer defined once in the workspace's `.dsh/agents`.
+const REVIEWER: &str = "---\nname: reviewer\ndescription: Reviews one file for bugs.\ntools: [read, grep]\npermission_mode: read-only\nmax_steps: 4\n---\nYou review one file and name its bugs.\n";
+
+/// `agent(prompt, {agent: "reviewer"})` five times in parallel: five
+/// children, each made from the definition (its body first in the system
+/// prompt, its tools only, its mode, its name as the label); `dsh agents
+/// list|show` say what was found and from where, and an unknown name is
+/// refused naming what exists.
+#[test]
+fn a_workflow_fans_out_to_a_named_agent_five_times() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::create_dir_all(dir.join(".dsh/agents")).unwrap();
+    std::fs::write(dir.join(".dsh/agents/reviewer.md"), REVIEWER).unwrap();
+    std::fs::write(
+        dir.join("five.js"),
+        "return await Promise.all([1, 2, 3, 4, 5].map(i => agent('Review file ' + i + '.', {agent: 'reviewer'})));\n",
+    )
+    .unwrap();
+    let run = dsh(&["workflow", "five.js", "--demo-model"], &dir);
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    let children: Vec<serde_json::Value> = headers(&dir)
+        .into_iter()
+        .filter(|h| h.get("parentSession").is_some())
+        .collect();
+    assert_eq!(children.len(), 5, "{err}");
+    for child in &children {
+        let id = child["id"].as_str().unwrap();
+        let log =
+            std::fs::read_to_string(dir.join("sessions").join(id).join("session.jsonl")).unwrap();
+        let events: Vec<serde_json::Value> = log
+            .lines()
+            .skip(1)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let of = |kind: &str| {
+            events
+                .iter()
+                .find(|e| e["type"] == kind)
+                .unwrap_or_else(|| panic!("{kind}: {log}"))
+        };
+        let header = &of("request/header")["data"]["header"];
+        let system = header["system"].as_str().unwrap();
+        assert!(
+            system.starts_with("You review one file and name its bugs.\n"),
+            "{system}"
+        );
+        let mut tools: Vec<&str> = header["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{header}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        tools.sort();
+        assert_eq!(tools, ["grep", "read"], "{header}");
+        assert_eq!(of("sandbox/mode")["data"]["mode"], "read-only");
+        assert_eq!(of("subagent/descriptor")["data"]["label"], "reviewer");
+    }
+    let agents = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dsh"))
+            .arg("agents")
+            .args(args)
+            .current_dir(&dir)
+            .bounded_output()
+            .expect("the dsh binary runs")
+    };
+    let list = agents(&["list"]);
+    let listed = text(&list.stdout);
+    assert!(list.status.success(), "{listed}");
+    assert!(
+        listed.starts_with("reviewer  Reviews one file for bugs."),
+        "{listed}"
+    );
+    assert!(listed.contains(".dsh/agents/reviewer.md (dsh)"), "{listed}");
+    let show = agents(&["show", "reviewer"]);
+    let shown = text(&show.stdout);
+    assert!(
+        shown.contains("tools: read, grep") && shown.contains("permission mode: read-only"),
+        "{shown}"
+    );
+    std::fs::write(
+        dir.join("bad.js"),
+        "return await agent('x', {agent: 'nobody'});\n",
+    )
+    .unwrap();
+    // `dsh run --agent`: the top-level agent is the definition too.
+    let before: Vec<String> = headers(&dir)
+        .iter()
+        .map(|h| h["id"].as_str().unwrap().to_owned())
+        .collect();
+    let ran = dsh(
+        &[
+            "run",
+            "--agent",
+            "reviewer",
+            "--demo-model",
+            "Review main.rs.",
+        ],
+        &dir,
+    );
+    assert!(ran.status.success(), "{}", text(&ran.stderr));
+    let top = headers(&dir)
+        .into_iter()
+        .find(|h| !before.contains(&h["id"].as_str().unwrap().to_owned()))
+        .unwrap();
+    let log = std::fs::read_to_string(
+        dir.join("sessions")
+            .join(top["id"].as_str().unwrap())
+            .join("session.jsonl"),
+    )
+    .unwrap();
+    assert!(
+        log.contains(r#""system":"You review one file and name its bugs.\n"#),
+        "{log}"
+    );
+    let nobody = dsh(&["run", "--agent", "nobody", "--demo-model", "x"], &dir);
+    assert_eq!(nobody.status.code(), Some(2));
+    assert!(text(&nobody.stderr).contains("no agent definition named `nobody`"));
+    let bad = dsh(&["workflow", "bad.js", "--demo-model"], &dir);
+    let said = text(&bad.stderr);
+    assert!(!bad.status.success(), "{said}");
+    assert!(
+        said.contains("no agent definition named `nobody` (found: reviewer)"),
+        "{said}"
+    );
+}

@@ -76,6 +76,10 @@ pub struct AgentSpec {
     /// The group it belongs to among its siblings (a workflow child's
     /// phase): the dashboard shows the children of one group together.
     pub group: Option<String>,
+    /// The named agent definition it was made from.
+    pub definition: Option<String>,
+    /// The reasoning effort its requests ask for (`None`: the route's).
+    pub reasoning_effort: Option<String>,
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -127,6 +131,8 @@ impl AgentSpec {
             permission: None,
             label: None,
             group: None,
+            definition: None,
+            reasoning_effort: None,
         }
     }
 }

@@ -132,7 +132,7 @@ async fn request(at: At<'_>, token: &CancellationToken) -> Result<LlmRequest, Ll
         tools: Arc::from([]),
         temperature: inner.spec.temperature,
         max_tokens: inner.spec.max_tokens,
-        options: Default::default(),
+        options: effort(inner.spec.reasoning_effort.as_deref()),
         session: Some(inner.id.clone()),
         purpose: None,
         notify: Some(retry_record(at.agent)),
@@ -434,4 +434,13 @@ fn retry_record(agent: &Agent) -> dsh_services::llm::Notify {
             );
         }
     })
+}
+
+/// A request's options asking for `effort` (none: the route's default).
+fn effort(effort: Option<&str>) -> serde_json::Map<String, serde_json::Value> {
+    let mut options = serde_json::Map::new();
+    if let Some(e) = effort {
+        options.insert("reasoning_effort".into(), e.into());
+    }
+    options
 }

@@ -65,6 +65,9 @@ fn named(summary: &mut serde_json::Value, spec: &super::AgentSpec) {
     if let Some(group) = &spec.group {
         summary["group"] = group.as_str().into();
     }
+    if let Some(definition) = &spec.definition {
+        summary["definition"] = definition.as_str().into();
+    }
 }
 
 /// Tells the tree the agent's summary changed (sent to the feed only while

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dsh_services::approval::{Approval, ApprovalPolicy};
-use dsh_services::llm::{ContentBlock, Message, MessageSource, ToolSchema};
+use dsh_services::llm::{ContentBlock, LlmRuntime, Message, MessageSource, ToolSchema};
 use dsh_services::persistence::{PERSISTENCE_SERVICE, SessionPersistence, StoreError};
 use dsh_services::session::{EventData, SessionError, SessionEvent, SessionHeader, TurnEndReason};
 use dsh_services::tools::{Restriction, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry};
@@ -197,6 +197,10 @@ pub enum SubagentError {
     /// A stored child could not be read back.
     #[error("the subagent's session could not be loaded")]
     Store(#[from] StoreError),
+    /// A named definition cannot apply (unknown, or naming a model the
+    /// runtime has no route for).
+    #[error("{0}")]
+    Definition(String),
     /// The caller is not the child's direct parent.
     #[error("agent {caller} is not the parent of subagent {child}")]
     Unauthorized {
@@ -223,6 +227,7 @@ impl SubagentError {
             | SubagentError::Fork(_)
             | SubagentError::Register(_) => "START_FAILED",
             SubagentError::Store(_) => "STORE",
+            SubagentError::Definition(_) => "BAD_DEFINITION",
             SubagentError::Unauthorized { .. } => "UNAUTHORIZED",
             SubagentError::NotFound(_) => "NOT_FOUND",
         }
@@ -257,6 +262,12 @@ pub struct StartRequest {
     /// A narrower policy than the parent's for the child (a wider one is
     /// narrowed to the parent's).
     pub permission: Option<dsh_services::sandbox::Policy>,
+    /// The named definition it was made from (see [`StartRequest::define`]).
+    pub definition: Option<String>,
+    /// The reasoning effort its requests ask for.
+    pub reasoning_effort: Option<String>,
+    /// Most model calls in one of its turns (at most the parent's).
+    pub max_steps: Option<u32>,
 }
 
 impl StartRequest {
@@ -275,8 +286,99 @@ impl StartRequest {
             persona: None,
             route: None,
             permission: None,
+            definition: None,
+            reasoning_effort: None,
+            max_steps: None,
         }
     }
+
+    /// Makes the child what `definition` says, never more than its parent
+    /// has: its body as the system prompt; its model (a configured route,
+    /// taking the route's first model id, or a model id on the parent's
+    /// route); its tools, the parent's that its names and globs match; its
+    /// permission mode, narrowed to the parent's at the start; its effort
+    /// and its step cap (at most the parent's). Turn, time and token
+    /// budgets are not enforced yet.
+    pub fn define(
+        &mut self,
+        definition: &dsh_services::definitions::Definition,
+    ) -> Result<(), SubagentError> {
+        let ctx = self
+            .parent
+            .context()
+            .map_err(|e| SubagentError::Start(chain(&e).to_string()))?;
+        let bad = |why: String| {
+            SubagentError::Definition(format!(
+                "agent definition `{}` ({}): {why}",
+                definition.name,
+                definition.path.display()
+            ))
+        };
+        if let Some(model) = &definition.model {
+            let llm = ctx
+                .get::<LlmRuntime>(LlmRuntime::SERVICE)
+                .ok_or_else(|| bad("no `llm` service to find its model on".into()))?;
+            self.route = Some(definition_route(&llm, &self.parent.spec().provider, model));
+        }
+        if let Some(patterns) = &definition.tools {
+            let registry = ctx
+                .get::<ToolRegistry>(ToolRegistry::SERVICE)
+                .ok_or_else(|| bad("no tool registry".into()))?;
+            // The parent's tools (its restriction applied) that it names.
+            let allow = definition_tools(&registry, ctx.scope_key(), patterns);
+            let deny = self
+                .tool_filter
+                .as_ref()
+                .map(|f| f.deny.clone())
+                .unwrap_or_default();
+            let allow = match self.tool_filter.as_ref().and_then(|f| f.allow.as_ref()) {
+                Some(earlier) => allow.into_iter().filter(|n| earlier.contains(n)).collect(),
+                None => allow,
+            };
+            self.tool_filter = Some(Restriction {
+                allow: Some(allow),
+                deny,
+            });
+        }
+        if let Some(mode) = definition.permission_mode {
+            let network = self.parent.policy().network;
+            self.permission = Some(dsh_services::sandbox::Policy { mode, network });
+        }
+        self.persona = Some(definition.prompt.clone());
+        self.reasoning_effort = definition.reasoning_effort.clone();
+        self.max_steps = definition.max_steps;
+        self.definition = Some(definition.name.clone());
+        if self.label.is_none() {
+            self.label = Some(definition.name.clone());
+        }
+        Ok(())
+    }
+}
+
+/// The route and model id a definition's `model` names: a configured
+/// route (with its first model id), else a model id on `fallback`'s route.
+pub fn definition_route(llm: &LlmRuntime, fallback: &str, model: &str) -> (String, String) {
+    if llm.providers().iter().any(|p| p == model) {
+        let id = llm.model_ids(model).into_iter().next();
+        (model.to_owned(), id.unwrap_or_else(|| "default".into()))
+    } else {
+        (fallback.to_owned(), model.to_owned())
+    }
+}
+
+/// The tools visible in `scope` (restrictions applied) that a definition's
+/// names and globs (`patterns`) match.
+pub fn definition_tools(
+    registry: &ToolRegistry,
+    scope: Option<&dsh_supervisors::ScopeKey>,
+    patterns: &[String],
+) -> Vec<String> {
+    registry
+        .visible(scope)
+        .iter()
+        .map(|t| t.schema.name.clone())
+        .filter(|n| dsh_services::definitions::tool_matches(patterns, n))
+        .collect()
 }
 
 /// Why a run ended (the turn-end vocabulary).
@@ -532,6 +634,8 @@ pub struct ChildEntry {
 #[derive(Default)]
 pub struct Subagents {
     providers: Mutex<Vec<Arc<dyn SubagentProvider>>>,
+    /// The named agent definitions children may be made from.
+    definitions: std::sync::RwLock<Arc<dsh_services::definitions::Definitions>>,
     resident: Mutex<BTreeMap<String, Resident>>,
     resuming: tokio::sync::Mutex<()>,
 }
@@ -543,6 +647,29 @@ pub const SETTLED_SOURCE: &str = "subagent-settled";
 impl Subagents {
     /// The capability name.
     pub const SERVICE: &'static str = "subagents";
+
+    /// Makes `definitions` the named agents children may be made from.
+    pub fn set_definitions(&self, definitions: dsh_services::definitions::Definitions) {
+        let mut held = self.definitions.write().unwrap_or_else(|p| p.into_inner());
+        *held = Arc::new(definitions);
+    }
+
+    /// The named agent definitions children may be made from.
+    pub fn definitions(&self) -> Arc<dsh_services::definitions::Definitions> {
+        self.definitions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `request` made from the definition named `name`.
+    pub fn define(&self, request: &mut StartRequest, name: &str) -> Result<(), SubagentError> {
+        let definitions = self.definitions();
+        let definition = definitions
+            .require(name)
+            .map_err(|e| SubagentError::Definition(chain(&e).to_string()))?;
+        request.define(definition)
+    }
 
     /// A registry holding `spawn` and `fork`.
     pub fn with_builtin() -> Subagents {
@@ -1076,7 +1203,14 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
         .or_else(|| p.system.clone());
     // The same workspace, the same project instructions and skills.
     spec.sections = p.sections.clone();
-    spec.max_steps = p.max_steps;
+    spec.max_steps = match request.and_then(|r| r.max_steps) {
+        Some(cap) => cap.min(p.max_steps),
+        None => p.max_steps,
+    };
+    spec.reasoning_effort = request
+        .and_then(|r| r.reasoning_effort.clone())
+        .or_else(|| p.reasoning_effort.clone());
+    spec.definition = request.and_then(|r| r.definition.clone());
     spec.max_parallel_tools = p.max_parallel_tools;
     spec.temperature = p.temperature;
     spec.max_tokens = p.max_tokens;

@@ -91,6 +91,11 @@ struct SubagentArgs {
     /// Defaults to false (wait for the result).
     #[serde(default)]
     run_in_background: Option<bool>,
+    /// A named agent to run the task (one of the "Named agents" your
+    /// instructions list, when they list any): its instructions, model and
+    /// tools.
+    #[serde(default)]
+    agent: Option<String>,
 }
 
 /// What a `send_message` call takes.
@@ -212,6 +217,9 @@ impl Tool for SubagentTool {
             request.persona = self.config.persona.clone();
             request.tool_filter = self.config.tool_filter.clone();
             request.route = self.config.route.clone();
+            if let Some(name) = &args.agent {
+                self.subagents.define(&mut request, name).map_err(refused)?;
+            }
             if background {
                 let id = self
                     .subagents

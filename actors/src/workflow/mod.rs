@@ -457,6 +457,8 @@ pub(crate) struct AgentOptions {
     pub label: Option<String>,
     pub phase: Option<String>,
     pub schema: Option<Value>,
+    /// A named agent definition the child is made from.
+    pub agent: Option<String>,
 }
 
 /// Runs the script to its first terminal outcome, then cleans up.
@@ -606,7 +608,17 @@ fn child(
             data,
         })
     };
+    let defined = match &options.agent {
+        Some(name) => subagents.define(&mut request, name),
+        None => Ok(()),
+    };
     Box::pin(async move {
+        if let Err(e) = defined {
+            return (
+                seq,
+                js::Answer::Fatal(format!("AGENT_START: {}", chain(&e))),
+            );
+        }
         let run = match subagents.start(&provider, request).await {
             Ok(run) => run,
             Err(e) => {
@@ -616,8 +628,11 @@ fn child(
                 );
             }
         };
-        let mut start =
-            json!({"seq": seq, "label": options.label, "phase": options.phase, "child": run.id()});
+        let mut start = json!({"seq": seq, "label": run.info().label, "phase": options.phase,
+            "child": run.id()});
+        if let Some(agent) = &options.agent {
+            start["agent"] = Value::String(agent.clone());
+        }
         if let Some(node) = &run.info().node {
             start["node"] = Value::String(node.clone());
         }

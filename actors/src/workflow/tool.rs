@@ -48,7 +48,7 @@ impl Tool for WorkflowTool {
             name: "workflow".into(),
             description: "Run a JavaScript orchestration script that starts subagents. The body \
                           may use top-level await and must end with `return <json value>`. \
-                          Globals: `args`; `agent(prompt, {label?, phase?, schema?})` returns a \
+                          Globals: `args`; `agent(prompt, {label?, phase?, schema?, agent?})` (`agent`: a named agent definition) returns a \
                           promise of the child's final text (or its structured value when a \
                           JSON object schema is given; null when the child failed); \
                           `phase(title)`; `log(message)`. Fan out with Promise.all; the \

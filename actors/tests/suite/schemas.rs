@@ -40,7 +40,13 @@ fn the_multi_agent_tools_send_the_schemas_they_always_did() {
             "type": "string",
             "description": "A short (3-5 word) description of the delegated task, for display."
         },
-        "prompt": {"type": "string", "description": "The complete task for the subagent."}
+        "prompt": {"type": "string", "description": "The complete task for the subagent."},
+        "agent": {
+            "type": "string",
+            "description": "A named agent to run the task (one of the \"Named agents\" your \
+                            instructions list, when they list any): its instructions, model and \
+                            tools."
+        }
     });
     let mut with_background = task.clone();
     with_background["run_in_background"] = json!({

@@ -555,3 +555,145 @@ async fn descendants_are_listed_in_pre_order_and_may_be_interrupted_from_above()
     parent.dispose().await;
     h.rt.shutdown().await;
 }
+
+/// Records what each request offered, and asks for `record` (a tool its
+/// definition leaves out) until it sees a tool result, which it repeats.
+#[derive(Default)]
+struct Defiant {
+    seen: Mutex<Vec<Asked>>,
+}
+
+/// What one request asked with: system text, tool names, model.
+type Asked = (Option<String>, Vec<String>, String);
+
+impl LlmAdapter for Defiant {
+    fn name(&self) -> &str {
+        "defiant"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        self.seen.lock().unwrap().push((
+            request.system.as_deref().map(str::to_owned),
+            request.tools.iter().map(|t| t.name.clone()).collect(),
+            request.model.clone(),
+        ));
+        let refused = request
+            .messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .find_map(|b| match b {
+                ContentBlock::ToolResult { content, .. } => Some(
+                    content
+                        .iter()
+                        .filter_map(|c| match c {
+                            ContentBlock::Text { text } => Some(text.clone()),
+                            _ => None,
+                        })
+                        .collect::<String>(),
+                ),
+                _ => None,
+            });
+        match refused {
+            Some(text) => answer(vec![ContentBlock::text(format!("told: {text}"))]),
+            None => answer(vec![ContentBlock::ToolCall {
+                id: "call_escape".into(),
+                name: "record".into(),
+                arguments: json!({"tag": "escaped"}).to_string(),
+            }]),
+        }
+    }
+}
+
+/// A definition named in a `subagent` call makes the child: its body is the
+/// system prompt, its model route is the one it names, its tools are only
+/// the parent's that its globs match (asking for another anyway is refused
+/// and runs nothing), its mode is narrowed; the tool's schema lists it; an
+/// unknown name is refused with what exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_definition_shapes_the_child_and_cannot_widen_its_tools() {
+    use dsh_services::definitions::{Definition, Definitions, Dialect};
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    let defiant = Arc::new(Defiant::default());
+    h.adapter("other", defiant.clone());
+    let reviewer = Definition {
+        name: "reviewer".into(),
+        description: "Reviews a change for bugs.".into(),
+        model: Some("other".into()),
+        reasoning_effort: Some("high".into()),
+        tools: Some(vec!["ech*".into()]),
+        permission_mode: Some(dsh_services::sandbox::PermissionMode::ReadOnly),
+        max_turns: None,
+        max_steps: Some(5),
+        timeout: None,
+        max_tokens: None,
+        prompt: "You review.".into(),
+        path: "/nowhere/reviewer.md".into(),
+        dialect: Dialect::Dsh,
+        warnings: Vec::new(),
+    };
+    let mut found = Definitions::default();
+    found.found.insert("reviewer".into(), reviewer);
+    s.set_definitions(found);
+    let schema = h
+        .tools
+        .schemas(None)
+        .into_iter()
+        .find(|t| t.name == "subagent")
+        .unwrap();
+    assert!(schema.parameters["properties"]["agent"].is_object());
+    // The names are told to the model in a prompt section.
+    let (_, _, listed) = dsh_services::definitions::section(&s.definitions()).unwrap();
+    assert!(
+        listed.contains("- `reviewer`: Reviews a change for bugs."),
+        "{listed}"
+    );
+    h.script(
+        "main",
+        vec![
+            calls(&[(
+                "subagent",
+                json!({"description": "review", "prompt": "Review main.rs", "agent": "reviewer"}),
+            )]),
+            calls(&[(
+                "subagent",
+                json!({"description": "nobody", "prompt": "x", "agent": "nobody"}),
+            )]),
+            text("parent done"),
+        ],
+    );
+    let parent = h.agent("main").await;
+    parent.run("go", Duration::from_secs(30)).await.unwrap();
+    // The escape ran nothing.
+    assert!(h.lines().is_empty(), "{:?}", h.lines());
+    let seen = defiant.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for (system, tools, model) in &seen {
+        assert_eq!(system.as_deref(), Some("You review."));
+        assert_eq!(tools, &["echo".to_owned()], "{tools:?}");
+        assert_eq!(model, "default");
+    }
+    let got = results(&parent);
+    assert_eq!(got.len(), 2, "{got:?}");
+    // The child was told the tool is not its own, and said so.
+    assert_eq!(got[0].1, None, "{got:?}");
+    assert!(
+        got[0].2.contains("told:") && got[0].2.contains("record"),
+        "{got:?}"
+    );
+    // An unknown name: refused, naming what exists.
+    assert_eq!(got[1].1.as_deref(), Some("BAD_DEFINITION"), "{got:?}");
+    assert!(got[1].2.contains("found: reviewer"), "{got:?}");
+    // The mode is the definition's, within the parent's.
+    let mut request = StartRequest::new(&parent, "again", CancellationToken::new());
+    s.define(&mut request, "reviewer").unwrap();
+    let run = s.start("spawn", request).await.unwrap();
+    assert_eq!(
+        run.agent().policy().mode,
+        dsh_services::sandbox::PermissionMode::ReadOnly
+    );
+    assert_eq!(run.agent().spec().max_steps, 5);
+    assert_eq!(run.agent().spec().definition.as_deref(), Some("reviewer"));
+    run.result().await;
+    run.dispose().await;
+    h.rt.shutdown().await;
+}
