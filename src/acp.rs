@@ -296,6 +296,9 @@ async fn read_until_closed(conn: &Arc<Connection>, tasks: &mut JoinSet<()>, max_
     }
 }
 
+/// Past this many bytes, a line's buffer is reserved up to the frame cap.
+const LONG_LINE: usize = 64 << 10;
+
 /// What [`next_frame`] read.
 #[derive(Debug, PartialEq)]
 enum Frame {
@@ -332,6 +335,13 @@ async fn next_frame<R: tokio::io::AsyncBufRead + Unpin>(
             *buf = Vec::new();
         }
         if !over {
+            // A long line gets one reservation up to the cap rather than a
+            // chain of doublings, each copy resident while the next is made
+            // (the pages are touched only as bytes arrive).
+            let need = buf.len() + chunk.len();
+            if need > buf.capacity() && need > LONG_LINE {
+                buf.reserve_exact(max - buf.len());
+            }
             buf.extend_from_slice(chunk);
         }
         let used = newline.map_or(available.len(), |i| i + 1);

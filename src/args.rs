@@ -367,6 +367,10 @@ pub struct AgentArgs {
     /// A plugin tree for the services and providers.
     #[command(flatten)]
     pub config: ConfigArgs,
+    /// How deep delegation may go: 1 lets the agent start children but
+    /// not grandchildren (default 3; 0 forbids delegation)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub max_depth: Option<u32>,
 }
 
 /// A plugin tree to boot the services and providers from.

@@ -179,8 +179,12 @@ async fn coordinate(
         .ok_or_else(|| Exit::failed("no tool registry"))?;
     let subagents = match root.get::<Subagents>(Subagents::SERVICE) {
         Some(s) => s,
-        None => install(&root, &tools, &MultiAgentConfig::default())
-            .map_err(|e| Exit::failed(chain(&e).to_string()))?,
+        None => {
+            let installed = install(&root, &tools, &MultiAgentConfig::default())
+                .map_err(|e| Exit::failed(chain(&e).to_string()))?;
+            crate::stage::depth(rt, agents);
+            installed
+        }
     };
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.name = Some(name.to_owned());
@@ -527,6 +531,9 @@ pub struct RalphArgs {
     /// Round cap (1..=256).
     #[arg(long, default_value_t = 20)]
     pub max_rounds: u32,
+    /// Every round's worker is this named agent definition (`dsh agents list`)
+    #[arg(long, value_name = "NAME")]
+    pub agent: Option<String>,
     /// Print the run's record (every node of its tree, its end and time)
     /// when it ends.
     #[arg(long)]
@@ -609,7 +616,21 @@ pub async fn ralph(opts: RalphArgs) -> Exit {
         let _ = finish(stage).await;
         return e;
     }
-    let exit = run_ralph(&stage, &objective, opts.max_rounds, resume, None).await;
+    if let Some(name) = &opts.agent
+        && let Err(e) = stage.subagents.definitions().require(name)
+    {
+        let _ = finish(stage).await;
+        return Exit::usage(crate::lines::inert_line(&e.to_string()));
+    }
+    let exit = run_ralph(
+        &stage,
+        &objective,
+        opts.max_rounds,
+        resume,
+        None,
+        opts.agent.as_deref(),
+    )
+    .await;
     if opts.tree {
         show_record(&stage.rt);
     }
@@ -630,6 +651,7 @@ async fn run_ralph(
     max_rounds: u32,
     resume: Option<ralph::Resume>,
     tree_at_round: Option<u32>,
+    agent: Option<&str>,
 ) -> Exit {
     let board = Arc::new(Board::new("ralph").rounds(max_rounds));
     let printer = TreePrint::new(stage, board.clone());
@@ -680,6 +702,7 @@ async fn run_ralph(
         request.provider = "remote".into();
     }
     request.max_rounds = Some(max_rounds);
+    request.agent = agent.map(str::to_owned);
     let cancel = request.cancel.clone();
     let run = ralph::run(&stage.subagents, request, resume);
     tokio::pin!(run);
@@ -771,6 +794,7 @@ pub async fn demo(opts: DemoArgs) -> Exit {
             ..PolicyArgs::default()
         },
         config: ConfigArgs::default(),
+        max_depth: None,
     };
     let stage = match stage(
         &agents,
@@ -817,6 +841,7 @@ pub async fn demo(opts: DemoArgs) -> Exit {
         3,
         None,
         Some(2),
+        None,
     )
     .await;
     if exit.code != 0 {

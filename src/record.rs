@@ -36,6 +36,10 @@ pub struct Entry {
     pub ms: u64,
     /// Tokens it spent, when its summary says.
     pub tokens: Option<u64>,
+    /// What people call it (a child's label), made inert.
+    pub label: Option<String>,
+    /// The named agent definition it was made from.
+    pub definition: Option<String>,
 }
 
 /// The record of a runtime's tree: every live node and every stopped one
@@ -63,6 +67,8 @@ pub fn of(rt: &Runtime, bound: usize) -> (Vec<Entry>, usize) {
             started_ms: n.started_ms,
             ms: n.stopped_ms.unwrap_or(now).saturating_sub(n.started_ms),
             tokens: n.summary["tokens"].as_u64().filter(|t| *t > 0),
+            label: n.summary["label"].as_str().map(inert_line),
+            definition: n.summary["definition"].as_str().map(inert_line),
         })
         .collect();
     (entries, total.saturating_sub(bound))
@@ -87,6 +93,12 @@ pub fn render(entries: &[Entry], more: usize) -> String {
     while let Some((e, depth)) = stack.pop() {
         out.push_str(&"  ".repeat(depth));
         out.push_str(&format!("{} [{}]", e.name, e.kind));
+        if let Some(label) = &e.label {
+            out.push_str(&format!(" «{label}»"));
+        }
+        if let Some(definition) = &e.definition {
+            out.push_str(&format!(" as {definition}"));
+        }
         out.push_str(&lines::place(e.node.as_deref()));
         out.push_str(&format!(
             " {} {}",
@@ -126,6 +138,8 @@ mod tests {
             started_ms: 0,
             ms,
             tokens: None,
+            label: None,
+            definition: None,
         }
     }
 

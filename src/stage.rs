@@ -88,6 +88,7 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
     if let Some(sandbox) = root.get::<Sandbox>(Sandbox::SERVICE) {
         sandbox.set(args.policy.sandbox_over(sandbox.settings())?);
     }
+    depth(rt, args);
     if purpose == Purpose::Serve {
         // Each request names its route (or takes the only one); the model
         // the command line chose is what a request naming none gets.
@@ -327,6 +328,17 @@ pub fn system_prompt(cwd: &std::path::Path, model: &str) -> String {
         "{identity}\n\n# Environment\nWorking directory (the workspace): {}\nModel: {model}\nPaths in tool arguments are relative to the workspace unless absolute.",
         cwd.display()
     )
+}
+
+/// Applies `--max-depth` to the runtime's `subagents` service, if any.
+pub fn depth(rt: &Runtime, args: &AgentArgs) {
+    if let (Some(max), Some(subagents)) = (
+        args.max_depth,
+        rt.root()
+            .get::<dsh_actors::subagent::Subagents>(dsh_actors::subagent::Subagents::SERVICE),
+    ) {
+        subagents.set_max_depth(max);
+    }
 }
 
 /// The named agent definitions for `cwd` (its project's nearest first,

@@ -48,10 +48,9 @@ pub fn install(
 ) -> Result<Arc<Subagents>, RegisterError> {
     let subagents = Arc::new(Subagents::with_builtin());
     ctx.provide(Subagents::SERVICE, subagents.clone())?;
-    let mut spawn = SubagentToolConfig::new("spawn", "subagent");
-    spawn.max_depth = config.max_depth;
+    subagents.set_max_depth(config.max_depth);
+    let spawn = SubagentToolConfig::new("spawn", "subagent");
     let mut fork = SubagentToolConfig::new("fork", "subagent_fork");
-    fork.max_depth = config.max_depth;
     fork.background = false;
     for c in [spawn, fork] {
         let name = c.tool_name.clone();

@@ -299,8 +299,10 @@ fn a_non_utf8_frame_and_a_huge_one_are_refused_and_the_connection_goes_on() {
             .contains("209715200 bytes"),
         "{e}"
     );
-    // At most the 16 MiB cap (and its buffer's growth) more than before.
+    // The 16 MiB cap, reserved once (about 18 MiB measured here), and room
+    // for what else the process does meanwhile: well under the line.
     let grew = peak_kib().saturating_sub(before);
+    eprintln!("acp: the peak grew {grew} KiB for a 200 MB line");
     assert!(
         grew < 48 * 1024,
         "the peak grew {grew} KiB for a 200 MB line"

@@ -877,3 +877,90 @@ fn a_workflow_fans_out_to_a_named_agent_five_times() {
         "{said}"
     );
 }
+
+/// `--max-depth 0`: the agent may not delegate at all; its `subagent` call
+/// is refused with the limit and the flag that sets it.
+#[test]
+fn max_depth_zero_refuses_any_child() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(
+        dir.join("s.json"),
+        r#"{"steps": [{"tool_calls": [{"name": "subagent", "arguments": {"description": "try", "prompt": "x"}}]}, {"text": "done"}]}"#,
+    )
+    .unwrap();
+    let run = dsh(
+        &["run", "--script", "s.json", "--max-depth", "0", "go"],
+        &dir,
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let id = headers(&dir)[0]["id"].as_str().unwrap().to_owned();
+    let log =
+        std::fs::read_to_string(dir.join("sessions").join(&id).join("session.jsonl")).unwrap();
+    assert!(log.contains("DEPTH_EXCEEDED"), "{log}");
+    assert!(
+        log.contains(
+            "delegation depth 1 exceeds the limit of 0 (the depth cap is set with `--max-depth N`)"
+        ),
+        "{log}"
+    );
+    let bad = dsh(
+        &["run", "--script", "s.json", "--max-depth", "99", "go"],
+        &dir,
+    );
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad.stderr));
+}
+
+/// `dsh ralph --agent reviewer`: each round's worker is the definition (its
+/// body first in its system prompt, its tools and the handoff's `report`
+/// only), still labelled by its round; an unknown name is refused first.
+#[test]
+fn a_ralph_loop_runs_its_rounds_as_a_named_agent() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::create_dir_all(dir.join(".dsh/agents")).unwrap();
+    std::fs::write(dir.join(".dsh/agents/reviewer.md"), REVIEWER).unwrap();
+    let run = dsh(
+        &[
+            "ralph",
+            "Write NOTES.md",
+            "--max-rounds",
+            "5",
+            "--agent",
+            "reviewer",
+            "--demo-model",
+            "--tree",
+        ],
+        &dir,
+    );
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    assert!(out.contains("round 3: complete"), "{out}");
+    // `--tree` names each worker's definition.
+    assert!(
+        format!("{out}{err}").contains("«ralph round 2» as reviewer"),
+        "{out}\n{err}"
+    );
+    let rounds: Vec<serde_json::Value> = headers(&dir)
+        .into_iter()
+        .filter(|h| h.get("parentSession").is_some())
+        .collect();
+    assert_eq!(rounds.len(), 3, "{err}");
+    for round in &rounds {
+        let log = std::fs::read_to_string(
+            dir.join("sessions")
+                .join(round["id"].as_str().unwrap())
+                .join("session.jsonl"),
+        )
+        .unwrap();
+        assert!(
+            log.contains(r#""system":"You review one file and name its bugs.\n"#),
+            "{log}"
+        );
+        assert!(log.contains(r#""label":"ralph round "#), "{log}");
+        assert!(!log.contains(r#""name":"bash""#), "{log}");
+    }
+    let bad = dsh(&["ralph", "x", "--agent", "nobody", "--demo-model"], &dir);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("no agent definition named `nobody` (found: reviewer)"));
+}

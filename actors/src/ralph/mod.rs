@@ -258,6 +258,8 @@ pub struct RalphRequest {
     pub route: Option<(String, String)>,
     /// Largest serialized handoff, characters.
     pub max_handoff_chars: usize,
+    /// The named agent definition every round's worker is made from.
+    pub agent: Option<String>,
 }
 
 impl RalphRequest {
@@ -271,6 +273,7 @@ impl RalphRequest {
             provider: "spawn".into(),
             route: None,
             max_handoff_chars: 16_384,
+            agent: None,
         }
     }
 }
@@ -469,6 +472,14 @@ async fn run_round(
     start.label = Some(format!("ralph round {round}"));
     start.output_schema = Some(handoff_schema());
     start.route = request.route.clone();
+    if let Some(name) = &request.agent
+        && let Err(e) = subagents.define(&mut start, name)
+    {
+        return Err(RalphOutcome::Failed {
+            round,
+            error: chain(&e).to_string(),
+        });
+    }
     let run = match subagents.start(&request.provider, start).await {
         Ok(run) => run,
         Err(_) if request.cancel.is_cancelled() => return Err(RalphOutcome::Cancelled { round }),

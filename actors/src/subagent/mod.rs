@@ -171,7 +171,9 @@ pub enum SubagentError {
         feature: &'static str,
     },
     /// The child would be deeper than allowed.
-    #[error("delegation depth {depth} exceeds the limit of {max}")]
+    #[error(
+        "delegation depth {depth} exceeds the limit of {max} (the depth cap is set with `--max-depth N`)"
+    )]
     DepthExceeded {
         /// The child's depth.
         depth: u32,
@@ -636,6 +638,8 @@ pub struct Subagents {
     providers: Mutex<Vec<Arc<dyn SubagentProvider>>>,
     /// The named agent definitions children may be made from.
     definitions: std::sync::RwLock<Arc<dsh_services::definitions::Definitions>>,
+    /// The depth cap of a start that names none (0: [`DEFAULT_MAX_DEPTH`]).
+    max_depth: std::sync::atomic::AtomicU32,
     resident: Mutex<BTreeMap<String, Resident>>,
     resuming: tokio::sync::Mutex<()>,
 }
@@ -647,6 +651,21 @@ pub const SETTLED_SOURCE: &str = "subagent-settled";
 impl Subagents {
     /// The capability name.
     pub const SERVICE: &'static str = "subagents";
+
+    /// Caps the depth of every child whose start names no cap of its own
+    /// (a workflow's, a loop's, a tool's that defers to it).
+    pub fn set_max_depth(&self, max: u32) {
+        self.max_depth
+            .store(max.saturating_add(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The depth cap of a start that names none.
+    pub fn max_depth(&self) -> u32 {
+        match self.max_depth.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => DEFAULT_MAX_DEPTH,
+            n => n - 1,
+        }
+    }
 
     /// Makes `definitions` the named agents children may be made from.
     pub fn set_definitions(&self, definitions: dsh_services::definitions::Definitions) {
@@ -744,8 +763,15 @@ impl Subagents {
             "provider": p.name(),
             "label": request.label,
         });
-        let (agent, node) =
-            Box::pin(compose(&*p, &request, descriptor, None, capture.clone())).await?;
+        let (agent, node) = Box::pin(compose(
+            &*p,
+            &request,
+            self.max_depth(),
+            descriptor,
+            None,
+            capture.clone(),
+        ))
+        .await?;
         let info = RunInfo {
             provider: p.name().to_owned(),
             child: agent.id().to_owned(),
@@ -800,7 +826,15 @@ impl Subagents {
             ));
         }
         let hook = settled_hook(&request.parent);
-        let (agent, _) = Box::pin(compose(&*p, &request, descriptor, Some(hook), None)).await?;
+        let (agent, _) = Box::pin(compose(
+            &*p,
+            &request,
+            self.max_depth(),
+            descriptor,
+            Some(hook),
+            None,
+        ))
+        .await?;
         if let Err(e) = self.admit(&agent, request.parent.id(), label) {
             agent.dispose().await;
             return Err(e);
@@ -1231,6 +1265,7 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
 async fn compose(
     provider: &dyn SubagentProvider,
     request: &StartRequest,
+    max_depth: u32,
     descriptor: Value,
     hook: Option<TurnHook>,
     capture: Option<Arc<Mutex<Option<Value>>>>,
@@ -1259,7 +1294,7 @@ async fn compose(
     }
     // Every start is capped, whoever asks (a tool, a workflow, a loop).
     let depth = request.parent.depth().saturating_add(1);
-    let max = request.max_depth.unwrap_or(DEFAULT_MAX_DEPTH);
+    let max = request.max_depth.unwrap_or(max_depth);
     if depth > max {
         return Err(SubagentError::DepthExceeded { depth, max });
     }

@@ -23,8 +23,9 @@ pub struct SubagentToolConfig {
     pub tool_name: String,
     /// Whether `run_in_background` is offered (continuable children).
     pub background: bool,
-    /// Absolute delegation-depth cap (default 3; 0 forbids delegation).
-    pub max_depth: u32,
+    /// Absolute delegation-depth cap (0 forbids delegation; `None`: the
+    /// `subagents` service's, 3 unless set).
+    pub max_depth: Option<u32>,
     /// Per-child persona.
     pub persona: Option<String>,
     /// Per-child tool filter.
@@ -42,7 +43,7 @@ impl SubagentToolConfig {
             provider: provider.into(),
             tool_name: tool_name.into(),
             background: true,
-            max_depth: 3,
+            max_depth: None,
             persona: None,
             tool_filter: None,
             route: None,
@@ -213,7 +214,7 @@ impl Tool for SubagentTool {
             }
             let mut request = StartRequest::new(&parent, prompt, cx.cancel.clone());
             request.label = Some(label.clone());
-            request.max_depth = self.depth_limit.then_some(self.config.max_depth);
+            request.max_depth = self.config.max_depth.filter(|_| self.depth_limit);
             request.persona = self.config.persona.clone();
             request.tool_filter = self.config.tool_filter.clone();
             request.route = self.config.route.clone();

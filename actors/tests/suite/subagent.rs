@@ -25,7 +25,7 @@ fn subagents(h: &Harness) -> Arc<Subagents> {
     let s = Arc::new(Subagents::with_builtin());
     root.provide(Subagents::SERVICE, s.clone()).unwrap();
     let mut config = SubagentToolConfig::new("spawn", "subagent");
-    config.max_depth = 8;
+    config.max_depth = Some(8);
     h.tools
         .register(
             &root,
@@ -695,5 +695,82 @@ async fn a_named_definition_shapes_the_child_and_cannot_widen_its_tools() {
     assert_eq!(run.agent().spec().definition.as_deref(), Some("reviewer"));
     run.result().await;
     run.dispose().await;
+    h.rt.shutdown().await;
+}
+
+/// `go K` delegates `go K+1` (until 9), then repeats what came back; a
+/// refusal comes back as its text.
+struct Deep;
+
+impl LlmAdapter for Deep {
+    fn name(&self) -> &str {
+        "deep"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let back = request
+            .messages
+            .iter()
+            .flat_map(|m| m.content.iter())
+            .find_map(|b| match b {
+                ContentBlock::ToolResult { content, .. } => Some(
+                    content
+                        .iter()
+                        .filter_map(|c| match c {
+                            ContentBlock::Text { text } => Some(text.clone()),
+                            _ => None,
+                        })
+                        .collect::<String>(),
+                ),
+                _ => None,
+            });
+        if let Some(text) = back {
+            return answer(vec![ContentBlock::text(text)]);
+        }
+        let k: u32 = prompt_of(&request)
+            .trim_start_matches("go ")
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        answer(vec![ContentBlock::ToolCall {
+            id: format!("call_go_{k}"),
+            name: "subagent".into(),
+            arguments: json!({"description": "deeper", "prompt": format!("go {}", k + 1)})
+                .to_string(),
+        }])
+    }
+}
+
+/// The depth cap set on the service (`--max-depth`) holds for every level:
+/// at 1 a child may not start a grandchild; at 4 the chain reaches depth 4
+/// and the fifth level is refused, naming the limit and how to raise it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_depth_cap_set_on_the_service_refuses_one_level_past_it() {
+    let h = Harness::new().await;
+    let root = h.rt.root();
+    let s = Arc::new(Subagents::with_builtin());
+    root.provide(Subagents::SERVICE, s.clone()).unwrap();
+    h.tools
+        .register(
+            &root,
+            Arc::new(
+                SubagentTool::new(s.clone(), SubagentToolConfig::new("spawn", "subagent")).unwrap(),
+            ),
+        )
+        .unwrap();
+    h.adapter("deep", Arc::new(Deep));
+    for (max, refused) in [(1, 2), (4, 5)] {
+        s.set_max_depth(max);
+        let top = h.agent("deep").await;
+        let summary = top.run("go 0", Duration::from_secs(30)).await.unwrap();
+        assert!(
+            summary.text.contains(&format!(
+                "delegation depth {refused} exceeds the limit of {max}"
+            )) && summary.text.contains("--max-depth"),
+            "{}",
+            summary.text
+        );
+        top.dispose().await;
+    }
+    assert_eq!(Subagents::with_builtin().max_depth(), 3);
     h.rt.shutdown().await;
 }
