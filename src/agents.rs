@@ -113,7 +113,6 @@ fn show(d: &Definition) {
         "max steps: {}",
         or(d.max_steps.map(|n| n.to_string()), "the parent's")
     );
-    // Read and shown; not enforced yet.
     for (what, value) in [
         ("max turns", d.max_turns.map(|n| n.to_string())),
         (
@@ -123,7 +122,7 @@ fn show(d: &Definition) {
         ("max tokens", d.max_tokens.map(|n| n.to_string())),
     ] {
         if let Some(v) = value {
-            crate::outln!("{what}: {v} (not enforced yet)");
+            crate::outln!("{what}: {v}");
         }
     }
     for w in &d.warnings {

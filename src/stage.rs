@@ -415,6 +415,18 @@ pub fn define(
     }
     spec.label = Some(definition.name.clone());
     spec.definition = Some(definition.name.clone());
+    if definition.max_turns.is_some()
+        || definition.max_tokens.is_some()
+        || definition.timeout.is_some()
+    {
+        spec.limits = Some(dsh_actors::agent::Limits::new(
+            format!("agent definition `{}`", definition.name),
+            None,
+            definition.max_turns,
+            definition.max_tokens,
+            definition.timeout,
+        ));
+    }
 }
 
 /// The workspace's system prompt sections for an agent in `cwd`: its

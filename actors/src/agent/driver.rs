@@ -158,6 +158,12 @@ pub(super) async fn run_turn(
             let error = Box::new(LlmFailure::new(code::STEP_LIMIT, why));
             break TurnEndReason::Error { error };
         }
+        let limits = agent.inner.spec.limits.as_ref();
+        if let Some(refused) = limits.and_then(|l| l.refusal(turn, steps == 0)) {
+            break TurnEndReason::Error {
+                error: Box::new(refused),
+            };
+        }
         steps += 1;
         let step = steps;
         let batch = match pre_step(agent, me, turn, step, &mut entering, &token).await {
@@ -169,7 +175,26 @@ pub(super) async fn run_turn(
             }
         };
         open_step(agent, me, turn, step, batch);
-        let end = run_step(agent, me, turn, step, &token).await;
+        let end = match limits.and_then(super::Limits::deadline) {
+            // A step still running at the deadline is stopped, and the turn
+            // ends for the time, not as cancelled.
+            Some(deadline) => {
+                let step_token = token.child_token();
+                let run = run_step(agent, me, turn, step, &step_token);
+                tokio::pin!(run);
+                tokio::select! {
+                    end = &mut run => end,
+                    () = tokio::time::sleep_until(deadline) => {
+                        step_token.cancel();
+                        run.await;
+                        log_append(agent, EventData::StepEnd { turn, step }, None);
+                        let error = limits.map(super::Limits::timed_out);
+                        break TurnEndReason::Error { error: Box::new(error.unwrap_or_else(|| LlmFailure::new(code::TIMEOUT, "the wall-time budget ran out"))) };
+                    }
+                }
+            }
+            None => run_step(agent, me, turn, step, &token).await,
+        };
         log_append(agent, EventData::StepEnd { turn, step }, None);
         match end {
             StepEnd::Answer {

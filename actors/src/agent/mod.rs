@@ -77,6 +77,7 @@ mod header;
 mod inbox;
 mod keeper;
 mod lifecycle;
+mod limits;
 mod prune;
 mod spec;
 mod step;
@@ -106,6 +107,7 @@ pub use events::{
     AgentCreated, AgentDisposed, AgentPreStep, AgentRequest, AgentTurnStopping, PreStepDecision,
 };
 pub use keeper::{Agents, Hibernation, KeeperUnanswered};
+pub use limits::Limits;
 pub use spec::{AgentSpec, TurnHook};
 
 /// A handle to an agent: it stays valid while the agent hibernates and

@@ -80,6 +80,9 @@ pub struct AgentSpec {
     pub definition: Option<String>,
     /// The reasoning effort its requests ask for (`None`: the route's).
     pub reasoning_effort: Option<String>,
+    /// What it may spend in all (turns, tokens, wall time), counted with
+    /// its ancestors' (see [`super::Limits`]).
+    pub limits: Option<super::Limits>,
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -133,6 +136,7 @@ impl AgentSpec {
             group: None,
             definition: None,
             reasoning_effort: None,
+            limits: None,
         }
     }
 }
@@ -175,4 +179,9 @@ pub(super) fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.flat_scope == b.flat_scope
         && same_arc(a.approval.as_ref(), b.approval.as_ref())
         && a.permission == b.permission
+        && a.label == b.label
+        && a.group == b.group
+        && a.definition == b.definition
+        && a.reasoning_effort == b.reasoning_effort
+        && a.limits == b.limits
 }

@@ -271,9 +271,11 @@ async fn stream(
         return Err(StepEnd::Failed(*failure));
     }
     if let Some(u) = assembler.usage() {
-        inner
-            .tokens
-            .fetch_add(u.input_tokens + u.output_tokens, Ordering::Relaxed);
+        let spent = u.input_tokens + u.output_tokens;
+        inner.tokens.fetch_add(spent, Ordering::Relaxed);
+        if let Some(limits) = &inner.spec.limits {
+            limits.charge(spent);
+        }
     }
     let source = MessageSource::model(&inner.spec.provider, &inner.spec.model);
     let message = match assembler.message(source) {

@@ -270,6 +270,12 @@ pub struct StartRequest {
     pub reasoning_effort: Option<String>,
     /// Most model calls in one of its turns (at most the parent's).
     pub max_steps: Option<u32>,
+    /// Most turns it may take.
+    pub max_turns: Option<u32>,
+    /// Most tokens it (and its own children) may spend.
+    pub max_tokens: Option<u64>,
+    /// Its wall-time budget, from its start.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl StartRequest {
@@ -291,6 +297,9 @@ impl StartRequest {
             definition: None,
             reasoning_effort: None,
             max_steps: None,
+            max_turns: None,
+            max_tokens: None,
+            timeout: None,
         }
     }
 
@@ -299,8 +308,8 @@ impl StartRequest {
     /// taking the route's first model id, or a model id on the parent's
     /// route); its tools, the parent's that its names and globs match; its
     /// permission mode, narrowed to the parent's at the start; its effort
-    /// and its step cap (at most the parent's). Turn, time and token
-    /// budgets are not enforced yet.
+    /// and its step cap (at most the parent's); its turn, token and
+    /// wall-time budgets, counted with its parent's.
     pub fn define(
         &mut self,
         definition: &dsh_services::definitions::Definition,
@@ -349,6 +358,9 @@ impl StartRequest {
         self.persona = Some(definition.prompt.clone());
         self.reasoning_effort = definition.reasoning_effort.clone();
         self.max_steps = definition.max_steps;
+        self.max_turns = definition.max_turns;
+        self.max_tokens = definition.max_tokens;
+        self.timeout = definition.timeout;
         self.definition = Some(definition.name.clone());
         if self.label.is_none() {
             self.label = Some(definition.name.clone());
@@ -1245,6 +1257,24 @@ fn child_spec(parent: &Agent, request: Option<&StartRequest>, depth: u32) -> Age
         .and_then(|r| r.reasoning_effort.clone())
         .or_else(|| p.reasoning_effort.clone());
     spec.definition = request.and_then(|r| r.definition.clone());
+    // Its own budgets, under its parent's (a child of a limited parent is
+    // counted there even with none of its own).
+    let own = request.map_or((None, None, None), |r| {
+        (r.max_turns, r.max_tokens, r.timeout)
+    });
+    if p.limits.is_some() || own != (None, None, None) {
+        let whose = match &spec.definition {
+            Some(d) => format!("agent definition `{d}`"),
+            None => "this subagent".to_owned(),
+        };
+        spec.limits = Some(crate::agent::Limits::new(
+            whose,
+            p.limits.as_ref(),
+            own.0,
+            own.1,
+            own.2,
+        ));
+    }
     spec.max_parallel_tools = p.max_parallel_tools;
     spec.temperature = p.temperature;
     spec.max_tokens = p.max_tokens;

@@ -774,3 +774,159 @@ async fn the_depth_cap_set_on_the_service_refuses_one_level_past_it() {
     assert_eq!(Subagents::with_builtin().max_depth(), 3);
     h.rt.shutdown().await;
 }
+
+/// Spends 20 tokens a call and never finishes: it calls `echo` again and
+/// again, or `hang` when its task says so.
+struct Spender;
+
+impl LlmAdapter for Spender {
+    fn name(&self) -> &str {
+        "spender"
+    }
+    fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+        let tool = if prompt_of(&request).contains("hang") {
+            ("hang", json!({}))
+        } else {
+            ("echo", json!({"i": 1}))
+        };
+        let blocks = [ContentBlock::ToolCall {
+            id: format!("call_{}", request.messages.len()),
+            name: tool.0.into(),
+            arguments: tool.1.to_string(),
+        }];
+        let usage = TokenUsage {
+            input_tokens: 15,
+            output_tokens: 5,
+            ..Default::default()
+        };
+        let chunks =
+            dsh_services::providers::scripted::chunks_for(&blocks, usage, FinishReason::ToolCalls);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+}
+
+fn limited(name: &str) -> dsh_services::definitions::Definition {
+    dsh_services::definitions::Definition {
+        name: name.into(),
+        description: "Spends.".into(),
+        model: None,
+        reasoning_effort: None,
+        tools: None,
+        permission_mode: None,
+        max_turns: None,
+        max_steps: None,
+        timeout: None,
+        max_tokens: None,
+        prompt: "Spend.".into(),
+        path: format!("/nowhere/{name}.md").into(),
+        dialect: dsh_services::definitions::Dialect::Dsh,
+        warnings: Vec::new(),
+    }
+}
+
+/// The error a child's run ended with, as its parent is told.
+async fn ended_with(s: &Subagents, parent: &Agent, task: &str, name: &str) -> String {
+    let mut request = StartRequest::new(parent, task, CancellationToken::new());
+    s.define(&mut request, name).unwrap();
+    let run = s.start("spawn", request).await.unwrap();
+    let result = run.result().await;
+    run.dispose().await;
+    assert_eq!(result.stop_reason, StopReason::Error, "{result:?}");
+    result.diagnostic.unwrap_or_default()
+}
+
+/// Each budget of a definition ends its child with its own code, told to
+/// the parent: tokens (`BUDGET_EXHAUSTED`, checked before every step),
+/// wall time (`TIMEOUT`, a step running past it stopped), turns
+/// (`BUDGET_EXHAUSTED` on the turn past the cap); and children running in
+/// parallel draw on their parent's one counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_budget_ends_a_child_with_its_code_and_parallel_children_share_the_parents() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    h.adapter("spender", Arc::new(Spender));
+    let mut tokens = limited("tokens");
+    tokens.max_tokens = Some(30);
+    let mut slow = limited("slow");
+    slow.timeout = Some(Duration::from_millis(300));
+    let mut found = dsh_services::definitions::Definitions::default();
+    found.found.insert("tokens".into(), tokens);
+    found.found.insert("slow".into(), slow);
+    s.set_definitions(found);
+    let parent = h.agent("spender").await;
+
+    // 20 tokens a step: the third step is refused (40 of 30).
+    let said = ended_with(&s, &parent, "spend", "tokens").await;
+    assert!(
+        said.starts_with("BUDGET_EXHAUSTED: the token budget of agent definition `tokens` is spent: 40 of 30 tokens"),
+        "{said}"
+    );
+    // A tool that never returns: stopped at 300 ms.
+    let said = ended_with(&s, &parent, "hang", "slow").await;
+    assert!(
+        said.starts_with(
+            "TIMEOUT: the wall-time budget of agent definition `slow` ran out (0.3 s)"
+        ),
+        "{said}"
+    );
+
+    // Turns: the second turn of an agent allowed one is refused before it
+    // takes a step, and its log says so.
+    let mut spec = AgentSpec::new("spender", "m", std::env::temp_dir());
+    spec.max_steps = 1;
+    spec.limits = Some(dsh_actors::agent::Limits::new(
+        "the one-turn agent",
+        None,
+        Some(1),
+        None,
+        None,
+    ));
+    let once = Agent::create(&h.rt.root(), spec).await.unwrap();
+    let first = once.run("spend", Duration::from_secs(20)).await.unwrap();
+    assert!(
+        matches!(&first.reason, TurnEndReason::Error { error } if error.code == "STEP_LIMIT"),
+        "{first:?}"
+    );
+    let second = once.run("spend", Duration::from_secs(20)).await.unwrap();
+    match &second.reason {
+        TurnEndReason::Error { error } => {
+            assert_eq!(error.code, "BUDGET_EXHAUSTED");
+            assert_eq!(
+                error.message,
+                "the one-turn agent may take 1 turn; this is turn 2"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(second.steps, 0);
+    once.dispose().await;
+
+    // A parent with 50 tokens: two children spending in parallel stop on
+    // its one counter, whoever spent them.
+    let mut spec = AgentSpec::new("spender", "m", std::env::temp_dir());
+    let shared = dsh_actors::agent::Limits::new("the coordinator", None, None, Some(50), None);
+    spec.limits = Some(shared.clone());
+    let coordinator = Agent::create(&h.rt.root(), spec).await.unwrap();
+    let runs = futures::future::join_all((0..2).map(|_| {
+        let request = StartRequest::new(&coordinator, "spend", CancellationToken::new());
+        s.start("spawn", request)
+    }))
+    .await;
+    let mut said = Vec::new();
+    for run in runs {
+        let run = run.unwrap();
+        let result = run.result().await;
+        run.dispose().await;
+        said.push(result.diagnostic.unwrap_or_default());
+    }
+    for d in &said {
+        assert!(
+            d.starts_with("BUDGET_EXHAUSTED: the token budget of the coordinator is spent"),
+            "{said:?}"
+        );
+    }
+    // At most one step more per child past the cap.
+    assert!((50..=90).contains(&shared.spent()), "{}", shared.spent());
+    coordinator.dispose().await;
+    h.rt.shutdown().await;
+}

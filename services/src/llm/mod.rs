@@ -506,6 +506,9 @@ pub mod code {
     pub const REPLAY_EXHAUSTED: &str = "REPLAY_EXHAUSTED";
     /// The turn used every step it may take (`AgentSpec::max_steps`). Fatal.
     pub const STEP_LIMIT: &str = "STEP_LIMIT";
+    /// The agent (or an ancestor) spent its token budget, or took every
+    /// turn it may take. Fatal.
+    pub const BUDGET_EXHAUSTED: &str = "BUDGET_EXHAUSTED";
     /// The system prompt could not be assembled. Fatal.
     pub const SYSTEM_PROMPT: &str = "SYSTEM_PROMPT";
 
