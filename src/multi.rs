@@ -260,6 +260,12 @@ pub struct WorkflowArgs {
     /// The meta block, as JSON (default: named after the file).
     #[arg(long)]
     pub meta: Option<String>,
+    /// Children running at once; later `agent()` calls wait their turn
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub max_parallel: u16,
+    /// Most `agent()` calls the script may make
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_agents: u32,
     /// Print the live actor tree once the first child is in flight, and
     /// the run's record (every node, its end and time) when it ends.
     #[arg(long)]
@@ -347,7 +353,17 @@ pub async fn workflow(opts: WorkflowArgs) -> Exit {
         let _ = finish(stage).await;
         return e;
     }
-    let exit = match run_workflow(&stage, script, meta, args, opts.tree, 0).await {
+    let exit = match run_workflow(
+        &stage,
+        script,
+        meta,
+        args,
+        opts.tree,
+        0,
+        (Some(usize::from(opts.max_parallel)), Some(opts.max_agents)),
+    )
+    .await
+    {
         Ok(ran) => {
             crate::outln!(
                 "{}",
@@ -410,6 +426,7 @@ async fn run_workflow(
     args: Value,
     tree: bool,
     tree_at: u32,
+    limits: (Option<usize>, Option<u32>),
 ) -> exit::Result<Ran> {
     let root = stage.rt.root();
     let Some(engine) = root.get::<WorkflowEngine>(WorkflowEngine::SERVICE) else {
@@ -457,6 +474,7 @@ async fn run_workflow(
     });
     let mut request = WorkflowRequest::new(&stage.coordinator, script, meta);
     request.args = args;
+    (request.max_concurrency, request.max_total_agents) = limits;
     if stage.cluster.is_some() {
         request.provider = Some("remote".into());
     }
@@ -816,7 +834,17 @@ pub async fn demo(opts: DemoArgs) -> Exit {
     let meta = json!({"name": "demo-fan-out", "description": "three subagents in parallel"});
     let args = json!({"topics": ["actors", "supervision", "teardown"]});
     let mut code = 0;
-    match run_workflow(&stage, DEMO_SCRIPT.into(), meta, args, true, 3).await {
+    match run_workflow(
+        &stage,
+        DEMO_SCRIPT.into(),
+        meta,
+        args,
+        true,
+        3,
+        (None, None),
+    )
+    .await
+    {
         Ok(ran) => {
             crate::outln!("   workflow result ({} subagents):", ran.started);
             crate::outln!(

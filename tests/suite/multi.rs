@@ -964,3 +964,133 @@ fn a_ralph_loop_runs_its_rounds_as_a_named_agent() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad.stderr).contains("no agent definition named `nobody` (found: reviewer)"));
 }
+
+/// The events of session `id` in the store under `dir`.
+fn events_of(dir: &Path, id: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("sessions").join(id).join("session.jsonl"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The fan-out limits as flags: `--max-parallel 1` runs the children one
+/// after another; `--max-agents 2` stops a script's third `agent()` call,
+/// naming the limit and the flag.
+#[test]
+fn the_fan_out_limits_are_flags() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(
+        dir.join("five.js"),
+        "return await Promise.all([1, 2, 3, 4, 5].map(i => agent('Write line ' + i + '.')));\n",
+    )
+    .unwrap();
+    let run = dsh(
+        &["workflow", "five.js", "--demo-model", "--max-parallel", "1"],
+        &dir,
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let mut spans: Vec<(u64, u64)> = headers(&dir)
+        .into_iter()
+        .filter(|h| h.get("parentSession").is_some())
+        .map(|h| {
+            let events = events_of(&dir, h["id"].as_str().unwrap());
+            let time = |kind: &str| {
+                events
+                    .iter()
+                    .find(|e| e["type"] == kind)
+                    .and_then(|e| e["time"].as_u64())
+                    .unwrap()
+            };
+            (time("turn/start"), time("turn/end"))
+        })
+        .collect();
+    assert_eq!(spans.len(), 5);
+    spans.sort();
+    for pair in spans.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "overlapping children: {spans:?}");
+    }
+    let capped = dsh(
+        &["workflow", "five.js", "--demo-model", "--max-agents", "2"],
+        &dir,
+    );
+    let said = text(&capped.stderr);
+    assert!(!capped.status.success(), "{said}");
+    assert!(
+        said.contains("AGENT_CAP: the workflow may start at most 2 agents (`dsh workflow --max-agents N` sets it"),
+        "{said}"
+    );
+    let wide = dsh(
+        &["workflow", "five.js", "--demo-model", "--max-parallel", "0"],
+        &dir,
+    );
+    assert_eq!(wide.status.code(), Some(2));
+}
+
+/// A definition naming a route sends its children's calls there: two
+/// scripted routes, the coordinator on `a`, the reviewer on `b`.
+#[test]
+fn a_definition_s_model_route_reaches_that_endpoint() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(dir.join("a.json"), r#"{"steps": [{"text": "from a"}]}"#).unwrap();
+    std::fs::write(
+        dir.join("b.json"),
+        r#"{"steps": [{"text": "from b"}, {"text": "from b again"}]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("two.yml"),
+        format!(
+            "plugins:\n  - {{ id: services, name: agent-services }}\n  \
+             - {{ id: a, name: scripted, config: {{ provider: a, script: {a} }} }}\n  \
+             - {{ id: b, name: scripted, config: {{ provider: b, script: {b} }} }}\n",
+            a = dir.join("a.json").display(),
+            b = dir.join("b.json").display()
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join(".dsh/agents")).unwrap();
+    std::fs::write(
+        dir.join(".dsh/agents/reviewer.md"),
+        "---\nname: reviewer\ndescription: Reviews.\nmodel: b\n---\nYou review.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("two.js"),
+        "return await Promise.all([1, 2].map(i => agent('Review ' + i, {agent: 'reviewer'})));\n",
+    )
+    .unwrap();
+    let run = dsh(
+        &[
+            "workflow",
+            "two.js",
+            "--config",
+            "two.yml",
+            "--provider",
+            "a",
+        ],
+        &dir,
+    );
+    let (out, err) = (text(&run.stdout), text(&run.stderr));
+    assert!(run.status.success(), "{out}\n{err}");
+    assert!(
+        out.contains("from b") && out.contains("from b again"),
+        "{out}"
+    );
+    let children: Vec<serde_json::Value> = headers(&dir)
+        .into_iter()
+        .filter(|h| h.get("parentSession").is_some())
+        .collect();
+    assert_eq!(children.len(), 2);
+    for child in children {
+        let events = events_of(&dir, child["id"].as_str().unwrap());
+        let context = events
+            .iter()
+            .find(|e| e["type"] == "request/context")
+            .unwrap();
+        assert_eq!(context["data"]["provider"], "b", "{context}");
+    }
+}

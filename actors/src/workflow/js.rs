@@ -460,7 +460,7 @@ fn agent_call<'js>(
             ctx,
             state,
             format!(
-                "AGENT_CAP: the workflow may start at most {} agents",
+                "AGENT_CAP: the workflow may start at most {} agents (`dsh workflow --max-agents N` sets it, up to 256)",
                 state.max_agents
             ),
         ));

@@ -177,6 +177,8 @@ pub struct WorkflowRequest {
     pub provider: Option<String>,
     /// Lowers the engine's `max_total_agents` for this run.
     pub max_total_agents: Option<u32>,
+    /// Children running at once for this run (the engine's when `None`).
+    pub max_concurrency: Option<usize>,
     /// Model route and id of the children (the parent's when `None`).
     pub route: Option<(String, String)>,
     /// A time limit lower than the engine's.
@@ -194,6 +196,7 @@ impl WorkflowRequest {
             cancel: CancellationToken::new(),
             provider: None,
             max_total_agents: None,
+            max_concurrency: None,
             route: None,
             time: None,
         }
@@ -285,7 +288,10 @@ impl WorkflowEngine {
             max_agents,
             memory: self.limits.memory_bytes,
             time,
-            concurrency: self.limits.max_concurrency.max(1),
+            concurrency: request
+                .max_concurrency
+                .unwrap_or(self.limits.max_concurrency)
+                .max(1),
             cancel: cancel.clone(),
             reply: Some(tx),
         };
