@@ -1094,3 +1094,54 @@ fn a_definition_s_model_route_reaches_that_endpoint() {
         assert_eq!(context["data"]["provider"], "b", "{context}");
     }
 }
+
+/// A hostile definition beside a good one: refused with its file and field
+/// on stderr and in `dsh agents list`, and the run goes on with the rest.
+#[test]
+fn a_hostile_definition_is_refused_and_the_run_goes_on() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    let agents = dir.join(".dsh/agents");
+    std::fs::create_dir_all(&agents).unwrap();
+    std::fs::write(agents.join("reviewer.md"), REVIEWER).unwrap();
+    std::fs::write(
+        agents.join("evil.md"),
+        "---\nname: evil\ndescription: x\nmodel: \"http://127.0.0.1:9/v1\"\n---\nx\n",
+    )
+    .unwrap();
+    std::fs::write(agents.join("huge.md"), "x".repeat(1 << 20)).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", agents.join("link.md")).unwrap();
+    std::fs::write(
+        dir.join("one.js"),
+        "return await agent('Review a.rs', {agent: 'reviewer'});\n",
+    )
+    .unwrap();
+    let run = dsh(&["workflow", "one.js", "--demo-model"], &dir);
+    let err = text(&run.stderr);
+    assert!(run.status.success(), "{err}");
+    for said in [
+        "evil.md: `model`: `http://127.0.0.1:9/v1` is not a route or a model id",
+        "huge.md: 1048576 bytes; a definition is at most 65536",
+        "link.md: a symbolic link; not followed",
+    ] {
+        assert!(
+            err.contains(&format!(
+                "dsh: agent definition refused: {}",
+                agents.join(said.split(':').next().unwrap()).display()
+            )),
+            "{said}: {err}"
+        );
+        assert!(
+            err.contains(said.split_once(": ").unwrap().1),
+            "{said}: {err}"
+        );
+    }
+    let list = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .args(["agents", "list"])
+        .current_dir(&dir)
+        .bounded_output()
+        .unwrap();
+    let listed = text(&list.stdout);
+    assert!(listed.starts_with("reviewer  "), "{listed}");
+    assert_eq!(listed.matches("refused: ").count(), 3, "{listed}");
+}
