@@ -62,6 +62,35 @@ pub struct Definition {
     pub warnings: Vec<String>,
 }
 
+impl Definition {
+    /// A definition named `name` with nothing set but its `description`,
+    /// its system `prompt`, and where it came from.
+    pub fn new(
+        name: &str,
+        description: &str,
+        prompt: &str,
+        path: &Path,
+        dialect: Dialect,
+    ) -> Definition {
+        Definition {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            model: None,
+            reasoning_effort: None,
+            tools: None,
+            permission_mode: None,
+            max_turns: None,
+            max_steps: None,
+            timeout: None,
+            max_tokens: None,
+            prompt: prompt.to_owned(),
+            path: path.to_path_buf(),
+            dialect,
+            warnings: Vec::new(),
+        }
+    }
+}
+
 /// The format of a definition file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dialect {
@@ -241,22 +270,7 @@ pub fn load(path: &Path, dialect: Dialect) -> Result<Definition, DefinitionError
         .ok_or_else(|| DefinitionError::new(path, "no YAML front matter (a `---` block first)"))?;
     let raw: BTreeMap<String, serde_json::Value> = serde_saphyr::from_str(front)
         .map_err(|e| DefinitionError::new(path, format!("front matter: {e}")))?;
-    let mut d = Definition {
-        name: String::new(),
-        description: String::new(),
-        model: None,
-        reasoning_effort: None,
-        tools: None,
-        permission_mode: None,
-        max_turns: None,
-        max_steps: None,
-        timeout: None,
-        max_tokens: None,
-        prompt: body.trim().to_owned(),
-        path: path.to_path_buf(),
-        dialect,
-        warnings: Vec::new(),
-    };
+    let mut d = Definition::new("", "", body.trim(), path, dialect);
     let bad = |field: &str, what: &str| DefinitionError::new(path, format!("`{field}`: {what}"));
     for (field, value) in &raw {
         match field.as_str() {

@@ -556,6 +556,26 @@ async fn descendants_are_listed_in_pre_order_and_may_be_interrupted_from_above()
     h.rt.shutdown().await;
 }
 
+/// The text of the first tool result a request carries.
+fn first_result(request: &LlmRequest) -> Option<String> {
+    request
+        .messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .find_map(|b| match b {
+            ContentBlock::ToolResult { content, .. } => Some(
+                content
+                    .iter()
+                    .filter_map(|c| match c {
+                        ContentBlock::Text { text } => Some(text.clone()),
+                        _ => None,
+                    })
+                    .collect::<String>(),
+            ),
+            _ => None,
+        })
+}
+
 /// Records what each request offered, and asks for `record` (a tool its
 /// definition leaves out) until it sees a tool result, which it repeats.
 #[derive(Default)]
@@ -576,22 +596,7 @@ impl LlmAdapter for Defiant {
             request.tools.iter().map(|t| t.name.clone()).collect(),
             request.model.clone(),
         ));
-        let refused = request
-            .messages
-            .iter()
-            .flat_map(|m| m.content.iter())
-            .find_map(|b| match b {
-                ContentBlock::ToolResult { content, .. } => Some(
-                    content
-                        .iter()
-                        .filter_map(|c| match c {
-                            ContentBlock::Text { text } => Some(text.clone()),
-                            _ => None,
-                        })
-                        .collect::<String>(),
-                ),
-                _ => None,
-            });
+        let refused = first_result(&request);
         match refused {
             Some(text) => answer(vec![ContentBlock::text(format!("told: {text}"))]),
             None => answer(vec![ContentBlock::ToolCall {
@@ -615,22 +620,18 @@ async fn a_named_definition_shapes_the_child_and_cannot_widen_its_tools() {
     let s = subagents(&h);
     let defiant = Arc::new(Defiant::default());
     h.adapter("other", defiant.clone());
-    let reviewer = Definition {
-        name: "reviewer".into(),
-        description: "Reviews a change for bugs.".into(),
-        model: Some("other".into()),
-        reasoning_effort: Some("high".into()),
-        tools: Some(vec!["ech*".into()]),
-        permission_mode: Some(dsh_services::sandbox::PermissionMode::ReadOnly),
-        max_turns: None,
-        max_steps: Some(5),
-        timeout: None,
-        max_tokens: None,
-        prompt: "You review.".into(),
-        path: "/nowhere/reviewer.md".into(),
-        dialect: Dialect::Dsh,
-        warnings: Vec::new(),
-    };
+    let mut reviewer = Definition::new(
+        "reviewer",
+        "Reviews a change for bugs.",
+        "You review.",
+        std::path::Path::new("/nowhere/reviewer.md"),
+        Dialect::Dsh,
+    );
+    reviewer.model = Some("other".into());
+    reviewer.reasoning_effort = Some("high".into());
+    reviewer.tools = Some(vec!["ech*".into()]);
+    reviewer.permission_mode = Some(dsh_services::sandbox::PermissionMode::ReadOnly);
+    reviewer.max_steps = Some(5);
     let mut found = Definitions::default();
     found.found.insert("reviewer".into(), reviewer);
     s.set_definitions(found);
@@ -707,22 +708,7 @@ impl LlmAdapter for Deep {
         "deep"
     }
     fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
-        let back = request
-            .messages
-            .iter()
-            .flat_map(|m| m.content.iter())
-            .find_map(|b| match b {
-                ContentBlock::ToolResult { content, .. } => Some(
-                    content
-                        .iter()
-                        .filter_map(|c| match c {
-                            ContentBlock::Text { text } => Some(text.clone()),
-                            _ => None,
-                        })
-                        .collect::<String>(),
-                ),
-                _ => None,
-            });
+        let back = first_result(&request);
         if let Some(text) = back {
             return answer(vec![ContentBlock::text(text)]);
         }
@@ -806,22 +792,13 @@ impl LlmAdapter for Spender {
 }
 
 fn limited(name: &str) -> dsh_services::definitions::Definition {
-    dsh_services::definitions::Definition {
-        name: name.into(),
-        description: "Spends.".into(),
-        model: None,
-        reasoning_effort: None,
-        tools: None,
-        permission_mode: None,
-        max_turns: None,
-        max_steps: None,
-        timeout: None,
-        max_tokens: None,
-        prompt: "Spend.".into(),
-        path: format!("/nowhere/{name}.md").into(),
-        dialect: dsh_services::definitions::Dialect::Dsh,
-        warnings: Vec::new(),
-    }
+    dsh_services::definitions::Definition::new(
+        name,
+        "Spends.",
+        "Spend.",
+        std::path::Path::new("/nowhere/limited.md"),
+        dsh_services::definitions::Dialect::Dsh,
+    )
 }
 
 /// The error a child's run ended with, as its parent is told.
