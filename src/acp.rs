@@ -62,6 +62,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::{AgentArgs, StoreArgs};
 use crate::exit::{self, Exit};
+use crate::lines::inert_line;
 use crate::stage::{Purpose, Route};
 
 /// `dsh acp`: the options.
@@ -362,7 +363,11 @@ struct Session {
     agent: Agent,
     /// The session's MCP servers (their status leaves with the session).
     _mcp: Vec<McpServer>,
+    /// What started them (a new mode starts them again for its agent).
+    servers: Vec<ServerSpec>,
     cwd: PathBuf,
+    /// Its mode: `default`, or the named agent definition it runs as.
+    mode: String,
     /// A prompt is in flight.
     busy: AtomicBool,
     /// `session/cancel` arrived for the prompt in flight.
@@ -472,6 +477,7 @@ impl Connection {
             }
             "session/new" => self.new_session(params).await,
             "session/load" => self.load_session(params).await,
+            "session/set_mode" => self.set_mode(params).await,
             "session/prompt" => match self.admit(params).await {
                 Ok((session, message)) => {
                     let conn = self.clone();
@@ -563,12 +569,85 @@ impl Connection {
         let id = uuid::Uuid::new_v4().to_string();
         let mut spec = self.spec(&cwd).await;
         spec.id = Some(id.clone());
+        let modes = modes(&cwd, DEFAULT_MODE).await;
         let mcp = self.open(&id, spec, cwd, servers).await?;
         let mut answer = json!({"sessionId": id});
+        if let Some(modes) = modes {
+            answer["modes"] = modes;
+        }
         if let Some(meta) = mcp {
             answer["_meta"] = meta;
         }
         Ok(answer)
+    }
+
+    /// `session/set_mode`: between prompts, the session goes on as the
+    /// named agent definition the mode is (or as itself, `default`): its
+    /// agent is flushed and replaced by one made from the definition on the
+    /// same log, its MCP servers started again for it.
+    async fn set_mode(self: &Arc<Self>, params: Value) -> Result<Value, RpcError> {
+        let request: acp::SetSessionModeRequest = serde_json::from_value(params)
+            .map_err(|e| RpcError::params(format!("session/set_mode: {}", chain(&e))))?;
+        let id = request.session_id.to_string();
+        let mode = request.mode_id.to_string();
+        let Some(store) = self.store.clone().filter(|_| self.loads()) else {
+            return Err(RpcError(
+                METHOD_NOT_FOUND,
+                "session/set_mode: this server keeps no sessions it can continue in another mode"
+                    .into(),
+            ));
+        };
+        let session = lock(&self.sessions).get(&id).cloned().ok_or_else(|| {
+            RpcError::params(format!(
+                "session/set_mode: no session `{id}` on this connection"
+            ))
+        })?;
+        if session.busy.load(Ordering::Acquire) {
+            return Err(RpcError::params(
+                "session/set_mode: a prompt is running; set the mode when it has ended",
+            ));
+        }
+        let definitions = definitions_of(&session.cwd).await;
+        let definition = match mode.as_str() {
+            DEFAULT_MODE => None,
+            name => Some(definitions.require(name).cloned().map_err(|e| {
+                RpcError::params(format!("session/set_mode: {}", inert_line(&e.to_string())))
+            })?),
+        };
+        if mode == session.mode {
+            return Ok(json!({}));
+        }
+        // The old agent's log is whole in the store before the new one reads it.
+        lock(&self.sessions).remove(&id);
+        let flushed = session.agent.session().flush().await;
+        session.agent.dispose().await;
+        if let Err(e) = flushed {
+            return Err(RpcError(
+                INTERNAL_ERROR,
+                format!(
+                    "session/set_mode: the session log was not written: {}",
+                    chain(&e)
+                ),
+            ));
+        }
+        let loaded = store
+            .load(&id)
+            .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/set_mode: {}", chain(&e))))?;
+        let mut spec = self.spec(&session.cwd).await;
+        if let Some(d) = &definition {
+            crate::stage::define(&self.root, &mut spec, d);
+        }
+        spec.durable = Some(loaded.durable);
+        spec.seed = Some(Box::new((loaded.header, loaded.events)));
+        self.open(&id, spec, session.cwd.clone(), session.servers.clone())
+            .await?;
+        self.send(
+            json!({"jsonrpc": "2.0", "method": "session/update", "params": {
+                "sessionId": id,
+                "update": {"sessionUpdate": "current_mode_update", "currentModeId": mode},
+            }}),
+        );
+        Ok(json!({}))
     }
 
     /// Whether `session/load` works here: sessions are kept, and they run
@@ -623,11 +702,16 @@ impl Connection {
         let mut spec = self.spec(&cwd).await;
         spec.durable = Some(loaded.durable);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));
+        let modes = modes(&cwd, DEFAULT_MODE).await;
         let mcp = self.open(&id, spec, cwd, servers).await?;
-        Ok(match mcp {
-            Some(meta) => json!({"_meta": meta}),
-            None => json!({}),
-        })
+        let mut answer = json!({});
+        if let Some(modes) = modes {
+            answer["modes"] = modes;
+        }
+        if let Some(meta) = mcp {
+            answer["_meta"] = meta;
+        }
+        Ok(answer)
     }
 
     /// The client's view of one stored event: the user's words and the
@@ -683,6 +767,11 @@ impl Connection {
         cwd: PathBuf,
         servers: Vec<ServerSpec>,
     ) -> Result<Option<Value>, RpcError> {
+        let mode = spec
+            .definition
+            .clone()
+            .unwrap_or_else(|| DEFAULT_MODE.into());
+        let kept = servers.clone();
         let agent = Agent::create(&self.root, spec).await.map_err(|e| {
             RpcError(
                 INTERNAL_ERROR,
@@ -727,7 +816,9 @@ impl Connection {
             id: id.to_owned(),
             agent,
             _mcp: mcp,
+            servers: kept,
             cwd,
+            mode,
             busy: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
         });
@@ -1102,6 +1193,38 @@ fn mcp_specs(
 /// The `initialize` result: the version both speak, and what we take
 /// (`loadSession` only where stored sessions can be continued; MCP
 /// servers over stdio and HTTP, not SSE).
+/// The mode a session starts in: itself, as no definition.
+const DEFAULT_MODE: &str = "default";
+
+/// The named agent definitions for `cwd`, read off the async workers.
+async fn definitions_of(cwd: &std::path::Path) -> dsh_services::definitions::Definitions {
+    let (cwd, home) = (cwd.to_path_buf(), crate::home::dir());
+    tokio::task::spawn_blocking(move || dsh_services::definitions::discover(&cwd, Some(&home)))
+        .await
+        .unwrap_or_default()
+}
+
+/// A session's modes: `default`, then one per named agent definition found
+/// for `cwd` (its name, its description); `None` when there is none to
+/// choose (the answer then carries no `modes`, as upstream's does).
+async fn modes(cwd: &std::path::Path, current: &str) -> Option<Value> {
+    let definitions = definitions_of(cwd).await;
+    if definitions.found.is_empty() {
+        return None;
+    }
+    let mut available = vec![json!({
+        "id": DEFAULT_MODE,
+        "name": "dsh",
+        "description": "The coding agent, with every tool this server gives it.",
+    })];
+    available.extend(
+        definitions.found.values().map(
+            |d| json!({"id": d.name, "name": d.name, "description": inert_line(&d.description)}),
+        ),
+    );
+    Some(json!({"currentModeId": current, "availableModes": available}))
+}
+
 fn initialize(params: Value, loads: bool, images: bool) -> Result<Value, RpcError> {
     let request: acp::InitializeRequest = serde_json::from_value(params)
         .map_err(|e| RpcError::params(format!("initialize: {}", chain(&e))))?;

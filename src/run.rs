@@ -377,7 +377,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         let definition = definitions
             .require(name)
             .map_err(|e| Exit::usage(crate::lines::inert_line(&e.to_string())))?;
-        crate::stage::define(rt, &mut spec, definition);
+        crate::stage::define(&rt.root(), &mut spec, definition);
     }
     place_session(store(rt, &args.store)?, args, &mut spec)?;
     if !args.cluster.nodes.is_empty() {

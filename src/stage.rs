@@ -375,11 +375,10 @@ pub async fn definitions(
 /// its names and globs match; its permission mode narrowed to the
 /// sandbox's standing one; its effort; its step cap (at most the spec's).
 pub fn define(
-    rt: &Runtime,
+    root: &dsh_supervisors::Context,
     spec: &mut dsh_actors::agent::AgentSpec,
     definition: &dsh_services::definitions::Definition,
 ) {
-    let root = rt.root();
     spec.system = Some(definition.prompt.clone());
     if let (Some(model), Some(llm)) = (
         &definition.model,

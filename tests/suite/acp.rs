@@ -485,6 +485,7 @@ fn a_stored_session_is_loaded_and_continued_by_a_new_connection() {
         "session/load",
         json!({"sessionId": sid, "cwd": p.ws, "mcpServers": []}),
     );
+    // No named agents here: no modes to offer.
     assert_eq!(loaded.last().unwrap()["result"], json!({}));
     assert_eq!(
         updates(&loaded),
@@ -1223,4 +1224,102 @@ fn a_slow_mcp_server_does_not_hold_the_connection() {
     assert_ne!(state["state"], "up", "{first}");
     drop(raw.stdin.take());
     assert!(super::wait_bounded(&mut raw.child, "dsh acp").success());
+}
+
+/// A session mode per named agent definition: `session/new` offers
+/// `default` and each definition of its workspace; `session/set_mode`
+/// between prompts makes the session go on as that agent (its system
+/// prompt first in the next request, the same log), says so with a
+/// `current_mode_update`, and an unknown mode is refused naming the modes.
+#[test]
+fn a_session_mode_per_named_agent_definition() {
+    let _sweep = crate::suite::sweep();
+    let p = place("dsh-acp-modes");
+    std::fs::create_dir_all(p.ws.join(".dsh/agents")).unwrap();
+    std::fs::write(
+        p.ws.join(".dsh/agents/reviewer.md"),
+        "---\nname: reviewer\ndescription: Reviews a change.\ntools: [read, grep]\n---\nYou review changes.\n",
+    )
+    .unwrap();
+    let mut raw = Raw::start(&p);
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let new = raw.call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}));
+    let result = &new[0]["result"];
+    let sid = result["sessionId"].as_str().unwrap().to_owned();
+    assert_eq!(result["modes"]["currentModeId"], "default", "{result}");
+    let ids: Vec<&str> = result["modes"]["availableModes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["default", "reviewer"], "{result}");
+    let first = raw.call(
+        3,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "one"}]}),
+    );
+    assert_eq!(first.last().unwrap()["result"]["stopReason"], "end_turn");
+    let set = raw.call(
+        4,
+        "session/set_mode",
+        json!({"sessionId": sid, "modeId": "reviewer"}),
+    );
+    assert!(set.last().unwrap()["result"].is_object(), "{set:?}");
+    assert!(
+        set.iter().any(
+            |f| f["params"]["update"]["sessionUpdate"] == "current_mode_update"
+                && f["params"]["update"]["currentModeId"] == "reviewer"
+        ),
+        "{set:?}"
+    );
+    let second = raw.call(
+        5,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "two"}]}),
+    );
+    assert_eq!(
+        second.last().unwrap()["result"]["stopReason"],
+        "end_turn",
+        "{second:?}"
+    );
+    let bad = raw.call(
+        6,
+        "session/set_mode",
+        json!({"sessionId": sid, "modeId": "nobody"}),
+    );
+    let message = bad[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no agent definition named `nobody` (found: reviewer)"),
+        "{bad:?}"
+    );
+    raw.close();
+    // One log: both turns, the second asked as the reviewer with its tools.
+    let log = std::fs::read_to_string(p.sessions.join(&sid).join("session.jsonl")).unwrap();
+    let headers: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "request/header")
+        .collect();
+    assert_eq!(headers.len(), 2, "{log}");
+    let system = |h: &Value| {
+        h["data"]["header"]["system"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(!system(&headers[0]).starts_with("You review changes."));
+    assert!(
+        system(&headers[1]).starts_with("You review changes.\n"),
+        "{}",
+        system(&headers[1])
+    );
+    let mut tools: Vec<&str> = headers[1]["data"]["header"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    tools.sort();
+    assert_eq!(tools, ["grep", "read"]);
 }
