@@ -35,6 +35,11 @@ pub struct AgentServicesConfig {
     /// (default true).
     #[serde(default)]
     pub multi_agent: Option<bool>,
+    /// How deep delegation may go (default 3; 0 forbids it; at most 16);
+    /// `--max-depth` on the command line wins.
+    #[serde(default)]
+    #[schemars(range(max = 16))]
+    pub max_depth: Option<u32>,
     /// Subagents that are other ACP agent processes (`dsh acp`, or any ACP
     /// agent), each a provider with its own `subagent_<name>` tool.
     #[serde(default)]
@@ -167,6 +172,9 @@ impl Plugin for AgentServices {
     }
 
     async fn apply(&self, ctx: Context, config: Arc<AgentServicesConfig>) -> Result<(), BoxError> {
+        if let Some(max) = config.max_depth.filter(|m| *m > 16) {
+            return Err(format!("`max_depth`: {max} is deeper than 16, the most allowed").into());
+        }
         let tools = Arc::new(ToolRegistry::new());
         ctx.provide(LlmRuntime::SERVICE, Arc::new(LlmRuntime::new()))?;
         ctx.provide(ToolRegistry::SERVICE, tools.clone())?;
@@ -232,6 +240,7 @@ impl Plugin for AgentServices {
         let choice = super::tools::Choice {
             builtin: config.builtin_tools.unwrap_or(true),
             multi_agent: config.multi_agent.unwrap_or(true),
+            max_depth: config.max_depth,
             web_fetch: config.web_fetch_settings(),
             acp: &config.acp_subagents,
         };

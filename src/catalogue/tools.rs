@@ -41,6 +41,8 @@ pub(super) struct Choice<'a> {
     pub builtin: bool,
     /// The multi-agent tools (subagents, workflows, Ralph).
     pub multi_agent: bool,
+    /// Their depth cap (the default when `None`).
+    pub max_depth: Option<u32>,
     /// How `web_fetch` fetches.
     pub web_fetch: WebFetchSettings,
     /// The ACP agents offered as `subagent_<name>` tools.
@@ -61,11 +63,11 @@ pub(super) fn install(
         dsh_services::tools::builtin::install(ctx, tools, extra)?;
     }
     if choice.multi_agent {
-        let subagents = dsh_actors::multi_agent::install(
-            ctx,
-            tools,
-            &dsh_actors::multi_agent::MultiAgentConfig::default(),
-        )?;
+        let mut config = dsh_actors::multi_agent::MultiAgentConfig::default();
+        if let Some(max) = choice.max_depth {
+            config.max_depth = max;
+        }
+        let subagents = dsh_actors::multi_agent::install(ctx, tools, &config)?;
         for acp in choice.acp {
             use dsh_actors::subagent::tools::{SubagentTool, SubagentToolConfig};
             let provider = dsh_actors::subagent::acp::AcpProvider::new(

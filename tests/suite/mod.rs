@@ -65,12 +65,15 @@ pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// [`until`] for a test without a runtime.
+/// [`until`] for a test without a runtime: it looks again every 5 ms (a
+/// check that reads all of /proc, spun without a pause, took a core from
+/// the processes it waits for, and a killed dsh's guard once took over a
+/// minute to end its command beside two other busy tests).
 pub(crate) fn until_blocking(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !done() {
         assert!(std::time::Instant::now() < deadline, "{what}");
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

@@ -1145,3 +1145,38 @@ fn a_hostile_definition_is_refused_and_the_run_goes_on() {
     assert!(listed.starts_with("reviewer  "), "{listed}");
     assert_eq!(listed.matches("refused: ").count(), 3, "{listed}");
 }
+
+/// The depth cap from a config (`agent-services`' `max_depth`), and a
+/// config asking for more than 16 refused naming the field.
+#[test]
+fn a_config_sets_the_depth_cap() {
+    let _sweep = crate::suite::sweep();
+    let dir = workdir();
+    std::fs::write(
+        dir.join("s.json"),
+        r#"{"steps": [{"tool_calls": [{"name": "subagent", "arguments": {"description": "try", "prompt": "x"}}]}, {"text": "done"}]}"#,
+    )
+    .unwrap();
+    let config = |depth: u32| {
+        format!(
+            "plugins:\n  - {{ id: services, name: agent-services, config: {{ max_depth: {depth} }} }}\n  \
+             - {{ id: s, name: scripted, config: {{ provider: scripted, script: {} }} }}\n",
+            dir.join("s.json").display()
+        )
+    };
+    std::fs::write(dir.join("zero.yml"), config(0)).unwrap();
+    std::fs::write(dir.join("deep.yml"), config(17)).unwrap();
+    let run = dsh(&["run", "--config", "zero.yml", "go"], &dir);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let id = headers(&dir)[0]["id"].as_str().unwrap().to_owned();
+    let log =
+        std::fs::read_to_string(dir.join("sessions").join(&id).join("session.jsonl")).unwrap();
+    assert!(
+        log.contains("delegation depth 1 exceeds the limit of 0"),
+        "{log}"
+    );
+    let deep = dsh(&["run", "--config", "deep.yml", "go"], &dir);
+    let said = text(&deep.stderr);
+    assert!(!deep.status.success(), "{said}");
+    assert!(said.contains("`max_depth`: 17 is deeper than 16"), "{said}");
+}
