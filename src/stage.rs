@@ -360,6 +360,16 @@ pub async fn definitions(
             crate::lines::inert_line(&e.to_string())
         );
     }
+    // What a Claude Code file holds that is not read here.
+    for d in found.found.values() {
+        for w in &d.warnings {
+            crate::errln!(
+                "dsh: agent definition {}: {}",
+                d.path.display(),
+                crate::lines::inert_line(w)
+            );
+        }
+    }
     if let Some(subagents) = rt
         .root()
         .get::<dsh_actors::subagent::Subagents>(dsh_actors::subagent::Subagents::SERVICE)

@@ -1110,6 +1110,13 @@ fn a_hostile_definition_is_refused_and_the_run_goes_on() {
     )
     .unwrap();
     std::fs::write(agents.join("huge.md"), "x".repeat(1 << 20)).unwrap();
+    // Claude Code's own file: read, what is not ours said.
+    std::fs::create_dir_all(dir.join(".claude/agents")).unwrap();
+    std::fs::write(
+        dir.join(".claude/agents/explorer.md"),
+        "---\nname: explorer\ndescription: Finds code.\ntools: Read, Grep\nhooks:\n  Stop: []\n---\nExplore.\n",
+    )
+    .unwrap();
     std::os::unix::fs::symlink("/etc/passwd", agents.join("link.md")).unwrap();
     std::fs::write(
         dir.join("one.js"),
@@ -1136,13 +1143,18 @@ fn a_hostile_definition_is_refused_and_the_run_goes_on() {
             "{said}: {err}"
         );
     }
+    assert!(
+        err.contains("explorer.md: `hooks` are Claude Code's; they never run here"),
+        "{err}"
+    );
     let list = Command::new(env!("CARGO_BIN_EXE_dsh"))
         .args(["agents", "list"])
         .current_dir(&dir)
         .bounded_output()
         .unwrap();
     let listed = text(&list.stdout);
-    assert!(listed.starts_with("reviewer  "), "{listed}");
+    assert!(listed.starts_with("explorer  Finds code."), "{listed}");
+    assert!(listed.contains("\nreviewer  "), "{listed}");
     assert_eq!(listed.matches("refused: ").count(), 3, "{listed}");
 }
 
