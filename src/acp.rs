@@ -617,11 +617,8 @@ impl Connection {
         if mode == session.mode {
             return Ok(json!({}));
         }
-        // The old agent's log is whole in the store before the new one reads it.
-        lock(&self.sessions).remove(&id);
-        let flushed = session.agent.session().flush().await;
-        session.agent.dispose().await;
-        if let Err(e) = flushed {
+        // The log whole in the store first, the session still serving.
+        if let Err(e) = session.agent.session().flush().await {
             return Err(RpcError(
                 INTERNAL_ERROR,
                 format!(
@@ -630,17 +627,30 @@ impl Connection {
                 ),
             ));
         }
-        let loaded = store
-            .load(&id)
-            .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/set_mode: {}", chain(&e))))?;
-        let mut spec = self.spec(&session.cwd).await;
-        if let Some(d) = &definition {
-            crate::stage::define(&self.root, &mut spec, d);
-        }
-        spec.durable = Some(loaded.durable);
-        spec.seed = Some(Box::new((loaded.header, loaded.events)));
-        self.open(&id, spec, session.cwd.clone(), session.servers.clone())
+        let old = match session.mode.as_str() {
+            DEFAULT_MODE => None,
+            name => definitions.get(name).cloned(),
+        };
+        let spec = self
+            .mode_spec(&store, &id, &session.cwd, definition.as_ref())
             .await?;
+        lock(&self.sessions).remove(&id);
+        session.agent.dispose().await;
+        let (cwd, servers) = (session.cwd.clone(), session.servers.clone());
+        if let Err(e) = self.open(&id, spec, cwd.clone(), servers.clone()).await {
+            // The session goes on in the mode it had.
+            let back = match self.mode_spec(&store, &id, &cwd, old.as_ref()).await {
+                Ok(spec) => self.open(&id, spec, cwd, servers).await.err(),
+                Err(again) => Some(again),
+            };
+            return Err(match back {
+                None => e,
+                Some(again) => RpcError(
+                    INTERNAL_ERROR,
+                    format!("{}; reopening the session failed too: {}", e.1, again.1),
+                ),
+            });
+        }
         self.send(
             json!({"jsonrpc": "2.0", "method": "session/update", "params": {
                 "sessionId": id,
@@ -729,6 +739,27 @@ impl Connection {
                 self.send(update(session, kind, text));
             }
         }
+    }
+
+    /// The spec of session `id`'s agent as `definition` (none: itself) on
+    /// its stored log.
+    async fn mode_spec(
+        &self,
+        store: &Arc<dyn SessionPersistence>,
+        id: &str,
+        cwd: &std::path::Path,
+        definition: Option<&dsh_services::definitions::Definition>,
+    ) -> Result<AgentSpec, RpcError> {
+        let loaded = store
+            .load(id)
+            .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/set_mode: {}", chain(&e))))?;
+        let mut spec = self.spec(cwd).await;
+        if let Some(d) = definition {
+            crate::stage::define(&self.root, &mut spec, d);
+        }
+        spec.durable = Some(loaded.durable);
+        spec.seed = Some(Box::new((loaded.header, loaded.events)));
+        Ok(spec)
     }
 
     /// The agent spec of a session in `cwd` on this server's models.

@@ -70,7 +70,7 @@ fn list(found: &Definitions) {
             "{}  {}\n    {} ({})",
             d.name,
             inert_line(&d.description),
-            d.path.display(),
+            inert_line(&d.path.display().to_string()),
             d.dialect.as_str()
         );
         for w in &d.warnings {
@@ -81,7 +81,10 @@ fn list(found: &Definitions) {
         crate::outln!("refused: {}", inert_line(&e.to_string()));
     }
     for p in &found.hidden {
-        crate::outln!("hidden by an earlier definition: {}", p.display());
+        crate::outln!(
+            "hidden by an earlier definition: {}",
+            inert_line(&p.display().to_string())
+        );
     }
 }
 
@@ -89,7 +92,11 @@ fn show(d: &Definition) {
     let or = |v: Option<String>, default: &str| v.unwrap_or_else(|| default.to_owned());
     crate::outln!("name: {}", d.name);
     crate::outln!("description: {}", inert_line(&d.description));
-    crate::outln!("file: {} ({})", d.path.display(), d.dialect.as_str());
+    crate::outln!(
+        "file: {} ({})",
+        inert_line(&d.path.display().to_string()),
+        d.dialect.as_str()
+    );
     crate::outln!("model: {}", or(d.model.clone(), "the parent's"));
     crate::outln!(
         "reasoning effort: {}",

@@ -365,7 +365,7 @@ pub async fn definitions(
         for w in &d.warnings {
             crate::errln!(
                 "dsh: agent definition {}: {}",
-                d.path.display(),
+                crate::lines::inert_line(&d.path.display().to_string()),
                 crate::lines::inert_line(w)
             );
         }

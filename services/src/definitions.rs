@@ -205,7 +205,12 @@ pub fn discover(cwd: &Path, home: Option<&Path>) -> Definitions {
         let Ok(meta) = root.symlink_metadata() else {
             continue;
         };
-        if meta.file_type().is_symlink() {
+        // `.dsh` (or `.claude`) itself a link is not followed either.
+        let linked_parent = root
+            .parent()
+            .and_then(|p| p.symlink_metadata().ok())
+            .is_some_and(|m| m.file_type().is_symlink());
+        if meta.file_type().is_symlink() || linked_parent {
             all.errors.push(DefinitionError::new(
                 &root,
                 "the definitions directory is a symbolic link; not followed",
@@ -539,12 +544,19 @@ fn tools_of(
         _ => return Err("a list of tool names or globs".into()),
     };
     let mut out = Vec::with_capacity(names.len());
+    if names.len() > 256 {
+        return Err(format!("{} tools; at most 256", names.len()));
+    }
     for name in names {
-        if !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_-*".contains(c))
+        if name.len() > 128
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-*".contains(c))
         {
-            return Err(format!("`{name}` is not a tool name or glob"));
+            return Err(format!(
+                "`{}` is not a tool name or glob (letters, digits, `_`, `-`, `*`; at most 128)",
+                name.chars().take(128).collect::<String>()
+            ));
         }
         let ours = match dialect {
             Dialect::Claude if name.starts_with(|c: char| c.is_ascii_uppercase()) => {
@@ -607,10 +619,25 @@ pub fn tool_matches(patterns: &[String], name: &str) -> bool {
     patterns.iter().any(|p| glob(p.as_bytes(), name.as_bytes()))
 }
 
+/// `*` matches any run: the linear two-pointer match (a hostile pattern of
+/// many stars costs its length times the name's, not an exponent).
 fn glob(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => text.is_empty(),
-        Some((b'*', rest)) => (0..=text.len()).any(|i| glob(rest, &text[i..])),
-        Some((c, rest)) => text.first() == Some(c) && glob(rest, &text[1..]),
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
     }
+    pattern[p..].iter().all(|c| *c == b'*')
 }

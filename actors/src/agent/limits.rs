@@ -24,6 +24,9 @@ struct Inner {
     turns: Option<u32>,
     tokens: Option<u64>,
     spent: AtomicU64,
+    /// The turn number it first saw (0: none yet): a seeded log numbers its
+    /// turns after the ones it holds.
+    first_turn: std::sync::atomic::AtomicU32,
     deadline: Option<Instant>,
     timeout: Option<Duration>,
     parent: Option<Limits>,
@@ -52,6 +55,7 @@ impl Limits {
             turns,
             tokens,
             spent: AtomicU64::new(0),
+            first_turn: std::sync::atomic::AtomicU32::new(0),
             deadline: timeout.map(|t| Instant::now() + t),
             timeout,
             parent: parent.cloned(),
@@ -62,7 +66,12 @@ impl Limits {
     pub fn charge(&self, tokens: u64) {
         let mut at = Some(self);
         while let Some(l) = at {
-            l.0.spent.fetch_add(tokens, Ordering::Relaxed);
+            // Saturating: a provider's huge count cannot wrap under a cap.
+            let _ =
+                l.0.spent
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
+                        Some(s.saturating_add(tokens))
+                    });
             at = l.0.parent.as_ref();
         }
     }
@@ -100,11 +109,21 @@ impl Limits {
                 return Some(timed_out(&l.0.whose, t));
             }
         }
+        let first =
+            match self
+                .0
+                .first_turn
+                .compare_exchange(0, turn, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => turn,
+                Err(seen) => seen,
+            };
+        let taken = turn.saturating_sub(first) + 1;
         match self.0.turns {
-            Some(cap) if first_step && turn > cap => Some(LlmFailure::new(
+            Some(cap) if first_step && taken > cap => Some(LlmFailure::new(
                 code::BUDGET_EXHAUSTED,
                 format!(
-                    "{} may take {cap} turn{}; this is turn {turn}",
+                    "{} may take {cap} turn{}; this is its turn {taken}",
                     self.0.whose,
                     if cap == 1 { "" } else { "s" }
                 ),

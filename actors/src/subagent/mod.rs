@@ -369,6 +369,27 @@ impl StartRequest {
     }
 }
 
+/// A child's tool restriction `own` within its parent's (`parent`): never
+/// a tool the parent may not use (its scope is not under the parent's, so
+/// the parent's restriction is carried over here).
+fn within(own: Option<Restriction>, parent: Option<&Restriction>) -> Option<Restriction> {
+    let Some(parent) = parent else {
+        return own;
+    };
+    let mut r = own.unwrap_or(Restriction {
+        allow: None,
+        deny: Vec::new(),
+    });
+    r.deny.extend(parent.deny.iter().cloned());
+    if let Some(theirs) = &parent.allow {
+        r.allow = Some(match r.allow.take() {
+            Some(mine) => mine.into_iter().filter(|n| theirs.contains(n)).collect(),
+            None => theirs.clone(),
+        });
+    }
+    Some(r)
+}
+
 /// The route and model id a definition's `model` names: a configured
 /// route (with its first model id), else a model id on `fallback`'s route.
 pub fn definition_route(llm: &LlmRuntime, fallback: &str, model: &str) -> (String, String) {
@@ -1341,7 +1362,11 @@ async fn compose(
         return Err(SubagentError::Cancelled);
     }
     let mut spec = child_spec(&request.parent, Some(request), depth);
-    spec.restriction = request.tool_filter.clone().map(|mut r| {
+    spec.restriction = within(
+        request.tool_filter.clone(),
+        request.parent.spec().restriction.as_ref(),
+    )
+    .map(|mut r| {
         if let (Some(allow), true) = (r.allow.as_mut(), schema.is_some()) {
             allow.push(REPORT.into());
         }

@@ -870,7 +870,7 @@ async fn each_budget_ends_a_child_with_its_code_and_parallel_children_share_the_
             assert_eq!(error.code, "BUDGET_EXHAUSTED");
             assert_eq!(
                 error.message,
-                "the one-turn agent may take 1 turn; this is turn 2"
+                "the one-turn agent may take 1 turn; this is its turn 2"
             );
         }
         other => panic!("{other:?}"),
@@ -905,5 +905,36 @@ async fn each_budget_ends_a_child_with_its_code_and_parallel_children_share_the_
     // At most one step more per child past the cap.
     assert!((50..=90).contains(&shared.spent()), "{}", shared.spent());
     coordinator.dispose().await;
+    h.rt.shutdown().await;
+}
+
+/// A restricted parent's children are held to its list too (their scope
+/// is not under its own): a child it starts, named or not, sees no tool the
+/// parent may not use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restricted_parent_s_children_get_no_tool_it_lacks() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    let capture = Arc::new(Capture::default());
+    h.adapter("cap", capture.clone());
+    let mut spec = AgentSpec::new("cap", "m", std::env::temp_dir());
+    spec.restriction = Some(dsh_services::tools::Restriction {
+        allow: Some(vec!["echo".into(), "subagent".into()]),
+        deny: Vec::new(),
+    });
+    let parent = Agent::create(&h.rt.root(), spec).await.unwrap();
+    let run = s
+        .start(
+            "spawn",
+            StartRequest::new(&parent, "child task", CancellationToken::new()),
+        )
+        .await
+        .unwrap();
+    run.result().await;
+    run.dispose().await;
+    let (_, mut tools, _) = capture.seen.lock().unwrap().last().cloned().unwrap();
+    tools.sort();
+    assert_eq!(tools, ["echo", "subagent"], "{tools:?}");
+    parent.dispose().await;
     h.rt.shutdown().await;
 }

@@ -94,6 +94,12 @@ fn definitions_are_found_nearest_first_in_both_formats_and_the_user_s_last() {
     ));
     assert!(!tool_matches(r.tools.as_deref().unwrap(), "bash"));
     assert!(!tool_matches(r.tools.as_deref().unwrap(), "mcp__gitlab__x"));
+    // A pattern of many stars is matched in linear time, not exponential.
+    let stars = vec![format!("{}q", "*".repeat(100))];
+    assert!(!tool_matches(&stars, &"a".repeat(100)));
+    assert!(tool_matches(&stars, &format!("{}q", "a".repeat(100))));
+    assert!(tool_matches(&["a*b*c".into()], "axxbyyc"));
+    assert!(!tool_matches(&["a*b*c".into()], "axxbyy"));
 }
 
 #[test]
@@ -166,6 +172,17 @@ fn a_hostile_definition_is_refused_with_its_file_and_field_and_the_rest_load() {
     std::os::unix::fs::symlink(&elsewhere, cwd.join(".claude")).unwrap_or(());
     std::fs::create_dir_all(cwd.join(".dsh")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, cwd.join(".dsh/agents")).unwrap();
+    // A linked `.dsh` above a real `agents` is not followed either.
+    let linked = repo.join("linked");
+    write(
+        &linked.join("agents/y.md"),
+        "---\nname: y\ndescription: y\n---\ny\n",
+    );
+    let sub = cwd.join("sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::os::unix::fs::symlink(&linked, sub.join(".dsh")).unwrap();
+    let deeper = discover(&sub, Some(&home));
+    assert!(!deeper.found.contains_key("y"), "{:?}", deeper.found.keys());
     let again = discover(&cwd, Some(&home));
     assert!(!again.found.contains_key("x"));
     assert!(
