@@ -148,7 +148,9 @@ fn a_command_outlives_its_spawning_thread_but_not_a_killed_dsh() {
         super::until_blocking("the command never started", sleeping);
         child.kill().unwrap(); // SIGKILL: no code of dsh runs
         super::wait_bounded(&mut child, "dsh");
-        super::until_blocking("the command outlived a killed dsh", || !running(token));
+        // The guard's chain and the command end, each reaped here.
+        super::until_descendants_end("the command outlived a killed dsh");
+        assert!(!running(token), "the command outlived a killed dsh");
     }
 }
 

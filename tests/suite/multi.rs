@@ -779,8 +779,7 @@ fn a_workflow_fans_out_to_a_named_agent_five_times() {
     assert_eq!(children.len(), 5, "{err}");
     for child in &children {
         let id = child["id"].as_str().unwrap();
-        let log =
-            std::fs::read_to_string(dir.join("sessions").join(id).join("session.jsonl")).unwrap();
+        let log = log_of(&dir, id);
         let events: Vec<serde_json::Value> = log
             .lines()
             .skip(1)
@@ -856,12 +855,7 @@ fn a_workflow_fans_out_to_a_named_agent_five_times() {
         .into_iter()
         .find(|h| !before.contains(&h["id"].as_str().unwrap().to_owned()))
         .unwrap();
-    let log = std::fs::read_to_string(
-        dir.join("sessions")
-            .join(top["id"].as_str().unwrap())
-            .join("session.jsonl"),
-    )
-    .unwrap();
+    let log = log_of(&dir, top["id"].as_str().unwrap());
     assert!(
         log.contains(r#""system":"You review one file and name its bugs.\n"#),
         "{log}"
@@ -895,8 +889,7 @@ fn max_depth_zero_refuses_any_child() {
     );
     assert!(run.status.success(), "{}", text(&run.stderr));
     let id = headers(&dir)[0]["id"].as_str().unwrap().to_owned();
-    let log =
-        std::fs::read_to_string(dir.join("sessions").join(&id).join("session.jsonl")).unwrap();
+    let log = log_of(&dir, &id);
     assert!(log.contains("DEPTH_EXCEEDED"), "{log}");
     assert!(
         log.contains(
@@ -947,12 +940,7 @@ fn a_ralph_loop_runs_its_rounds_as_a_named_agent() {
         .collect();
     assert_eq!(rounds.len(), 3, "{err}");
     for round in &rounds {
-        let log = std::fs::read_to_string(
-            dir.join("sessions")
-                .join(round["id"].as_str().unwrap())
-                .join("session.jsonl"),
-        )
-        .unwrap();
+        let log = log_of(&dir, round["id"].as_str().unwrap());
         assert!(
             log.contains(r#""system":"You review one file and name its bugs.\n"#),
             "{log}"
@@ -965,10 +953,14 @@ fn a_ralph_loop_runs_its_rounds_as_a_named_agent() {
     assert!(text(&bad.stderr).contains("no agent definition named `nobody` (found: reviewer)"));
 }
 
+/// The log of session `id` in the store under `dir`, as written.
+fn log_of(dir: &Path, id: &str) -> String {
+    std::fs::read_to_string(dir.join("sessions").join(id).join("session.jsonl")).unwrap()
+}
+
 /// The events of session `id` in the store under `dir`.
 fn events_of(dir: &Path, id: &str) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("sessions").join(id).join("session.jsonl"))
-        .unwrap()
+    log_of(dir, id)
         .lines()
         .skip(1)
         .map(|l| serde_json::from_str(l).unwrap())
@@ -1181,8 +1173,7 @@ fn a_config_sets_the_depth_cap() {
     let run = dsh(&["run", "--config", "zero.yml", "go"], &dir);
     assert!(run.status.success(), "{}", text(&run.stderr));
     let id = headers(&dir)[0]["id"].as_str().unwrap().to_owned();
-    let log =
-        std::fs::read_to_string(dir.join("sessions").join(&id).join("session.jsonl")).unwrap();
+    let log = log_of(&dir, &id);
     assert!(
         log.contains("delegation depth 1 exceeds the limit of 0"),
         "{log}"

@@ -59,6 +59,21 @@ pub(crate) fn sweep() -> Sweep {
     Sweep { _running: running }
 }
 
+/// Waits until every process this test started has ended: as their
+/// reaper ([`sweep`]), this process gets each one whose parent died, so a
+/// blocking `waitpid` on a thread of its own returns at each end, and
+/// `ECHILD` once none is left. At most a minute; `what` names what never
+/// happened. Only for a test holding a [`Sweep`] that waits on no child of
+/// its own meanwhile (this reaps them all).
+pub(crate) fn until_descendants_end(what: &str) {
+    let (ended, all) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        while let Ok(_) | Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(None, None) {}
+        let _ = ended.send(());
+    });
+    assert!(all.recv_timeout(Duration::from_secs(60)).is_ok(), "{what}");
+}
+
 impl Drop for Sweep {
     fn drop(&mut self) {
         kill_descendants(std::process::id());
