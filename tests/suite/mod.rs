@@ -17,9 +17,7 @@ mod run;
 mod trust;
 mod web;
 
-pub(crate) use process::{
-    Bounded, DEADLINE, output_bounded, sweep, until_descendants_end, wait_bounded,
-};
+pub(crate) use process::{Bounded, DEADLINE, output_bounded, survivors, sweep, wait_bounded};
 
 /// Whether a live (not zombie) process's command line holds `token`.
 pub(crate) fn running(token: &str) -> bool {
@@ -67,12 +65,14 @@ pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// [`until`] for a test without a runtime.
+/// [`until`] for a test without a runtime: it looks again every 5 ms (a
+/// check that reads all of /proc, spun without a pause, takes a core from
+/// the processes it waits for on a two-core machine).
 pub(crate) fn until_blocking(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !done() {
         assert!(std::time::Instant::now() < deadline, "{what}");
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

@@ -59,19 +59,26 @@ pub(crate) fn sweep() -> Sweep {
     Sweep { _running: running }
 }
 
-/// Waits until every process this test started has ended: as their
-/// reaper ([`sweep`]), this process gets each one whose parent died, so a
-/// blocking `waitpid` on a thread of its own returns at each end, and
-/// `ECHILD` once none is left. At most a minute; `what` names what never
-/// happened. Only for a test holding a [`Sweep`] that waits on no child of
-/// its own meanwhile (this reaps them all).
-pub(crate) fn until_descendants_end(what: &str) {
-    let (ended, all) = mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        while let Ok(_) | Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(None, None) {}
-        let _ = ended.send(());
-    });
-    assert!(all.recv_timeout(Duration::from_secs(60)).is_ok(), "{what}");
+/// This test's live descendants, one per line: pid, state and command
+/// line (what a failed wait on them shows).
+pub(crate) fn survivors() -> String {
+    descendants(std::process::id())
+        .into_iter()
+        .map(|pid| {
+            let dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+            let state = std::fs::read_to_string(dir.join("stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(") ")
+                        .map(|(_, r)| r.chars().next().unwrap_or('?'))
+                })
+                .unwrap_or('?');
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            format!("{pid} {state} {cmdline}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 impl Drop for Sweep {
