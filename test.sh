@@ -8,7 +8,7 @@
 #      and MCP server-everything packages from npm, elizacp from crates.io;
 #      see tests/peers/install.sh);
 #   2. checks formatting and lints (warnings are errors);
-#   3. runs every test with nextest.
+#   3. runs every test with nextest, then the doctests.
 # Idempotent: on a machine that has everything, it only checks and tests.
 # Extra arguments go to `cargo nextest run` (e.g. a test name filter).
 #
@@ -93,5 +93,10 @@ timeout --kill-after=30 "$limit" cargo nextest run --workspace "${filter[@]}" "$
 if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
   echo "test.sh: the test run did not finish within ${limit}s (DSH_TEST_TIMEOUT) and was stopped;" \
     "nextest's last lines above name the tests still running" >&2
+fi
+# nextest does not run doctests: the crate docs' examples run here.
+if [ -z "$quick" ] && [ "$status" -eq 0 ]; then
+  say "cargo test --doc --workspace (at most 600s)"
+  timeout --kill-after=30 600 cargo test --doc --workspace --quiet || status=$?
 fi
 exit "$status"

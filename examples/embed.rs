@@ -1,14 +1,14 @@
-//! Embedding dsh in your own axum service.
+//! Embedding dsh in your own axum service, through the front door
+//! (`dsh::Dsh`).
 //!
-//! `POST /ask {"prompt": "..."}` creates an agent for the request and streams
-//! its session events as SSE until its turn ends; the agent stays resident
-//! (a conversation you could continue). On SIGTERM or Ctrl-C the server stops
-//! taking requests, then `Runtime::shutdown` drains every agent in order
-//! (each cancelled turn ends, its session is flushed, its actors stop) before
-//! the process exits.
+//! `POST /ask {"prompt": "..."}` spawns an agent for the request, streams
+//! its session events as SSE until its turn ends, and disposes it (a client
+//! that hangs up early drops the stream, and with it the agent). On SIGTERM
+//! or Ctrl-C the server stops taking requests, then `Dsh::shutdown` drains
+//! whatever still runs, in order, before the process exits.
 //!
-//! Run: `cargo run --release --bin dsh-embed-example` (keyless: the built-in demo
-//! model), or with `DSH_BASE_URL`/`DSH_MODEL`/`DSH_API_KEY` for a real
+//! Run: `cargo run --release --bin dsh-embed-example` (keyless: the built-in
+//! demo model), or with `DSH_BASE_URL`/`DSH_MODEL`/`DSH_API_KEY` for a real
 //! OpenAI-compatible endpoint. `PORT` picks the port (default: any free one).
 
 use std::convert::Infallible;
@@ -16,63 +16,53 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::sse::{Event, Sse};
 use axum::routing::post;
 use axum::{Json, Router};
-use dsh::actors::agent::{Agent, AgentDisposed, AgentSpec};
-use dsh::catalogue::{AgentServices, OpenAi, OpenAiPluginConfig};
-use dsh::kernel::{Runtime, RuntimeSettings};
-use dsh::services::llm::{LlmRuntime, Message};
-use dsh::services::session::{EventData, SessionEvent};
+use dsh::actors::agent::AgentDisposed;
+use dsh::services::session::EventData;
+use dsh::{Dsh, Model, RunError};
 use futures::Stream;
-
-#[derive(Clone)]
-struct App {
-    rt: Runtime,
-    provider: String,
-    model: String,
-}
 
 #[derive(serde::Deserialize)]
 struct Ask {
     prompt: String,
 }
 
-/// One agent per request; its events stream back until its turn ends.
+/// What a refused request answers: the error's code and message.
+fn refused(e: RunError) -> (StatusCode, String) {
+    let status = if e.is_retryable() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    (status, e.to_string())
+}
+
+/// One agent per request: its events stream back until its turn ends.
 async fn ask(
-    State(app): State<App>,
+    State(dsh): State<Dsh>,
     Json(ask): Json<Ask>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, String> {
-    let spec = AgentSpec::new(&app.provider, &app.model, std::env::temp_dir());
-    let agent = Agent::create(&app.rt.root(), spec)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Arc<SessionEvent>>();
-    let observer = agent
-        .session()
-        .observe(Arc::new(move |e: &Arc<SessionEvent>| {
-            let _ = tx.send(e.clone());
-        }));
-    agent
-        .followup(Message::user_text(ask.prompt))
-        .map_err(|e| e.to_string())?;
-    let events = futures::stream::unfold(
-        (rx, Some((agent, observer))),
-        |(mut rx, watching)| async move {
-            let (agent, observer) = watching?;
-            let e = rx.recv().await?;
-            let done = matches!(e.data, EventData::TurnEnd { .. });
-            let event = Event::default()
-                .event("event")
-                .data(e.to_json().to_string());
-            if done {
-                agent.session().unobserve(observer);
-                return Some((Ok(event), (rx, None)));
-            }
-            Some((Ok(event), (rx, Some((agent, observer)))))
-        },
-    );
-    Ok(Sse::new(events))
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, (StatusCode, String)> {
+    let agent = dsh.agent().label("ask").spawn().await.map_err(refused)?;
+    let events = agent.events();
+    agent.send(&ask.prompt).map_err(refused)?;
+    // The handle rides in the stream: when the turn ends it is disposed;
+    // if the client goes first, dropping the stream disposes it.
+    let stream = futures::stream::unfold(Some((agent, events)), |state| async move {
+        let (agent, mut events) = state?;
+        let e = events.next().await?;
+        let event = Ok(Event::default()
+            .event("event")
+            .data(e.to_json().to_string()));
+        if matches!(e.data, EventData::TurnEnd { .. }) {
+            agent.dispose().await;
+            return Some((event, None));
+        }
+        Some((event, Some((agent, events))))
+    });
+    Ok(Sse::new(stream))
 }
 
 async fn terminated() {
@@ -88,53 +78,28 @@ async fn terminated() {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let rt = Runtime::start(RuntimeSettings::default()).await?;
-    let root = rt.root();
-    root.plugin(AgentServices, Default::default()).await?;
-    let (provider, model) = match (std::env::var("DSH_BASE_URL"), std::env::var("DSH_MODEL")) {
-        (Ok(base_url), Ok(model)) => {
-            let config = OpenAiPluginConfig {
-                provider: "openai".into(),
-                base_url,
-                api_key_env: Some("DSH_API_KEY".into()),
-                idle_timeout_s: None,
-                request_timeout_s: None,
-                total_timeout_s: None,
-                images: false,
-                context_window: None,
-                models: Default::default(),
-                price: None,
-            };
-            root.plugin(OpenAi, config).await?;
-            ("openai".to_owned(), model)
-        }
-        _ => {
-            let llm = root
-                .get::<LlmRuntime>(LlmRuntime::SERVICE)
-                .ok_or("no llm service")?;
-            llm.register(&root, &["demo"], Arc::new(dsh::demo::DemoModel))?;
-            ("demo".to_owned(), "demo".to_owned())
-        }
+    let model = match (std::env::var("DSH_BASE_URL"), std::env::var("DSH_MODEL")) {
+        (Ok(url), Ok(id)) => Model::openai_compatible(url, id),
+        _ => Model::demo(),
     };
-    // Count the agents the shutdown disposes, to report it.
+    let dsh = Dsh::builder().model(model).start().await?;
+    // Count the agents disposed, to report it.
     let disposed = Arc::new(AtomicUsize::new(0));
     let count = disposed.clone();
-    root.on(move |_: &AgentDisposed| {
+    dsh.runtime().root().on(move |_: &AgentDisposed| {
         count.fetch_add(1, Ordering::Relaxed);
     })?;
-    let app = Router::new().route("/ask", post(ask)).with_state(App {
-        rt: rt.clone(),
-        provider,
-        model,
-    });
+    let app = Router::new()
+        .route("/ask", post(ask))
+        .with_state(dsh.clone());
     let port = std::env::var("PORT").unwrap_or_else(|_| "0".into());
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(terminated())
         .await?;
-    // Every agent, drained in reverse start order before the process exits.
-    rt.shutdown().await;
+    // Whatever still runs, drained in reverse start order.
+    dsh.shutdown().await?;
     println!(
         "shut down: {} agents disposed",
         disposed.load(Ordering::Relaxed)

@@ -18,6 +18,9 @@
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
 //! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
 //! - [`stage`]: booting the agent services and the model those options name.
+//! - [`embed`]: the front door for services — [`Dsh::builder`] boots a
+//!   runtime with one model; agents, workflows and Ralph loops run under
+//!   it; one error type per operation.
 //! - [`agents`]: `dsh agents list|show` — the named agent definitions found.
 //! - [`config`]: `dsh check`, `dsh tree`, `dsh mcp list`.
 //! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
@@ -45,6 +48,10 @@ pub use dsh_services as services;
 /// The keyless demo model (its home is with the other providers).
 pub use dsh_services::providers::demo;
 pub use dsh_supervisors as kernel;
+pub use embed::{
+    AgentBuilder, AgentHandle, Answer, Dsh, DshBuilder, Events, FlowError, Model, RalphBuilder,
+    RunError, ShutdownError, StartError, WorkflowBuilder, WorkflowOutput,
+};
 
 pub mod acp;
 pub mod agents;
@@ -53,6 +60,7 @@ pub mod board;
 pub mod catalogue;
 pub mod chat;
 pub mod config;
+pub mod embed;
 pub mod exit;
 pub mod home;
 pub mod lines;

@@ -91,3 +91,394 @@ async fn the_embedding_example_streams_an_agent_and_drains_on_sigterm() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+// ---- The front door (`dsh::Dsh`) ----
+
+use std::time::Duration;
+
+use dsh::kernel::scratch::fresh_dir;
+use dsh::services::session::{EventData, TurnEndReason};
+use dsh::{Dsh, Model};
+
+/// A scripted model from its steps.
+fn script(steps: serde_json::Value) -> Model {
+    Model::scripted(&serde_json::json!({ "steps": steps }).to_string()).unwrap()
+}
+
+/// A runtime on `model` in a fresh workspace, its sessions kept in memory.
+async fn front(model: Model) -> Dsh {
+    Dsh::builder()
+        .model(model)
+        .workspace(fresh_dir("dsh-front").unwrap())
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The live nodes of a runtime's tree.
+fn nodes(dsh: &Dsh) -> Vec<String> {
+    let mut names: Vec<String> = dsh
+        .runtime()
+        .tree()
+        .snapshot()
+        .into_iter()
+        .map(|n| format!("{}/{}", n.kind, n.name))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The crate docs' five lines, and the answer's parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_door_runs_one_agent_and_tears_down() {
+    let dsh = front(Model::demo()).await;
+    let baseline = nodes(&dsh);
+    let answer = dsh
+        .agent()
+        .run("Write one line about teardown.")
+        .await
+        .unwrap();
+    assert!(
+        answer.text.starts_with("teardown: children stop"),
+        "{answer:?}"
+    );
+    assert_eq!(answer.reason, TurnEndReason::Completed);
+    assert_eq!(answer.steps, 1);
+    // `run` disposed its agent: the tree is as it was.
+    assert_eq!(nodes(&dsh), baseline);
+    dsh.shutdown().await.unwrap();
+}
+
+/// Every wrong option is refused when the runtime starts, with a code and
+/// what was wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_options_are_refused_at_start_with_a_code_and_the_reason() {
+    let e = Dsh::builder().start().await.err().unwrap();
+    assert_eq!(e.code(), "CONFIG");
+    assert!(e.message().contains("no model"), "{e}");
+    let file = fresh_dir("dsh-front").unwrap().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let e = Dsh::builder()
+        .model(Model::demo())
+        .workspace(&file)
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), "CONFIG");
+    assert!(e.message().contains("is not a directory"), "{e}");
+    let e = Model::scripted("{\"steps\": [{\"txt\": 1}]}").unwrap_err();
+    assert_eq!(e.code(), "CONFIG");
+    assert!(e.message().contains("txt"), "{e}");
+    let e = Dsh::builder()
+        .model(Model::demo())
+        .workspace(file.parent().unwrap())
+        .sessions_db(file.join("sessions.db"))
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), "STORE");
+    assert!(e.message().contains("sessions.db"), "{e}");
+    assert!(!e.is_retryable());
+    let e = Dsh::builder()
+        .model(Model::demo())
+        .max_depth(17)
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), "CONFIG");
+}
+
+/// A resident agent keeps its conversation from turn to turn, streams its
+/// events, and its stream ends when it is disposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resident_agent_keeps_its_conversation_and_streams_its_events() {
+    let dsh = front(script(serde_json::json!([
+        {"text": "first"}, {"text": "second"}, {"text": "third"}, {"text": "fourth"}
+    ])))
+    .await;
+    let baseline = nodes(&dsh);
+    let agent = dsh.agent().label("resident").spawn().await.unwrap();
+    let mut events = agent.events();
+    assert_eq!(agent.run("one").await.unwrap().text, "first");
+    let turn = events.until_turn_end().await;
+    let kinds: Vec<&str> = turn.iter().map(|e| e.data.kind()).collect();
+    assert!(kinds.contains(&"turn/start"), "{kinds:?}");
+    assert!(kinds.contains(&"assistant/message"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"turn/end"), "{kinds:?}");
+    let second = agent.run("two").await.unwrap();
+    assert_eq!(second.text, "second");
+    assert_eq!(second.session, agent.id());
+    events.until_turn_end().await;
+    // `send` returns at once; the events say when the turn ends.
+    agent.send("three").unwrap();
+    let turn = events.until_turn_end().await;
+    assert!(
+        turn.iter()
+            .any(|e| matches!(&e.data, EventData::AssistantMessage { .. })
+                && e.to_json().to_string().contains("third")),
+        "{turn:?}"
+    );
+    // Both prompts are in what the model is given next.
+    let said: Vec<String> = agent
+        .agent()
+        .session()
+        .events()
+        .iter()
+        .filter(|e| matches!(e.data, EventData::UserMessage(_)))
+        .map(|e| e.to_json().to_string())
+        .collect();
+    for prompt in ["one", "two", "three"] {
+        let quoted = format!("\"{prompt}\"");
+        assert!(
+            said.iter().any(|m| m.contains(&quoted)),
+            "{prompt}: {said:?}"
+        );
+    }
+    agent.dispose().await;
+    let ended = tokio::time::timeout(Duration::from_secs(30), events.next()).await;
+    assert!(matches!(ended, Ok(None)), "the stream outlived its agent");
+    // A handle dropped (a request abandoned) disposes its agent; a
+    // detached one stays.
+    let dropped = dsh.agent().spawn().await.unwrap();
+    let mut gone = dropped.events();
+    drop(dropped);
+    let ended = tokio::time::timeout(Duration::from_secs(30), gone.next()).await;
+    assert!(matches!(ended, Ok(None)), "a dropped handle left its agent");
+    crate::suite::until("the dropped handle's agent was disposed", || {
+        nodes(&dsh) == baseline
+    })
+    .await;
+    let kept = dsh.agent().spawn().await.unwrap().detach();
+    let turn = kept.run("four", Duration::from_secs(30)).await.unwrap();
+    assert_eq!(turn.text, "fourth");
+    assert_ne!(nodes(&dsh), baseline);
+    kept.dispose().await;
+    assert_eq!(nodes(&dsh), baseline);
+    dsh.shutdown().await.unwrap();
+}
+
+/// A model's failure comes back with its own code, and says whether to try
+/// again; a turn past its bound is a retryable `TIMEOUT`, and the agent is
+/// disposed all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_come_back_with_their_code_and_whether_to_retry() {
+    let dsh = front(script(serde_json::json!([
+        {"error": {"code": "AUTH", "message": "bad key", "status": 401}},
+        {"tool_calls": [{"name": "bash", "arguments": {"command": "sleep 30", "description": "wait"}}]},
+    ])))
+    .await;
+    let baseline = nodes(&dsh);
+    let e = dsh.agent().run("hello").await.unwrap_err();
+    assert_eq!(e.code(), "AUTH");
+    assert!(e.message().contains("bad key"), "{e}");
+    assert!(!e.is_retryable());
+    let e = dsh
+        .agent()
+        .timeout(Duration::from_millis(300))
+        .run("wait")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "TIMEOUT", "{e}");
+    assert!(e.is_retryable());
+    let e = dsh
+        .agent()
+        .definition("nobody")
+        .spawn()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), "CREATE");
+    assert!(e.message().contains("no agent definition `nobody`"), "{e}");
+    assert_eq!(nodes(&dsh), baseline, "an agent outlived its failed run");
+    dsh.shutdown().await.unwrap();
+}
+
+/// Open file descriptors of this process.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A hundred requests at once, each an agent: every one is disposed, and the
+/// tree, the tasks and the open files come back to what they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_agents_are_disposed_and_leave_nothing_behind() {
+    let dsh = front(Model::demo()).await;
+    // One first, so what is made once (the sandbox probe, the caches) is in
+    // the baseline.
+    dsh.agent()
+        .run("Write one line about actors.")
+        .await
+        .unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let (nodes0, tasks0, fds0) = (nodes(&dsh), metrics.num_alive_tasks(), open_fds());
+    let asks = (0..100).map(|i| {
+        let dsh = dsh.clone();
+        async move {
+            dsh.agent()
+                .run(&format!("Write one line about topic{i}."))
+                .await
+        }
+    });
+    let answers = futures::future::join_all(asks).await;
+    for (i, a) in answers.into_iter().enumerate() {
+        assert_eq!(a.unwrap().text, format!("topic{i}: noted."));
+    }
+    assert_eq!(nodes(&dsh), nodes0);
+    crate::suite::until("the agents' tasks ended", || {
+        metrics.num_alive_tasks() <= tasks0
+    })
+    .await;
+    crate::suite::until("the agents' files were closed", || open_fds() <= fds0).await;
+    dsh.shutdown().await.unwrap();
+}
+
+/// Shutdown with agents mid-turn: each turn is cancelled and ends in its
+/// stored session, the commands they ran are gone, all within the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_agents_mid_turn_within_its_budget() {
+    let _sweep = crate::suite::sweep();
+    let token = "31.4159";
+    let call = serde_json::json!({"tool_calls": [{"name": "bash", "arguments": {
+        "command": format!("sleep {token}"), "description": "wait"
+    }}]});
+    let sessions = fresh_dir("dsh-front-sessions").unwrap();
+    let dsh = Dsh::builder()
+        .model(script(serde_json::json!([
+            call.clone(),
+            call.clone(),
+            call
+        ])))
+        .workspace(fresh_dir("dsh-front").unwrap())
+        .sessions_dir(&sessions)
+        .shutdown_budget(Duration::from_secs(20))
+        .start()
+        .await
+        .unwrap();
+    let (mut ids, mut held) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let agent = dsh.agent().spawn().await.unwrap();
+        let mut events = agent.events();
+        agent.send("wait a while").unwrap();
+        while let Some(e) = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .unwrap()
+        {
+            if e.data.kind() == "tool/call" {
+                break;
+            }
+        }
+        ids.push(agent.id().to_owned());
+        // Held: a dropped handle would dispose its agent before the shutdown.
+        held.push(agent);
+    }
+    crate::suite::until("the commands started", || crate::suite::running(token)).await;
+    dsh.shutdown().await.unwrap();
+    drop(held);
+    crate::suite::until("a command outlived the shutdown", || {
+        !crate::suite::running(token)
+    })
+    .await;
+    use dsh::services::persistence::SessionPersistence;
+    let store = dsh::services::persistence::JsonlStore::new(sessions);
+    for id in ids {
+        let loaded = store.load(&id).unwrap();
+        let ends: Vec<&TurnEndReason> = loaded
+            .events
+            .iter()
+            .filter_map(|e| match &e.data {
+                EventData::TurnEnd { reason, .. } => Some(&**reason),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            matches!(ends.as_slice(), [TurnEndReason::Aborted { .. }]),
+            "{id}: {ends:?}"
+        );
+    }
+}
+
+/// A workflow and a Ralph loop from Rust: their results, their children
+/// gone after, and requests the runtime refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_and_a_ralph_loop_run_from_rust() {
+    let dsh = front(Model::demo()).await;
+    let baseline = nodes(&dsh);
+    let fan = "const lines = await Promise.all(args.topics.map(t => \
+               agent('Write one line about ' + t + '.', {label: t}))); return {lines};";
+    let out = dsh
+        .workflow(fan)
+        .name("fan")
+        .args(serde_json::json!({"topics": ["actors", "teardown"]}))
+        .max_parallel(2)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(out.agents_started, 2);
+    let lines = out.value["lines"].as_array().unwrap();
+    assert!(
+        lines[0].as_str().unwrap().starts_with("actors: "),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].as_str().unwrap().starts_with("teardown: "),
+        "{lines:?}"
+    );
+    assert_eq!(nodes(&dsh), baseline);
+    let e = dsh.workflow("return (;").run().await.unwrap_err();
+    assert!(["SCRIPT", "FAILED"].contains(&e.code()), "{e}");
+    assert!(!e.message().is_empty());
+
+    let looped = dsh
+        .ralph("Ship the release")
+        .max_rounds(5)
+        .run()
+        .await
+        .unwrap();
+    assert_eq!(looped.outcome, dsh::actors::ralph::RalphOutcome::Complete);
+    assert_eq!(looped.rounds, 3);
+    let e = dsh.ralph("x").max_rounds(0).run().await.unwrap_err();
+    assert_eq!(e.code(), "SCRIPT");
+    assert_eq!(nodes(&dsh), baseline);
+    dsh.shutdown().await.unwrap();
+}
+
+/// An agent made from a definition in the workspace carries its name, its
+/// prompt and its tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_made_from_a_definition_in_the_workspace() {
+    let ws = fresh_dir("dsh-front").unwrap();
+    std::fs::create_dir_all(ws.join(".dsh/agents")).unwrap();
+    std::fs::write(
+        ws.join(".dsh/agents/brief.md"),
+        "---\nname: brief\ndescription: Answers briefly.\ntools: [read]\n---\nAnswer in one line.\n",
+    )
+    .unwrap();
+    let dsh = Dsh::builder()
+        .model(Model::demo())
+        .workspace(&ws)
+        .start()
+        .await
+        .unwrap();
+    let agent = dsh.agent().definition("brief").spawn().await.unwrap();
+    let spec = agent.agent().spec();
+    assert_eq!(spec.definition.as_deref(), Some("brief"));
+    assert_eq!(
+        spec.system.as_deref().map(str::trim),
+        Some("Answer in one line.")
+    );
+    let allowed = spec.restriction.as_ref().and_then(|r| r.allow.clone());
+    assert_eq!(allowed, Some(vec!["read".to_owned()]));
+    agent.dispose().await;
+    let e = dsh
+        .agent()
+        .definition("verbose")
+        .spawn()
+        .await
+        .err()
+        .unwrap();
+    assert!(e.message().contains("(found: brief)"), "{e}");
+    dsh.shutdown().await.unwrap();
+}
