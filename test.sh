@@ -99,4 +99,9 @@ if [ -z "$quick" ] && [ "$status" -eq 0 ]; then
   say "cargo test --doc --workspace (at most 600s)"
   timeout --kill-after=30 600 cargo test --doc --workspace --quiet || status=$?
 fi
+# The library's docs (the guide on its crate root) build without a warning.
+if [ -z "$quick" ] && [ "$status" -eq 0 ]; then
+  say "cargo doc -p dsh (warnings are errors)"
+  RUSTDOCFLAGS="-D warnings" timeout --kill-after=30 600 cargo doc --no-deps -p dsh --quiet || status=$?
+fi
 exit "$status"

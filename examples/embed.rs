@@ -7,7 +7,7 @@
 //! or Ctrl-C the server stops taking requests, then `Dsh::shutdown` drains
 //! whatever still runs, in order, before the process exits.
 //!
-//! Run: `cargo run --release --bin dsh-embed-example` (keyless: the built-in
+//! Run: `cargo run --release --example embed` (keyless: the built-in
 //! demo model), or with `DSH_BASE_URL`/`DSH_MODEL`/`DSH_API_KEY` for a real
 //! OpenAI-compatible endpoint. `PORT` picks the port (default: any free one).
 
@@ -76,8 +76,9 @@ async fn terminated() {
     }
 }
 
+/// Serves until SIGTERM or Ctrl-C, then shuts the runtime down in order.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let model = match (std::env::var("DSH_BASE_URL"), std::env::var("DSH_MODEL")) {
         (Ok(url), Ok(id)) => Model::openai_compatible(url, id),
         _ => Model::demo(),

@@ -755,7 +755,7 @@ impl Connection {
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("session/set_mode: {}", chain(&e))))?;
         let mut spec = self.spec(cwd).await;
         if let Some(d) = definition {
-            crate::stage::define(&self.root, &mut spec, d);
+            dsh_actors::subagent::define_top_level(&self.root, &mut spec, d);
         }
         spec.durable = Some(loaded.durable);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));

@@ -9,16 +9,7 @@
 //! service can match: a stable [`code`](RunError::code) and whether trying
 //! again may help ([`is_retryable`](RunError::is_retryable)).
 //!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let dsh = dsh::Dsh::builder().model(dsh::Model::demo()).start().await?;
-//! let answer = dsh.agent().run("Write one line about supervision.").await?;
-//! assert!(answer.text.starts_with("supervision:"));
-//! dsh.shutdown().await?;
-//! # Ok(())
-//! # }
-//! ```
+//! The crate root's docs open with the five-line program.
 //!
 //! Defaults are for a service: nothing asks a person (a call that needs
 //! approval is refused), commands run sandboxed with workspace writes, the
@@ -762,7 +753,7 @@ impl AgentBuilder {
                     ),
                 ));
             };
-            crate::stage::define(&root, &mut spec, definition);
+            dsh_actors::subagent::define_top_level(&root, &mut spec, definition);
             if let Some(system) = &self.system {
                 spec.system = Some(system.clone());
             }

@@ -1,47 +1,72 @@
-//! # dsh — the facade crate and the `dsh` command
+//! # dsh — supervised agents for your service
 //!
-//! ## Code map
-//! Modules in layers: each imports only modules above it in this list.
-//! - [`out`]: stdout and stderr that a closed reader does not crash
+//! dsh runs LLM agents as supervised actors: every agent, subagent, tool
+//! call, workflow run and model provider is a node of one supervision tree,
+//! and tearing a parent down drains and disposes its children in order.
+//! This crate is what a service depends on; the `dsh` command is built on
+//! it.
+//!
+//! ## Five lines
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dsh = dsh::Dsh::builder().model(dsh::Model::demo()).start().await?;
+//! let answer = dsh.agent().run("Write one line about supervision.").await?;
+//! assert!(answer.text.starts_with("supervision:"));
+//! dsh.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## A guide
+//!
+//! - **Boot** with [`Dsh::builder`]: a [`Model`] (the keyless demo, a
+//!   scripted one for tests, an OpenAI-compatible endpoint, DeepSeek), a
+//!   workspace, a permission mode and sandbox, where sessions are kept, the
+//!   limits. Nothing asks a person by default: a call that needs approval
+//!   is refused.
+//! - **Agents**: [`Dsh::agent`] gives an [`AgentBuilder`] (system prompt,
+//!   tools, a named definition, model, timeout); `.run(prompt)` answers
+//!   once and disposes the agent, `.spawn()` keeps a resident
+//!   [`AgentHandle`] — `run`, `send`, `steer`, `cancel`, and its session's
+//!   [`Events`] as a stream.
+//! - **Many agents**: [`Dsh::workflow`] runs a JavaScript workflow whose
+//!   `agent()` calls are children of a coordinator; [`Dsh::ralph`] runs a
+//!   Ralph loop, a fresh worker per round with a structured handoff.
+//! - **Errors** are one type per operation — [`StartError`], [`RunError`],
+//!   [`FlowError`], [`ShutdownError`] — each with a stable `code()` and
+//!   `is_retryable()`.
+//! - **Shutdown**: [`Dsh::shutdown`] disposes the whole tree in order
+//!   within its budget; running turns end `aborted` in their sessions.
+//! - **The dashboard** in your own server: [`web`] (the HTTP/SSE API and
+//!   the page over the live tree).
+//! - **Underneath**: the kernel ([`kernel`]: runtime, plugins, fibers,
+//!   the tree), the seams ([`services`]: model messages, sessions, tools,
+//!   sandbox, stores) and the actors ([`actors`]: agents, subagents,
+//!   workflows, Ralph) are re-exported, so this one crate is the
+//!   dependency. [`Dsh::runtime`] reaches the kernel's runtime.
+//!
+//! `docs/embedding.md` in the repository walks through a whole axum service
+//! (`examples/embed.rs`).
+//!
+//! ## Code map (for contributors)
+//! The library's modules in layers: each imports only modules above it.
+//! The `dsh` command's own modules are the binary's (`src/main.rs` lists
+//! them); the ones it shares with the library are hidden from these docs
+//! and are not part of the API.
+//! - `out`: stdout and stderr that a closed reader does not crash
 //!   (`out!`, `outln!`, `err!`, `errln!`).
-//! - [`lines`]: how a run's lines read (where a child runs, how it ended,
+//! - `lines`: how a run's lines read (where a child runs, how it ended,
 //!   its time and tokens) and text from outside made inert for a terminal.
-//! - [`board`]: a run's children as they go: the progress line on a
-//!   terminal, the summary table at the end.
-//! - [`record`]: a run's own record — its tree's nodes, live and stopped,
+//! - `record`: a run's own record — its tree's nodes, live and stopped,
 //!   with status, time and tokens, bounded — and its rendering.
-//! - [`exit`]: how a command ends (exit codes, library errors turned into them).
-//! - [`home`]: `~/.dsh` (the default sessions store, the anonymous id).
-//! - [`args`]: the options every agent-creating command shares (model,
-//!   policy, plugin tree, workspace, sessions store).
+//! - `home`: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
-//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
-//! - [`stage`]: booting the agent services and the model those options name.
-//! - [`embed`]: the front door for services — [`Dsh::builder`] boots a
-//!   runtime with one model; agents, workflows and Ralph loops run under
-//!   it; one error type per operation.
-//! - [`agents`]: `dsh agents list|show` — the named agent definitions found.
-//! - [`config`]: `dsh check`, `dsh tree`, `dsh mcp list`.
-//! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
-//! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent
-//!   per session (on a model, or on a recording).
-//! - [`node`]: `dsh node` — join a cluster and serve children to other
-//!   nodes; the `--nodes` options that place a command's children there.
-//! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
-//! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
-//! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
-//! - [`chat`]: `dsh chat` — an interactive session on one resident agent:
-//!   what a typed line means, the agent's events as display items, the
-//!   commands, and the transcript seat (stdin not a terminal).
-//!
-//! Each command module owns its `…Args` (clap); `main.rs` parses the command
-//! line and dispatches. The benchmarks (`dsh bench`) are modules of the
-//! binary, not of this library: they drive it through its public API, as an
-//! embedder would.
-//!
-//! The kernel, seams and actors are re-exported as [`kernel`], [`services`]
-//! and [`actors`] so an embedder depends on this one crate.
+//! - [`embed`]: the front door — [`Dsh::builder`] boots a runtime with one
+//!   model; agents, workflows and Ralph loops run under it; one error type
+//!   per operation.
 
 pub use dsh_actors as actors;
 pub use dsh_services as services;
@@ -53,24 +78,14 @@ pub use embed::{
     RunError, ShutdownError, StartError, WorkflowBuilder, WorkflowOutput,
 };
 
-pub mod acp;
-pub mod agents;
-pub mod args;
-pub mod board;
 pub mod catalogue;
-pub mod chat;
-pub mod config;
 pub mod embed;
-pub mod exit;
+#[doc(hidden)]
 pub mod home;
+#[doc(hidden)]
 pub mod lines;
-pub mod multi;
-pub mod node;
+#[doc(hidden)]
 pub mod out;
+#[doc(hidden)]
 pub mod record;
-pub mod replay;
-pub mod run;
-pub mod serve;
-pub mod sessions;
-pub mod stage;
 pub mod web;

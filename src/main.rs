@@ -1,13 +1,57 @@
 //! The `dsh` command: parses the arguments and hands each subcommand to its
-//! module, which returns an [`Exit`](dsh::exit::Exit).
+//! module, which returns an [`Exit`](exit::Exit).
+//!
+//! ## Code map
+//! The command's own modules, in layers: each imports only modules above
+//! it (and the library, `dsh`, whose modules it shares as `crate::…`).
+//! - [`exit`]: how a command ends (exit codes, library errors turned into them).
+//! - [`args`]: the options every agent-creating command shares (model,
+//!   policy, plugin tree, workspace, sessions store).
+//! - [`board`]: a run's children as they go: the progress line on a
+//!   terminal, the summary table at the end.
+//! - [`sessions`]: `dsh sessions` — list, show, fork, export stored sessions.
+//! - [`stage`]: booting the agent services and the model those options name.
+//! - [`agents`]: `dsh agents list|show` — the named agent definitions found.
+//! - [`config`]: `dsh check`, `dsh tree`, `dsh mcp list`.
+//! - [`replay`]: `dsh replay` — re-run a recorded session, compare structurally.
+//! - [`acp`]: `dsh acp` — the Agent Client Protocol over stdio, one agent
+//!   per session (on a model, or on a recording).
+//! - [`node`]: `dsh node` — join a cluster and serve children to other
+//!   nodes; the `--nodes` options that place a command's children there.
+//! - [`serve`]: `dsh serve` — the API and dashboard until Ctrl-C.
+//! - [`run`]: `dsh run` — one agent, one turn, streamed to the terminal.
+//! - [`multi`]: `dsh workflow`, `dsh ralph`, `dsh demo` — multi-agent runs.
+//! - [`chat`]: `dsh chat` — an interactive session on one resident agent:
+//!   what a typed line means, the agent's events as display items, the
+//!   commands, and the transcript seat (stdin not a terminal).
+//! - [`bench`]: `dsh bench` — the benchmarks, driving the library through
+//!   its public API as an embedder would.
+//!
+//! Each command module owns its `…Args` (clap); `main` parses the command
+//! line and dispatches.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use dsh::{acp, agents, chat, config, multi, node, replay, run, serve, sessions};
+// The library's modules the command shares, reachable as `crate::…`.
+use dsh::{catalogue, err, errln, home, lines, out, outln, record, web};
 use dsh_supervisors::error::chain;
 
+mod acp;
+mod agents;
+mod args;
 mod bench;
+mod board;
+mod chat;
+mod config;
+mod exit;
+mod multi;
+mod node;
+mod replay;
+mod run;
+mod serve;
+mod sessions;
+mod stage;
 
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
@@ -89,13 +133,13 @@ fn main() -> ExitCode {
     // any missing subcommand.
     let command = match cli.command {
         Some(c) => c,
-        None if dsh::chat::terminal::usable() => match Cli::parse_from(["dsh", "chat"]).command {
+        None if chat::terminal::usable() => match Cli::parse_from(["dsh", "chat"]).command {
             Some(chat) => chat,
-            None => return ExitCode::from(dsh::exit::USAGE),
+            None => return ExitCode::from(exit::USAGE),
         },
         None => {
             let _ = <Cli as clap::CommandFactory>::command().print_help();
-            return ExitCode::from(dsh::exit::USAGE);
+            return ExitCode::from(exit::USAGE);
         }
     };
     tracing_subscriber::fmt()
@@ -115,8 +159,8 @@ fn main() -> ExitCode {
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            dsh::errln!("dsh: cannot start the async runtime: {}", chain(&e));
-            return ExitCode::from(dsh::exit::FAILED);
+            errln!("dsh: cannot start the async runtime: {}", chain(&e));
+            return ExitCode::from(exit::FAILED);
         }
     };
     let code = rt.block_on(dispatch(command));

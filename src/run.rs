@@ -377,7 +377,7 @@ async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
         let definition = definitions
             .require(name)
             .map_err(|e| Exit::usage(crate::lines::inert_line(&e.to_string())))?;
-        crate::stage::define(&rt.root(), &mut spec, definition);
+        dsh_actors::subagent::define_top_level(&rt.root(), &mut spec, definition);
     }
     place_session(store(rt, &args.store)?, args, &mut spec)?;
     if !args.cluster.nodes.is_empty() {

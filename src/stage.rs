@@ -379,65 +379,6 @@ pub async fn definitions(
     Arc::new(found)
 }
 
-/// Makes a top-level agent's `spec` what `definition` says, within what
-/// this runtime allows: its body as the system prompt; its model (a
-/// configured route, or a model id on the spec's route); the global tools
-/// its names and globs match; its permission mode narrowed to the
-/// sandbox's standing one; its effort; its step cap (at most the spec's).
-pub fn define(
-    root: &dsh_supervisors::Context,
-    spec: &mut dsh_actors::agent::AgentSpec,
-    definition: &dsh_services::definitions::Definition,
-) {
-    spec.system = Some(definition.prompt.clone());
-    if let (Some(model), Some(llm)) = (
-        &definition.model,
-        root.get::<LlmRuntime>(LlmRuntime::SERVICE),
-    ) {
-        (spec.provider, spec.model) =
-            dsh_actors::subagent::definition_route(&llm, &spec.provider, model);
-    }
-    if let (Some(patterns), Some(registry)) = (
-        &definition.tools,
-        root.get::<dsh_services::tools::ToolRegistry>(dsh_services::tools::ToolRegistry::SERVICE),
-    ) {
-        spec.restriction = Some(dsh_services::tools::Restriction {
-            allow: Some(dsh_actors::subagent::definition_tools(
-                &registry, None, patterns,
-            )),
-            deny: Vec::new(),
-        });
-    }
-    if let Some(mode) = definition.permission_mode {
-        let standing = root
-            .get::<Sandbox>(Sandbox::SERVICE)
-            .map(|s| s.defaults())
-            .unwrap_or_default();
-        spec.permission = Some(standing.narrowed(Some(dsh_services::sandbox::Policy {
-            mode,
-            network: standing.network,
-        })));
-    }
-    spec.reasoning_effort = definition.reasoning_effort.clone();
-    if let Some(cap) = definition.max_steps {
-        spec.max_steps = spec.max_steps.min(cap);
-    }
-    spec.label = Some(definition.name.clone());
-    spec.definition = Some(definition.name.clone());
-    if definition.max_turns.is_some()
-        || definition.max_tokens.is_some()
-        || definition.timeout.is_some()
-    {
-        spec.limits = Some(dsh_actors::agent::Limits::new(
-            format!("agent definition `{}`", definition.name),
-            None,
-            definition.max_turns,
-            definition.max_tokens,
-            definition.timeout,
-        ));
-    }
-}
-
 /// The workspace's system prompt sections for an agent in `cwd`: its
 /// `AGENTS.md` files (and the user's `~/.dsh/AGENTS.md`), then its skills
 /// catalog; read off the async workers.

@@ -15,7 +15,7 @@ use dsh_supervisors::BoxError;
 use dsh_supervisors::error::chain;
 use serde_json::{Value, json};
 
-use dsh::exit::Exit;
+use crate::exit::Exit;
 
 /// `dsh bench compare`: the options.
 #[derive(clap::Args, Debug, Clone)]

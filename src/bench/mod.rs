@@ -16,7 +16,7 @@ use dsh_supervisors::error::chain;
 use kernel::kernel;
 use session::{derive_costs, persist};
 
-use dsh::exit::Exit;
+use crate::exit::Exit;
 
 /// `dsh bench`: the options.
 #[derive(clap::Args, Debug)]

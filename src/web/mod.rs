@@ -21,13 +21,13 @@
 //!   permissionMode?}`, and `POST /api/agents/{id}/followup|steer`
 //!   `{text}`, `.../cancel`, `.../compact`: only when `mutations: true`.
 //! - `GET /api/approvals`, `POST /api/approvals/{id}` `{outcome}`: the
-//!   approval asks waiting for an answer ([`approvals`]; answered only when
+//!   approval asks waiting for an answer (`approvals`; answered only when
 //!   `mutations: true`).
 //!
 //! Errors are JSON `{"error": {"code", "message"}}` with a stable code.
 //!
 //! Safety — the API is reachable from any page the user's browser opens,
-//! so every request is checked ([`guard`]):
+//! so every request is checked (`guard`):
 //! - the server binds 127.0.0.1 unless told otherwise; any other address
 //!   requires a bearer token (read from an environment variable);
 //! - with mutations on, a token is required on loopback too: without a

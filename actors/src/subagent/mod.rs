@@ -416,6 +416,62 @@ pub fn definition_tools(
         .collect()
 }
 
+/// Makes a top-level agent's `spec` what `definition` says, within what
+/// this runtime allows: its body as the system prompt; its model (a
+/// configured route, or a model id on the spec's route); the global tools
+/// its names and globs match; its permission mode narrowed to the
+/// sandbox's standing one; its effort; its step cap (at most the spec's).
+pub fn define_top_level(
+    root: &Context,
+    spec: &mut AgentSpec,
+    definition: &dsh_services::definitions::Definition,
+) {
+    spec.system = Some(definition.prompt.clone());
+    if let (Some(model), Some(llm)) = (
+        &definition.model,
+        root.get::<LlmRuntime>(LlmRuntime::SERVICE),
+    ) {
+        (spec.provider, spec.model) = definition_route(&llm, &spec.provider, model);
+    }
+    if let (Some(patterns), Some(registry)) = (
+        &definition.tools,
+        root.get::<ToolRegistry>(ToolRegistry::SERVICE),
+    ) {
+        spec.restriction = Some(Restriction {
+            allow: Some(definition_tools(&registry, None, patterns)),
+            deny: Vec::new(),
+        });
+    }
+    if let Some(mode) = definition.permission_mode {
+        let standing = root
+            .get::<dsh_services::sandbox::Sandbox>(dsh_services::sandbox::Sandbox::SERVICE)
+            .map(|s| s.defaults())
+            .unwrap_or_default();
+        spec.permission = Some(standing.narrowed(Some(dsh_services::sandbox::Policy {
+            mode,
+            network: standing.network,
+        })));
+    }
+    spec.reasoning_effort = definition.reasoning_effort.clone();
+    if let Some(cap) = definition.max_steps {
+        spec.max_steps = spec.max_steps.min(cap);
+    }
+    spec.label = Some(definition.name.clone());
+    spec.definition = Some(definition.name.clone());
+    if definition.max_turns.is_some()
+        || definition.max_tokens.is_some()
+        || definition.timeout.is_some()
+    {
+        spec.limits = Some(crate::agent::Limits::new(
+            format!("agent definition `{}`", definition.name),
+            None,
+            definition.max_turns,
+            definition.max_tokens,
+            definition.timeout,
+        ));
+    }
+}
+
 /// Why a run ended (the turn-end vocabulary).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
