@@ -177,8 +177,8 @@ pub(crate) struct Api {
     pub(crate) stop: CancellationToken,
     /// Whether mutating endpoints are enabled.
     pub(crate) mutations: bool,
-    /// Where the server listens (the `Host` it answers to).
-    bound: SocketAddr,
+    /// The `Host`s it answers to.
+    hosts: Hosts,
     /// Approval asks waiting for a client.
     approvals: Arc<approvals::Pending>,
 }
@@ -446,16 +446,30 @@ async fn guard(State(api): State<Api>, mut request: Request, next: Next) -> Resp
         .and_then(|v| v.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
         .unwrap_or("");
-    if api.token.is_none() && !loopback_host(host, api.bound) {
-        return error(
-            StatusCode::FORBIDDEN,
-            "FORBIDDEN_HOST",
-            format!(
-                "this server answers to its own address only (Host: {} or localhost:{}), not `{host}`",
-                api.bound,
-                api.bound.port()
-            ),
-        );
+    match &api.hosts {
+        Hosts::Bound(bound) if api.token.is_none() && !loopback_host(host, *bound) => {
+            return error(
+                StatusCode::FORBIDDEN,
+                "FORBIDDEN_HOST",
+                format!(
+                    "this server answers to its own address only (Host: {bound} or localhost:{}), not `{host}`",
+                    bound.port()
+                ),
+            );
+        }
+        Hosts::Listed(listed)
+            if !listed.is_empty() && !listed.iter().any(|h| h.eq_ignore_ascii_case(host)) =>
+        {
+            return error(
+                StatusCode::FORBIDDEN,
+                "FORBIDDEN_HOST",
+                format!(
+                    "this dashboard answers to {} only, not `{host}`",
+                    listed.join(", ")
+                ),
+            );
+        }
+        _ => {}
     }
     let page = reading && request.uri().path() == "/";
     let mut token_in_query = false;
@@ -622,14 +636,25 @@ async fn method_not_allowed(request: Request) -> Response {
     )
 }
 
-/// The API's routes over `rt`, served at `bound`; `stop` ends the open
+/// The `Host`s a router answers to.
+#[derive(Clone, Debug)]
+enum Hosts {
+    /// The server's own address (or a loopback name with its port); checked
+    /// without a token.
+    Bound(SocketAddr),
+    /// The names a service mounting the router gave; checked always (none
+    /// given: any, which only a token allows).
+    Listed(Arc<[String]>),
+}
+
+/// The API's routes over `rt`, answering to `hosts`; `stop` ends the open
 /// streams.
 fn router(
     rt: Runtime,
     token: Option<Arc<str>>,
     stop: CancellationToken,
     mutations: bool,
-    bound: SocketAddr,
+    hosts: Hosts,
     approvals: Arc<approvals::Pending>,
 ) -> Router {
     let api = Api {
@@ -637,7 +662,7 @@ fn router(
         token,
         stop,
         mutations,
-        bound,
+        hosts,
         approvals,
     };
     Router::new()
@@ -695,6 +720,94 @@ async fn bind_address(bind: &str) -> Result<SocketAddr, BoxError> {
         .ok_or_else(|| format!("`bind: {bind}` resolves to no address").into())
 }
 
+/// What the dashboard's router checks when a service mounts it in its own
+/// server ([`mount`]).
+#[derive(Clone, Debug, Default)]
+pub struct MountOptions {
+    /// The `Host` values requests may carry (`ops.example.com`,
+    /// `localhost:8080`), compared without case. Required without a
+    /// token: a page on a rebinding domain names its own host.
+    pub hosts: Vec<String>,
+    /// The bearer token every request but the page itself carries
+    /// (`Authorization: Bearer`, or `?token=` on reads). Required with
+    /// `mutations`.
+    pub token: Option<String>,
+    /// Allow the endpoints that change things (create, steer, cancel
+    /// agents; answer approvals).
+    pub mutations: bool,
+}
+
+/// Why [`mount`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountError(String);
+
+impl std::fmt::Display for MountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MountError {}
+
+/// The HTTP API and the dashboard page over `rt`'s tree as a router a
+/// service mounts under a path of its own:
+///
+/// ```no_run
+/// # async fn serve(dsh: dsh::Dsh) -> Result<(), Box<dyn std::error::Error>> {
+/// let options = dsh::web::MountOptions {
+///     token: Some(std::env::var("DASHBOARD_TOKEN")?),
+///     ..Default::default()
+/// };
+/// let dashboard = dsh::web::mount(dsh.runtime(), options)?;
+/// let app: axum::Router = axum::Router::new().nest_service("/ops/dsh", dashboard);
+/// # let _ = app; Ok(()) }
+/// ```
+///
+/// Every check of the standalone server stays: the `Host` (the listed
+/// names), the token (on every request but the page), a JSON body and no
+/// foreign `Origin` for anything that changes things, the body cap,
+/// mutations off unless enabled (and then never without a token), agents
+/// created within the sandbox's standing permission. A service's own auth
+/// layer goes on top (`.layer(…)` on the router it mounts this in): both
+/// must pass. The open streams end when the runtime shuts down.
+pub fn mount(rt: &Runtime, options: MountOptions) -> Result<Router, MountError> {
+    let token = options
+        .token
+        .filter(|t| !t.is_empty())
+        .map(Arc::<str>::from);
+    if options.mutations && token.is_none() {
+        return Err(MountError(
+            "mutations need a token: anyone who reaches the router could steer agents and answer their approvals".into(),
+        ));
+    }
+    if token.is_none() && options.hosts.is_empty() {
+        return Err(MountError(
+            "without a token, name the hosts the dashboard answers to (`hosts`)".into(),
+        ));
+    }
+    let root = rt.root();
+    let stop = CancellationToken::new();
+    let ending = stop.clone();
+    root.on_teardown("stop the mounted dashboard", move || async move {
+        ending.cancel()
+    })
+    .map_err(|e| MountError(format!("the runtime refused the dashboard: {}", chain(&e))))?;
+    let pending = Arc::new(approvals::Pending::default());
+    if options.mutations {
+        pending
+            .answer_through(&root, stop.clone())
+            .map_err(|e| MountError(format!("cannot answer approvals: {}", chain(&e))))?;
+    }
+    Ok(router(
+        rt.clone(),
+        token,
+        stop,
+        options.mutations,
+        Hosts::Listed(options.hosts.into()),
+        pending,
+    ))
+}
+
 /// The `web` plugin.
 pub struct Web;
 
@@ -748,7 +861,7 @@ impl Plugin for Web {
                 token.clone(),
                 stop.clone(),
                 config.mutations,
-                bound,
+                Hosts::Bound(bound),
                 pending,
             )),
             stop: stop.clone(),

@@ -993,3 +993,59 @@ async fn a_thousand_agents_keep_the_dom_to_the_rows_in_view() {
     );
     rt.shutdown().await;
 }
+
+/// The page mounted in a service under `/ops/dsh/`, behind the service's
+/// cookie: it shows the embedding runtime's agents and asks for nothing
+/// outside its own path (`dashboard-mounted.png`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_mounted_under_a_prefix_reads_its_api_there() {
+    let _sweep = crate::suite::sweep();
+    let peers = super::peers::peers();
+    let dsh = dsh::Dsh::builder()
+        .model(dsh::Model::demo())
+        .workspace(dsh::kernel::scratch::fresh_dir("dsh-mounted").unwrap())
+        .start()
+        .await
+        .unwrap();
+    let agent = dsh.agent().label("mounted-agent").spawn().await.unwrap();
+    agent.run("Write one line about actors.").await.unwrap();
+    let options = dsh::web::MountOptions {
+        token: Some("t0ken".into()),
+        ..Default::default()
+    };
+    let app = axum::Router::new()
+        .nest_service("/ops/dsh", dsh::web::mount(dsh.runtime(), options).unwrap())
+        .layer(axum::middleware::from_fn(super::web::service_auth));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/ops/dsh/#token=t0ken",
+        listener.local_addr().unwrap()
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .await
+    });
+    let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("artefacts");
+    std::fs::create_dir_all(&artefacts).unwrap();
+    let png = artefacts.join("dashboard-mounted.png");
+    let seen = browser_report_with(
+        &peers,
+        "mounted.cjs",
+        &url,
+        &["mounted-agent", png.to_str().unwrap()],
+    )
+    .await;
+    assert!(
+        seen["row"].as_str().unwrap().contains("mounted-agent"),
+        "{seen}"
+    );
+    assert_eq!(seen["outside"], serde_json::json!([]), "{seen}");
+    assert!(std::fs::metadata(&png).unwrap().len() > 0);
+    agent.dispose().await;
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    dsh.shutdown().await.unwrap();
+}

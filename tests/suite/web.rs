@@ -1729,3 +1729,197 @@ async fn a_runs_dashboard_with_a_token_refuses_requests_without_it() {
     assert_eq!(good.status(), 200);
     assert!(terminate(child).await.success());
 }
+
+/// The service's own auth in the mounting test: a session cookie, which a
+/// browser sends on a cross-site request too.
+pub(super) async fn service_auth(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let signed_in = request
+        .headers()
+        .get(reqwest::header::COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.split("; ").any(|kv| kv == "session=signed-in"));
+    if !signed_in {
+        return (axum::http::StatusCode::UNAUTHORIZED, "sign in").into_response();
+    }
+    next.run(request).await
+}
+
+/// The dashboard mounted in a service under a prefix: it answers there,
+/// behind the service's auth, and keeps every check of its own — the token,
+/// a JSON body, no foreign origin even with the service's cookie, the body
+/// cap, the hosts it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks() {
+    use dsh::web::{MountOptions, mount};
+    let dsh = dsh::Dsh::builder()
+        .model(dsh::Model::demo())
+        .workspace(dsh::kernel::scratch::fresh_dir("dsh-mount").unwrap())
+        .start()
+        .await
+        .unwrap();
+    // Refused before it serves: mutations without a token; no token and no
+    // hosts.
+    let refused = mount(
+        dsh.runtime(),
+        MountOptions {
+            mutations: true,
+            ..MountOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("mutations need a token"),
+        "{refused}"
+    );
+    let refused = mount(dsh.runtime(), MountOptions::default()).unwrap_err();
+    assert!(refused.to_string().contains("name the hosts"), "{refused}");
+
+    let options = MountOptions {
+        token: Some("t0ken".into()),
+        mutations: true,
+        ..MountOptions::default()
+    };
+    let dashboard = mount(dsh.runtime(), options).unwrap();
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "ok" }))
+        .nest_service("/ops/dsh", dashboard)
+        .layer(axum::middleware::from_fn(service_auth));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .await
+    });
+    let dash = format!("{base}/ops/dsh");
+    let cookie = "session=signed-in";
+    let anyone = client();
+    let member = {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::COOKIE, cookie.parse().unwrap());
+        reqwest::Client::builder()
+            .timeout(WAIT)
+            .default_headers(headers)
+            .build()
+            .unwrap()
+    };
+    // The service's auth comes first.
+    let r = anyone.get(format!("{dash}/api/tree")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.text().await.unwrap(), "sign in");
+    // Signed in, the page (no data) is served under the prefix; the API
+    // still wants the dashboard's token.
+    let page = member.get(format!("{dash}/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("<script>"));
+    let r = member.get(format!("{dash}/api/tree")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "UNAUTHORIZED");
+    let tree = member
+        .get(format!("{dash}/api/tree?token=t0ken"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tree.status(), 200);
+    let nodes: serde_json::Value = tree.json().await.unwrap();
+    assert!(nodes.as_array().is_some_and(|n| !n.is_empty()), "{nodes}");
+    // A cross-site POST carries the service's cookie (and, say, a leaked
+    // token): the dashboard refuses it all the same.
+    let create = serde_json::json!({"prompt": "Write one line about actors."});
+    let r = member
+        .post(format!("{dash}/api/agents"))
+        .bearer_auth("t0ken")
+        .header(reqwest::header::ORIGIN, "https://evil.example")
+        .json(&create)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "CROSS_ORIGIN");
+    // A form post, and a body past the cap.
+    let r = member
+        .post(format!("{dash}/api/agents"))
+        .bearer_auth("t0ken")
+        .header(
+            reqwest::header::CONTENT_TYPE,
+            "application/x-www-form-urlencoded",
+        )
+        .body("prompt=hi")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let huge = serde_json::json!({"prompt": "x".repeat(200_000)});
+    let r = member
+        .post(format!("{dash}/api/agents"))
+        .bearer_auth("t0ken")
+        .json(&huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    // Everything right: an agent is made in the embedding runtime.
+    let r = member
+        .post(format!("{dash}/api/agents"))
+        .bearer_auth("t0ken")
+        .json(&create)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let made: serde_json::Value = r.json().await.unwrap();
+    let node = made["node"].as_u64().unwrap();
+    assert!(
+        dsh.runtime().tree().snapshot().iter().any(|n| n.id == node),
+        "{made}"
+    );
+    // Outside the prefix, the service's own routes.
+    let r = member.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+
+    // Mounted without a token, only the hosts named are answered.
+    let named = mount(
+        dsh.runtime(),
+        MountOptions {
+            hosts: vec!["ops.example.test".into()],
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other = format!("http://{}", listener.local_addr().unwrap());
+    let stopped = stop.clone();
+    let second = tokio::spawn(async move {
+        axum::serve(listener, axum::Router::new().nest_service("/d", named))
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .await
+    });
+    let r = anyone
+        .get(format!("{other}/d/api/tree"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "FORBIDDEN_HOST");
+    let r = anyone
+        .get(format!("{other}/d/api/tree"))
+        .header(reqwest::header::HOST, "ops.example.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    dsh.shutdown().await.unwrap();
+}
