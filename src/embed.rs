@@ -43,6 +43,8 @@ use tokio::sync::mpsc;
 use crate::catalogue::{
     AgentServices, AgentServicesConfig, DeepSeek, DeepSeekPluginConfig, OpenAi, OpenAiPluginConfig,
 };
+use crate::tool::{CustomTool, valid_name};
+use dsh_services::tools::ToolRegistry;
 
 /// Declares one facade error type: a stable code, a message, whether a
 /// retry may help.
@@ -289,6 +291,7 @@ pub struct DshBuilder {
     max_depth: Option<u32>,
     turn_timeout: Duration,
     shutdown_budget: Duration,
+    tools: Vec<CustomTool>,
 }
 
 impl Default for DshBuilder {
@@ -304,6 +307,7 @@ impl Default for DshBuilder {
             max_depth: None,
             turn_timeout: Duration::from_secs(600),
             shutdown_budget: Duration::from_secs(30),
+            tools: Vec::new(),
         }
     }
 }
@@ -381,6 +385,12 @@ impl DshBuilder {
         self
     }
 
+    /// A tool written in Rust ([`CustomTool`]) every agent may call.
+    pub fn tool(mut self, tool: CustomTool) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
     /// Boots the runtime: the agent services, the model, the session
     /// store. Must be called inside a tokio runtime.
     pub async fn start(self) -> Result<Dsh, StartError> {
@@ -407,6 +417,9 @@ impl DshBuilder {
             })?;
         if self.max_depth.is_some_and(|d| d > 16) {
             return Err(StartError::new("CONFIG", "max_depth is at most 16"));
+        }
+        if let Some(bad) = self.tools.iter().find(|t| !valid_name(&t.name())) {
+            return Err(StartError::new("CONFIG", bad_name(&bad.name())));
         }
         let settings = RuntimeSettings {
             shutdown_budget: self.shutdown_budget,
@@ -451,6 +464,19 @@ impl DshBuilder {
             seam.set_policy(self.approval);
         }
         let (provider, model) = model.register(rt).await?;
+        if !self.tools.is_empty() {
+            let registry = root
+                .get::<ToolRegistry>(ToolRegistry::SERVICE)
+                .ok_or_else(|| StartError::new("BOOT", "the agent services provide no tools"))?;
+            for tool in &self.tools {
+                registry.register(&root, tool.tool()).map_err(|e| {
+                    StartError::new(
+                        "CONFIG",
+                        format!("the tool `{}`: {}", tool.name(), chain(&e)),
+                    )
+                })?;
+            }
+        }
         let subagents = root
             .get::<Subagents>(Subagents::SERVICE)
             .ok_or_else(|| StartError::new("BOOT", "the agent services provide no subagents"))?;
@@ -530,6 +556,7 @@ impl Dsh {
             model: None,
             timeout: self.0.turn_timeout,
             label: None,
+            own_tools: Vec::new(),
         }
     }
 
@@ -670,6 +697,7 @@ pub struct AgentBuilder {
     model: Option<String>,
     timeout: Duration,
     label: Option<String>,
+    own_tools: Vec<CustomTool>,
 }
 
 impl AgentBuilder {
@@ -704,6 +732,14 @@ impl AgentBuilder {
     /// [`turn_timeout`](DshBuilder::turn_timeout)).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// A tool written in Rust ([`CustomTool`]) this agent alone may call
+    /// (it shadows a global tool of the same name). With
+    /// [`tools`](AgentBuilder::tools), name it there too.
+    pub fn tool(mut self, tool: CustomTool) -> Self {
+        self.own_tools.push(tool);
         self
     }
 
@@ -764,15 +800,49 @@ impl AgentBuilder {
                 deny: Vec::new(),
             });
         }
+        if let Some(bad) = self.own_tools.iter().find(|t| !valid_name(&t.name())) {
+            return Err(RunError::new("CREATE", bad_name(&bad.name())));
+        }
         let agent = Agent::create(&root, spec)
             .await
             .map_err(|e| agent_error(&e))?;
+        if let Err(e) = own_tools(&agent, &self.own_tools) {
+            agent.dispose().await;
+            return Err(e);
+        }
         Ok(AgentHandle {
             agent,
             timeout: self.timeout,
             owned: true,
         })
     }
+}
+
+/// Registers `tools` in `agent`'s own scope (visible to it alone).
+fn own_tools(agent: &Agent, tools: &[CustomTool]) -> Result<(), RunError> {
+    if tools.is_empty() {
+        return Ok(());
+    }
+    let ctx = agent.context().map_err(|e| agent_error(&e))?;
+    let registry = ctx
+        .get::<ToolRegistry>(ToolRegistry::SERVICE)
+        .ok_or_else(|| RunError::new("CREATE", "the agent services provide no tools"))?;
+    for tool in tools {
+        registry.register(&ctx, tool.tool()).map_err(|e| {
+            RunError::new(
+                "CREATE",
+                format!("the tool `{}`: {}", tool.name(), chain(&e)),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// What a tool name that a model could not call is told.
+fn bad_name(name: &str) -> String {
+    format!(
+        "the tool name {name:?} is not 1 to 64 letters, digits, `_` or `-` (what a model may call)"
+    )
 }
 
 /// The system prompt an agent gets when none is given.

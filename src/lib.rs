@@ -31,6 +31,9 @@
 //!   once and disposes the agent, `.spawn()` keeps a resident
 //!   [`AgentHandle`] — `run`, `send`, `steer`, `cancel`, and its session's
 //!   [`Events`] as a stream.
+//! - **Your own tools**: [`CustomTool`] — a typed argument struct whose
+//!   schema is derived, an async body, the [`Effect`]s it has — on the
+//!   builder (every agent's) or on one agent.
 //! - **Many agents**: [`Dsh::workflow`] runs a JavaScript workflow whose
 //!   `agent()` calls are children of a coordinator; [`Dsh::ralph`] runs a
 //!   Ralph loop, a fresh worker per round with a structured handoff.
@@ -64,6 +67,9 @@
 //! - `home`: `~/.dsh` (the default sessions store, the anonymous id).
 //! - [`web`]: the `web` plugin — the HTTP/SSE API and the dashboard page.
 //! - [`catalogue`]: the compiled-in plugins a `cordis.yml` may name.
+//! - [`tool`]: tools written in Rust — a typed argument struct, an async
+//!   body, the effects it declares (checked against the calling agent's
+//!   policy before it runs).
 //! - [`embed`]: the front door — [`Dsh::builder`] boots a runtime with one
 //!   model; agents, workflows and Ralph loops run under it; one error type
 //!   per operation.
@@ -77,6 +83,7 @@ pub use embed::{
     AgentBuilder, AgentHandle, Answer, Dsh, DshBuilder, Events, FlowError, Model, RalphBuilder,
     RunError, ShutdownError, StartError, WorkflowBuilder, WorkflowOutput,
 };
+pub use tool::{Call, CustomTool, CustomToolBuilder, Effect};
 
 pub mod catalogue;
 pub mod embed;
@@ -88,4 +95,5 @@ pub mod lines;
 pub mod out;
 #[doc(hidden)]
 pub mod record;
+pub mod tool;
 pub mod web;

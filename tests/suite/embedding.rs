@@ -45,7 +45,8 @@ async fn the_embedding_example_streams_an_agent_and_drains_on_sigterm() {
     use futures::StreamExt;
     use tokio::io::AsyncBufReadExt;
     let wait = std::time::Duration::from_secs(60);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh-embed-example"))
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_dsh-examples"))
+        .arg("embed")
         .env_remove("DSH_BASE_URL")
         .env_remove("DSH_MODEL")
         .stdout(std::process::Stdio::piped())
@@ -481,4 +482,316 @@ async fn an_agent_is_made_from_a_definition_in_the_workspace() {
         .unwrap();
     assert!(e.message().contains("(found: brief)"), "{e}");
     dsh.shutdown().await.unwrap();
+}
+
+// ---- Tools written in Rust ----
+
+use dsh::{CustomTool, Effect};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What `lookup_order` takes.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Lookup {
+    /// The order's id.
+    order: String,
+}
+
+/// A tool with `effects` that counts its runs.
+fn counted(name: &str, effects: Vec<Effect>, runs: &Arc<AtomicUsize>) -> CustomTool {
+    let runs = runs.clone();
+    CustomTool::builder(name, "Looks an order up by its id.")
+        .effects(effects)
+        .run(move |args: Lookup, call| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move { Ok(format!("order {} shipped ({})", args.order, call.id)) }
+        })
+}
+
+/// A script calling `tool` with `args`, then answering.
+fn calling(tool: &str, args: serde_json::Value) -> Model {
+    script(serde_json::json!([
+        {"tool_calls": [{"name": tool, "arguments": args, "id": "c1"}]},
+        {"text": "done"},
+    ]))
+}
+
+/// The tool results of an agent's session, as JSON text.
+fn results(agent: &dsh::AgentHandle) -> Vec<String> {
+    agent
+        .agent()
+        .session()
+        .events()
+        .iter()
+        .filter(|e| matches!(e.data, EventData::ToolResult { .. }))
+        .map(|e| e.to_json().to_string())
+        .collect()
+}
+
+/// A tool written in Rust is offered with its derived schema, called with
+/// typed arguments, and its answer goes back to the model; arguments that
+/// do not match the schema never reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_written_in_rust_is_offered_called_and_answered() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dsh = Dsh::builder()
+        .model(script(serde_json::json!([
+            {"tool_calls": [{"name": "lookup_order", "arguments": {"order": "A-17"}, "id": "c1"}]},
+            {"tool_calls": [{"name": "lookup_order", "arguments": {"order": 17}, "id": "c2"}]},
+            {"text": "done"},
+        ])))
+        .workspace(fresh_dir("dsh-front").unwrap())
+        .tool(counted("lookup_order", vec![Effect::Reads], &runs))
+        .start()
+        .await
+        .unwrap();
+    let registry = dsh
+        .runtime()
+        .root()
+        .get::<dsh::services::tools::ToolRegistry>(dsh::services::tools::ToolRegistry::SERVICE)
+        .unwrap();
+    let schema = registry
+        .visible(None)
+        .iter()
+        .find(|t| t.schema.name == "lookup_order")
+        .map(|t| t.schema.parameters.clone())
+        .unwrap();
+    assert_eq!(schema["properties"]["order"]["type"], "string", "{schema}");
+    assert_eq!(
+        schema["properties"]["order"]["description"],
+        "The order's id."
+    );
+    assert_eq!(schema["required"], serde_json::json!(["order"]));
+    let agent = dsh.agent().spawn().await.unwrap();
+    assert_eq!(agent.run("find A-17").await.unwrap().text, "done");
+    let seen = results(&agent);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[0].contains("order A-17 shipped (c1)"), "{seen:?}");
+    assert!(seen[1].contains("INVALID_ARGS"), "{seen:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "bad arguments reached the body"
+    );
+    agent.dispose().await;
+    let e = Dsh::builder()
+        .model(Model::demo())
+        .tool(counted("look up", vec![Effect::Reads], &runs))
+        .start()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), "CONFIG");
+    assert!(e.message().contains("\"look up\""), "{e}");
+    dsh.shutdown().await.unwrap();
+}
+
+/// Each effect is held to the calling agent's policy before the body runs:
+/// a tool that declares none, or that starts processes, is asked about
+/// (and, with no one to ask, refused); one that writes is refused under
+/// read-only, one that reaches the network when it is off. Refused calls
+/// never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_denied_by_policy_never_runs() {
+    use dsh::services::approval::ApprovalPolicy;
+    use dsh::services::sandbox::PermissionMode;
+    let cases: Vec<(Vec<Effect>, PermissionMode, bool, ApprovalPolicy, bool)> = vec![
+        // effects, mode, network, approval, runs
+        (
+            vec![],
+            PermissionMode::WorkspaceWrite,
+            true,
+            ApprovalPolicy::Never,
+            false,
+        ),
+        (
+            vec![],
+            PermissionMode::WorkspaceWrite,
+            true,
+            ApprovalPolicy::Always,
+            true,
+        ),
+        (
+            vec![Effect::WritesWorkspace],
+            PermissionMode::ReadOnly,
+            true,
+            ApprovalPolicy::Always,
+            false,
+        ),
+        (
+            vec![Effect::WritesWorkspace],
+            PermissionMode::WorkspaceWrite,
+            true,
+            ApprovalPolicy::Never,
+            true,
+        ),
+        (
+            vec![Effect::Network],
+            PermissionMode::WorkspaceWrite,
+            false,
+            ApprovalPolicy::Always,
+            false,
+        ),
+        (
+            vec![Effect::Network],
+            PermissionMode::WorkspaceWrite,
+            true,
+            ApprovalPolicy::Never,
+            true,
+        ),
+        (
+            vec![Effect::RunsProcesses],
+            PermissionMode::WorkspaceWrite,
+            true,
+            ApprovalPolicy::Never,
+            false,
+        ),
+        (
+            vec![Effect::RunsProcesses],
+            PermissionMode::DangerFullAccess,
+            true,
+            ApprovalPolicy::Never,
+            true,
+        ),
+        (
+            vec![Effect::Reads, Effect::RunsProcesses],
+            PermissionMode::ReadOnly,
+            true,
+            ApprovalPolicy::Always,
+            true,
+        ),
+    ];
+    for (effects, mode, network, approval, should_run) in cases {
+        let what = format!("{effects:?} under {mode:?}, network {network}, approval {approval:?}");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let dsh = Dsh::builder()
+            .model(calling("lookup_order", serde_json::json!({"order": "B-2"})))
+            .workspace(fresh_dir("dsh-front").unwrap())
+            .permission_mode(mode)
+            .network(network)
+            .approval(approval)
+            .tool(counted("lookup_order", effects, &runs))
+            .start()
+            .await
+            .unwrap();
+        let agent = dsh.agent().spawn().await.unwrap();
+        agent.run("find B-2").await.unwrap();
+        let seen = results(&agent);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            usize::from(should_run),
+            "{what}: {seen:?}"
+        );
+        if !should_run {
+            assert!(seen[0].contains("DENIED"), "{what}: {seen:?}");
+        }
+        agent.dispose().await;
+        dsh.shutdown().await.unwrap();
+    }
+}
+
+/// A tool given to one agent is that agent's alone; a cancelled call's
+/// body is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_own_tool_is_its_alone_and_a_cancelled_call_is_dropped() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let dsh = front(script(serde_json::json!([
+        {"tool_calls": [{"name": "lookup_order", "arguments": {"order": "C-3"}, "id": "c1"}]},
+        {"text": "mine"},
+        {"tool_calls": [{"name": "lookup_order", "arguments": {"order": "C-3"}, "id": "c2"}]},
+        {"text": "theirs"},
+        {"tool_calls": [{"name": "wait_forever", "arguments": {"order": "D-4"}, "id": "c3"}]},
+    ])))
+    .await;
+    let mine = dsh
+        .agent()
+        .tool(counted("lookup_order", vec![Effect::Reads], &runs))
+        .spawn()
+        .await
+        .unwrap();
+    assert_eq!(mine.run("find C-3").await.unwrap().text, "mine");
+    assert!(results(&mine)[0].contains("order C-3 shipped"));
+    let theirs = dsh.agent().spawn().await.unwrap();
+    assert_eq!(theirs.run("find C-3").await.unwrap().text, "theirs");
+    assert!(
+        results(&theirs)[0].contains("UNKNOWN_TOOL"),
+        "{:?}",
+        results(&theirs)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // A body that never ends, and says when it is dropped.
+    struct Dropped(tokio::sync::mpsc::UnboundedSender<()>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (dropped_tx, mut dropped) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let forever = CustomTool::builder("wait_forever", "Never answers.")
+        .effects([Effect::Reads])
+        .run(move |_: Lookup, _call| {
+            let guard = Dropped(dropped_tx.clone());
+            let _ = started_tx.send(());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                Ok(String::new())
+            }
+        });
+    let waiting = dsh.agent().tool(forever).spawn().await.unwrap();
+    waiting.send("wait").unwrap();
+    tokio::time::timeout(Duration::from_secs(30), started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(waiting.cancel());
+    tokio::time::timeout(Duration::from_secs(30), dropped.recv())
+        .await
+        .expect("the cancelled body was dropped")
+        .unwrap();
+    waiting.idle().await.unwrap();
+    dsh.shutdown().await.unwrap();
+}
+
+/// `examples/custom_tool.rs` and `examples/workflow.rs`, run as written.
+#[test]
+fn the_tool_and_workflow_examples_run() {
+    let _sweep = crate::suite::sweep();
+    let run = |name: &str| {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_dsh-examples"))
+            .arg(name)
+            .env_remove("DSH_BASE_URL")
+            .env_remove("DSH_MODEL")
+            .current_dir(fresh_dir("dsh-example").unwrap())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = crate::suite::output_bounded(child, crate::suite::DEADLINE, name);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{name}: {said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said
+    };
+    let said = run("custom_tool");
+    assert!(
+        said.contains("tool call: lookup_order {\"order\":\"A-17\"}"),
+        "{said}"
+    );
+    assert!(
+        said.contains("answer: Order A-17 shipped on 2 December."),
+        "{said}"
+    );
+    let said = run("workflow");
+    assert!(said.contains("workflow: 3 children"), "{said}");
+    assert!(
+        said.contains("  supervision: ownership is the tree"),
+        "{said}"
+    );
+    assert!(said.contains("ralph: complete"), "{said}");
+    assert!(said.contains("after 3 rounds"), "{said}");
 }

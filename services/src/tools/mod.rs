@@ -325,6 +325,17 @@ pub trait Tool: Send + Sync + 'static {
         None
     }
 
+    /// Whether this call may run under the calling agent's `policy`,
+    /// decided before the body runs (after the `tools/pre-execute`
+    /// listeners): [`Decision::Deny`] refuses it, [`Decision::Ask`] puts it
+    /// to the approval seam and only an `allowed-once` answer runs it. The
+    /// built-in tools allow here and confine themselves (they read
+    /// `cx.policy`, or run under the sandbox); a tool written by an
+    /// embedder decides from the effects it declares.
+    fn decide(&self, _policy: &Policy, _args: &Value) -> Decision {
+        Decision::Allow
+    }
+
     /// The body.
     fn execute(
         self: Arc<Self>,

@@ -295,19 +295,22 @@ async fn prepare(
         )
         .await
         .map_err(listener_failure)?;
-    match decision {
-        Decision::Allow => {}
-        Decision::Deny(reason) => return Err(ToolError::new("DENIED", reason)),
-        Decision::Ask(reason) => {
-            let outcome = ask(ctx, approval, call, &reason, &args, &cancel).await;
-            if outcome != ApprovalOutcome::AllowedOnce {
-                return Err(ToolError::new(
-                    "DENIED",
-                    format!(
-                        "approval was required ({reason}) and the answer was {}",
-                        outcome.as_str()
-                    ),
-                ));
+    // The listeners' decision, then the tool's own under the agent's policy.
+    for decision in [decision, tool.tool.decide(&bounds.policy, &args)] {
+        match decision {
+            Decision::Allow => {}
+            Decision::Deny(reason) => return Err(ToolError::new("DENIED", reason)),
+            Decision::Ask(reason) => {
+                let outcome = ask(ctx, approval, call, &reason, &args, &cancel).await;
+                if outcome != ApprovalOutcome::AllowedOnce {
+                    return Err(ToolError::new(
+                        "DENIED",
+                        format!(
+                            "approval was required ({reason}) and the answer was {}",
+                            outcome.as_str()
+                        ),
+                    ));
+                }
             }
         }
     }
