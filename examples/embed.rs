@@ -65,6 +65,11 @@ async fn ask(
     Ok(Sse::new(stream))
 }
 
+/// The service's routes: `POST /ask`.
+pub fn app(dsh: Dsh) -> Router {
+    Router::new().route("/ask", post(ask)).with_state(dsh)
+}
+
 async fn terminated() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(t) => t,
@@ -90,9 +95,7 @@ pub async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     dsh.runtime().root().on(move |_: &AgentDisposed| {
         count.fetch_add(1, Ordering::Relaxed);
     })?;
-    let app = Router::new()
-        .route("/ask", post(ask))
-        .with_state(dsh.clone());
+    let app = app(dsh.clone());
     let port = std::env::var("PORT").unwrap_or_else(|_| "0".into());
     let listener = tokio::net::TcpListener::bind(format!("127.0.0.1:{port}")).await?;
     println!("listening on http://{}", listener.local_addr()?);

@@ -557,6 +557,8 @@ impl Dsh {
             timeout: self.0.turn_timeout,
             label: None,
             own_tools: Vec::new(),
+            max_turns: None,
+            max_tokens: None,
         }
     }
 
@@ -698,6 +700,8 @@ pub struct AgentBuilder {
     timeout: Duration,
     label: Option<String>,
     own_tools: Vec<CustomTool>,
+    max_turns: Option<u32>,
+    max_tokens: Option<u64>,
 }
 
 impl AgentBuilder {
@@ -740,6 +744,21 @@ impl AgentBuilder {
     /// [`tools`](AgentBuilder::tools), name it there too.
     pub fn tool(mut self, tool: CustomTool) -> Self {
         self.own_tools.push(tool);
+        self
+    }
+
+    /// At most `n` turns over its life; the next ends `BUDGET_EXHAUSTED`
+    /// before it calls the model.
+    pub fn max_turns(mut self, n: u32) -> Self {
+        self.max_turns = Some(n);
+        self
+    }
+
+    /// At most `n` tokens (input and output), its own children's
+    /// included; checked before every model call, past it the turn ends
+    /// `BUDGET_EXHAUSTED`.
+    pub fn max_tokens(mut self, n: u64) -> Self {
+        self.max_tokens = Some(n);
         self
     }
 
@@ -802,6 +821,16 @@ impl AgentBuilder {
         }
         if let Some(bad) = self.own_tools.iter().find(|t| !valid_name(&t.name())) {
             return Err(RunError::new("CREATE", bad_name(&bad.name())));
+        }
+        if self.max_turns.is_some() || self.max_tokens.is_some() {
+            // Within a definition's limits, when it has them.
+            spec.limits = Some(dsh_actors::agent::Limits::new(
+                "the agent's limits",
+                spec.limits.as_ref(),
+                self.max_turns,
+                self.max_tokens,
+                None,
+            ));
         }
         let agent = Agent::create(&root, spec)
             .await

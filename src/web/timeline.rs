@@ -147,6 +147,11 @@ pub(super) async fn timeline(State(api): State<Api>, Path(id): Path<String>) -> 
         lane.node = n.id;
         lane.depth = depth;
         lane.label = n.summary["label"].as_str().map(str::to_owned);
+        // A lane begins when its agent did, not at its first record: a
+        // coordinator's first record may come after its children's.
+        if n.started_ms > 0 && (lane.start == 0 || n.started_ms < lane.start) {
+            lane.start = n.started_ms;
+        }
         total.add(&lane.tokens);
         bands.extend(bands_of(&events));
         lanes.push(lane);

@@ -284,6 +284,15 @@ async fn failures_come_back_with_their_code_and_whether_to_retry() {
         .unwrap_err();
     assert_eq!(e.code(), "TIMEOUT", "{e}");
     assert!(e.is_retryable());
+    // Past its turn budget, a turn ends before it reaches the model (the
+    // first one finds the script spent).
+    let capped = dsh.agent().max_turns(1).spawn().await.unwrap();
+    let first = capped.run("the first turn").await.unwrap_err();
+    assert_eq!(first.code(), "SCRIPT_EXHAUSTED", "{first}");
+    let e = capped.run("one more").await.unwrap_err();
+    assert_eq!(e.code(), "BUDGET_EXHAUSTED", "{e}");
+    assert!(!e.is_retryable());
+    capped.dispose().await;
     let e = dsh
         .agent()
         .definition("nobody")
@@ -295,6 +304,18 @@ async fn failures_come_back_with_their_code_and_whether_to_retry() {
     assert!(e.message().contains("no agent definition `nobody`"), "{e}");
     assert_eq!(nodes(&dsh), baseline, "an agent outlived its failed run");
     dsh.shutdown().await.unwrap();
+}
+
+/// The runtime's alive tasks when nothing runs: the most of 200 looks (a
+/// timer task re-arming, or an actor between messages, dips the count for
+/// an instant; a baseline taken in such an instant would be one short).
+async fn steady_tasks(metrics: &tokio::runtime::RuntimeMetrics) -> usize {
+    let mut most = 0;
+    for _ in 0..200 {
+        most = most.max(metrics.num_alive_tasks());
+        tokio::task::yield_now().await;
+    }
+    most
 }
 
 /// Open file descriptors of this process.
@@ -314,7 +335,7 @@ async fn a_hundred_concurrent_agents_are_disposed_and_leave_nothing_behind() {
         .await
         .unwrap();
     let metrics = tokio::runtime::Handle::current().metrics();
-    let (nodes0, tasks0, fds0) = (nodes(&dsh), metrics.num_alive_tasks(), open_fds());
+    let (nodes0, tasks0, fds0) = (nodes(&dsh), steady_tasks(&metrics).await, open_fds());
     let asks = (0..100).map(|i| {
         let dsh = dsh.clone();
         async move {
@@ -328,10 +349,15 @@ async fn a_hundred_concurrent_agents_are_disposed_and_leave_nothing_behind() {
         assert_eq!(a.unwrap().text, format!("topic{i}: noted."));
     }
     assert_eq!(nodes(&dsh), nodes0);
-    crate::suite::until("the agents' tasks ended", || {
-        metrics.num_alive_tasks() <= tasks0
-    })
-    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metrics.num_alive_tasks() > tasks0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agents' tasks did not end: {} alive, {tasks0} before",
+            metrics.num_alive_tasks()
+        );
+        tokio::task::yield_now().await;
+    }
     crate::suite::until("the agents' files were closed", || open_fds() <= fds0).await;
     dsh.shutdown().await.unwrap();
 }
@@ -794,4 +820,85 @@ fn the_tool_and_workflow_examples_run() {
     );
     assert!(said.contains("ralph: complete"), "{said}");
     assert!(said.contains("after 3 rounds"), "{said}");
+}
+
+/// The embedding example's own routes, in this process.
+#[allow(dead_code, reason = "its main is the example binary's")]
+#[path = "../../examples/embed.rs"]
+mod example;
+
+/// The example service under load: a hundred concurrent requests, each an
+/// agent on a scripted model streaming its events back; every agent is
+/// disposed, and the tree, the tasks and the open files return to their
+/// baseline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_service_under_a_hundred_concurrent_requests_returns_to_its_baseline() {
+    use futures::StreamExt;
+    let steps: Vec<serde_json::Value> = (0..101)
+        .map(|i| serde_json::json!({"text": format!("answer {i}")}))
+        .collect();
+    let dsh = front(script(serde_json::Value::Array(steps))).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let server = tokio::spawn(
+        axum::serve(listener, example::app(dsh.clone()))
+            .with_graceful_shutdown(async move { stopped.cancelled().await })
+            .into_future(),
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let ask = |prompt: String| {
+        let client = client.clone();
+        let url = format!("{base}/ask");
+        async move {
+            let r = client
+                .post(url)
+                .json(&serde_json::json!({ "prompt": prompt }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let mut body = r.bytes_stream();
+            let mut text = String::new();
+            while let Some(chunk) = body.next().await {
+                text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            }
+            text
+        }
+    };
+    // One first: what is made once is in the baseline.
+    assert!(ask("warm up".into()).await.contains("\"turn/end\""));
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let (nodes0, tasks0, fds0) = (nodes(&dsh), steady_tasks(&metrics).await, open_fds());
+    let streams = futures::future::join_all((0..100).map(|i| ask(format!("request {i}")))).await;
+    let mut answers = std::collections::BTreeSet::new();
+    for text in &streams {
+        assert!(text.contains("\"turn/end\""), "{text}");
+        // The scripted text, `answer N`, wherever the events carry it.
+        let said = text
+            .match_indices("answer ")
+            .map(|(at, _)| &text[at..])
+            .find(|t| t[7..].starts_with(|c: char| c.is_ascii_digit()))
+            .unwrap();
+        answers.insert(said.split('"').next().unwrap().to_owned());
+    }
+    assert_eq!(answers.len(), 100, "each request had its own answer");
+    crate::suite::until("every request's agent was disposed", || {
+        nodes(&dsh) == nodes0
+    })
+    .await;
+    crate::suite::until("the agents' tasks ended", || {
+        metrics.num_alive_tasks() <= tasks0
+    })
+    .await;
+    crate::suite::until("the agents' files were closed", || open_fds() <= fds0).await;
+    stop.cancel();
+    server.await.unwrap().unwrap();
+    dsh.shutdown().await.unwrap();
 }
