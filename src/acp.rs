@@ -126,11 +126,7 @@ pub async fn acp(args: AcpArgs) -> Exit {
 /// What the sessions run on: a model route, or a recording.
 enum Models {
     Route(Route),
-    Replay {
-        model: Arc<ReplayModel>,
-        /// `hang` entries' ready files, in order.
-        ready: Vec<String>,
-    },
+    Replay { model: Arc<ReplayModel> },
 }
 
 async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
@@ -204,45 +200,14 @@ async fn replay_models(root: &Context, log: &std::path::Path) -> exit::Result<Mo
     let (_, events) = dsh_services::session::jsonl::parse(&text)
         .map_err(|e| Exit::usage(format!("{}: {e}", log.display())))?;
     let children = crate::replay::child_recordings(log)?;
-    let model = Arc::new(ReplayModel::from_events(&events));
+    let model = Arc::new(crate::replay::with_sidecar(
+        log,
+        ReplayModel::from_events(&events),
+    )?);
     crate::replay::install(root, model.clone(), &children)
         .await
         .map_err(Exit::failed)?;
-    let overrides = log.with_file_name("replay.override.json");
-    let ready = match std::fs::read_to_string(&overrides) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            return Err(Exit::usage(format!(
-                "cannot read {}: {e}",
-                overrides.display()
-            )));
-        }
-        Ok(text) => {
-            hang_files(&text).map_err(|e| Exit::usage(format!("{}: {e}", overrides.display())))?
-        }
-    };
-    Ok(Models::Replay { model, ready })
-}
-
-/// The ready files of the `hang` entries of a `replay.override.json`.
-fn hang_files(text: &str) -> Result<Vec<String>, String> {
-    let entries: Vec<Value> =
-        serde_json::from_str(text).map_err(|e| format!("not a JSON list: {}", chain(&e)))?;
-    let mut out = Vec::new();
-    for (i, entry) in entries.iter().enumerate() {
-        match entry["kind"].as_str() {
-            Some("hang") => {
-                let file = entry["readyFile"]
-                    .as_str()
-                    .filter(|f| !f.is_empty() && !std::path::Path::new(f).is_absolute())
-                    .ok_or_else(|| format!("entry {i}: `readyFile` must be a relative path"))?;
-                out.push(file.to_owned());
-            }
-            Some(other) => return Err(format!("entry {i}: unknown kind `{other}`")),
-            None => return Err(format!("entry {i}: no `kind`")),
-        }
-    }
-    Ok(out)
+    Ok(Models::Replay { model })
 }
 
 /// Writes each line to stdout as it comes, until every sender is gone.
@@ -1006,18 +971,17 @@ impl Connection {
     /// file when a held stream is due to be cancelled.
     async fn until_idle(&self, session: &Session) -> Result<(), RpcError> {
         let idle = session.agent.when_idle(PROMPT_LIMIT);
-        let Models::Replay { model, ready } = &self.models else {
+        let Models::Replay { model } = &self.models else {
             return idle
                 .await
                 .map_err(|e| RpcError(INTERNAL_ERROR, chain(&e).to_string()));
         };
         tokio::pin!(idle);
-        let mut hangs = ready.iter();
         loop {
             tokio::select! {
                 done = &mut idle => return done.map_err(|e| RpcError(INTERNAL_ERROR, chain(&e).to_string())),
                 point = model.cancel_point() => {
-                    if let (CancelPoint::Streaming, Some(file)) = (point, hangs.next()) {
+                    if let CancelPoint::Streaming { ready_file: Some(file) } = point {
                         let _ = tokio::fs::write(session.cwd.join(file), b"").await;
                     }
                 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use dsh_actors::agent::{Agent, AgentSpec, Agents};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
-use dsh_services::providers::replay::{CancelPoint, ReplayModel};
+use dsh_services::providers::replay::{CancelPoint, Override, ReplayModel};
 use dsh_services::session::compare::{compare, prompts, shape};
 use dsh_services::session::jsonl;
 use dsh_services::tools::ToolRegistry;
@@ -39,6 +39,26 @@ pub async fn replay(args: ReplayArgs) -> Exit {
     Exit::from(replay_in(args).await)
 }
 
+/// `model` with the `replay.override.json` beside `log` applied, if there
+/// is one (see [`Override::parse`]); a sidecar that does not parse or
+/// apply is refused, naming the file.
+pub(crate) fn with_sidecar(log: &std::path::Path, model: ReplayModel) -> exit::Result<ReplayModel> {
+    let sidecar = log.with_file_name("replay.override.json");
+    let text = match std::fs::read_to_string(&sidecar) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(model),
+        Err(e) => {
+            return Err(Exit::usage(format!(
+                "cannot read {}: {e}",
+                sidecar.display()
+            )));
+        }
+    };
+    Override::parse(&text)
+        .and_then(|o| model.with_override(o))
+        .map_err(|e| Exit::usage(format!("{}: {e}", sidecar.display())))
+}
+
 async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
     let text = std::fs::read_to_string(&opts.log)
         .map_err(|e| Exit::usage(format!("cannot read {}: {e}", opts.log.display())))?;
@@ -52,7 +72,7 @@ async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
             opts.log.display()
         )));
     }
-    let model = Arc::new(ReplayModel::from_events(&events));
+    let model = Arc::new(with_sidecar(&opts.log, ReplayModel::from_events(&events))?);
     let children = child_recordings(&opts.log)?;
     let cwd = opts.workspace.resolve()?;
     let rt = Runtime::start(RuntimeSettings::default())
@@ -162,6 +182,16 @@ pub(crate) async fn install(
         .map_err(|e| chain(&e).to_string())?;
     llm.register(root, &["replay"], model.clone())
         .map_err(|e| chain(&e).to_string())?;
+    // A transient failure a sidecar puts in is retried as a live run
+    // retries it (its retry is the sidecar's next entry), without the
+    // live backoff's wait.
+    dsh_services::providers::openai::RetryListener {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+        ..Default::default()
+    }
+    .install(root)
+    .map_err(|e| chain(&e).to_string())?;
     // Children: the recorded tool names, each child served its own recorded
     // model output (`replay-<n>`, in creation order).
     dsh_actors::multi_agent::install(

@@ -79,6 +79,7 @@ fn every_supported_recording_replays_to_the_same_structure() {
         // Ours (tests/fixtures/recordings): shapes upstream's ten lack.
         "max-tokens-continue",
         "cancel-tool-calls",
+        "retry-after-throw",
     ] {
         let cwd = workspace();
         let out = cwd.join("replayed.jsonl");
@@ -116,6 +117,14 @@ fn every_supported_recording_replays_to_the_same_structure() {
                 assert!(r[0].1.contains("alpha") && r[1].1.contains("beta"), "{r:?}");
             }
             "bash-tool-turn" => assert!(results(&out)[0].1.contains("TERMINAL_OK")),
+            // The sidecar's throw was retried, and the retry answered.
+            "retry-after-throw" => {
+                let log = std::fs::read_to_string(&out).unwrap();
+                assert!(
+                    log.contains(r#""type":"llm/retry""#) && log.contains(r#""code":"OVERLOADED""#),
+                    "{log}"
+                );
+            }
             "max-tokens-continue" => {
                 let shape = dsh::services::session::compare::shape(
                     &dsh::services::session::jsonl::parse(&std::fs::read_to_string(&out).unwrap())

@@ -42,13 +42,40 @@ pub enum RecordedStep {
         /// The delivered prefix.
         blocks: Vec<ContentBlock>,
     },
+    /// A sidecar's entry: these chunks as they are, then its end.
+    Scripted {
+        /// The stream, as the log's `assistant/chunk` rows carry chunks.
+        chunks: Vec<StreamChunk>,
+        /// What follows them.
+        then: Then,
+    },
+}
+
+/// How a sidecar entry's stream ends after its chunks.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Then {
+    /// Nothing: its chunks end in a `finish` (a `chunks` entry).
+    Finished,
+    /// The provider call fails (a `throw` entry).
+    Throw(LlmFailure),
+    /// The stream waits until the call is cancelled (a `hang` entry); the
+    /// ready file, if named, is created (by the replaying client) once the
+    /// chunks reached the loop.
+    Hang {
+        /// A relative path.
+        ready_file: Option<String>,
+    },
 }
 
 /// When the recorded client cancelled (see [`ReplayModel::cancel_point`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CancelPoint {
-    /// Now: the interrupted step has delivered its prefix.
-    Streaming,
+    /// Now: the interrupted (or hanging) step has delivered its prefix;
+    /// a sidecar's `hang` may name the file to create then.
+    Streaming {
+        /// The `hang` entry's `readyFile`.
+        ready_file: Option<String>,
+    },
     /// Once the session has made this many tool calls in all (the step's
     /// calls are running).
     ToolsStarted {
@@ -57,9 +84,15 @@ pub enum CancelPoint {
     },
 }
 
+/// The `purpose` of an agent's request for its session's title.
+const TITLE_PURPOSE: &str = "session-title";
+
 /// Serves recorded steps in order.
 pub struct ReplayModel {
     steps: Arc<[RecordedStep]>,
+    /// The title a provider gave the recorded session: a title request is
+    /// answered with it (not a step of the script).
+    title: Option<Arc<str>>,
     cursor: AtomicUsize,
     /// Signalled when a recorded cancel is due, with when.
     cancel_due: Arc<tokio::sync::Notify>,
@@ -72,6 +105,7 @@ impl ReplayModel {
     /// without one.
     pub fn from_events(events: &[impl AsRef<SessionEvent>]) -> ReplayModel {
         let mut steps = Vec::new();
+        let mut title = None;
         let mut answered = false;
         let mut cut = false;
         let mut calls = 0usize;
@@ -130,11 +164,17 @@ impl ReplayModel {
                         steps.push(RecordedStep::Failed(error.as_ref().clone()));
                     }
                 }
+                EventData::Other { kind, data }
+                    if &**kind == "session/title" && data["source"]["kind"] == "provider" =>
+                {
+                    title = data["title"].as_str().map(Arc::from);
+                }
                 _ => {}
             }
         }
         ReplayModel {
             steps: steps.into(),
+            title,
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -160,6 +200,93 @@ impl ReplayModel {
         self.cancel_due.notify_one();
     }
 
+    /// `prefix`, then a wait the call's cancel ends (`ABORTED`); once the
+    /// prefix is consumed, the cancel point is due (with `ready_file`).
+    fn hang(
+        &self,
+        prefix: Vec<StreamChunk>,
+        ready_file: Option<String>,
+        cancel: CancellationToken,
+    ) -> ChunkStream {
+        let (notify, due) = (self.cancel_due.clone(), self.due.clone());
+        let wait = futures::stream::once(async move {
+            // Asked for more: what came before is consumed.
+            *due.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(CancelPoint::Streaming { ready_file });
+            notify.notify_one();
+            cancel.cancelled().await;
+            Err(LlmFailure::new(
+                code::ABORTED,
+                "the recorded client cancelled the call",
+            ))
+        });
+        Box::pin(futures::StreamExt::chain(
+            futures::stream::iter(prefix.into_iter().map(Ok)),
+            wait,
+        ))
+    }
+
+    /// This model with a `replay.override.json` sidecar applied: a bare
+    /// list of entries replaces the derived steps, `{patches}` swaps the
+    /// steps it names (an index equal to the count appends one). A `hang`
+    /// without chunks in place of an interrupted step streams that step's
+    /// recorded prefix first.
+    pub fn with_override(self, sidecar: Override) -> Result<ReplayModel, OverrideError> {
+        let derived: Vec<RecordedStep> = self.steps.to_vec();
+        let prefix_of = |at: usize| match derived.get(at) {
+            Some(RecordedStep::Interrupted { blocks }) => {
+                chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
+                    .into_iter()
+                    .filter(|c| {
+                        !matches!(
+                            c,
+                            StreamChunk::BlockEnd { .. }
+                                | StreamChunk::Usage { .. }
+                                | StreamChunk::Finish { .. }
+                        )
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let step = |at: usize, entry: Entry| -> RecordedStep {
+            let Entry { mut chunks, then } = entry;
+            if chunks.is_empty() && matches!(then, Then::Hang { .. }) {
+                chunks = prefix_of(at);
+            }
+            RecordedStep::Scripted { chunks, then }
+        };
+        let steps = match sidecar {
+            Override::Replace(entries) => entries
+                .into_iter()
+                .enumerate()
+                .map(|(at, e)| step(at, e))
+                .collect(),
+            Override::Patch(mut patches) => {
+                patches.sort_by_key(|(at, _)| *at);
+                let mut steps = derived.clone();
+                for (at, entry) in patches {
+                    if at < steps.len() {
+                        steps[at] = step(at, entry);
+                    } else if at == steps.len() {
+                        steps.push(step(at, entry));
+                    } else {
+                        return Err(OverrideError(format!(
+                            "patch `at: {at}` is past the {} derived calls (at most {} appends one)",
+                            derived.len(),
+                            steps.len()
+                        )));
+                    }
+                }
+                steps
+            }
+        };
+        Ok(ReplayModel {
+            steps: steps.into(),
+            ..self
+        })
+    }
+
     /// Recorded steps.
     pub fn len(&self) -> usize {
         self.steps.len()
@@ -181,7 +308,31 @@ impl LlmAdapter for ReplayModel {
         "replay"
     }
 
-    fn stream(&self, _request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
+    fn titles(&self) -> bool {
+        self.title.is_some()
+    }
+
+    fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
+        if request.purpose == Some(TITLE_PURPOSE) {
+            // The recorded title, beside the script: not one of its calls.
+            let items: Vec<Result<_, LlmFailure>> = match &self.title {
+                Some(title) => chunks_for(
+                    &[ContentBlock::Text {
+                        text: title.to_string(),
+                    }],
+                    TokenUsage::default(),
+                    FinishReason::Stop,
+                )
+                .into_iter()
+                .map(Ok)
+                .collect(),
+                None => vec![Err(LlmFailure::new(
+                    code::REPLAY_EXHAUSTED,
+                    "the recording holds no title from a provider",
+                ))],
+            };
+            return Box::pin(futures::stream::iter(items));
+        }
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let items: Vec<Result<_, LlmFailure>> = match self.steps.get(at) {
             None => vec![Err(LlmFailure::new(
@@ -196,35 +347,31 @@ impl LlmAdapter for ReplayModel {
             Some(RecordedStep::Interrupted { blocks }) => {
                 // The prefix as it streamed (no block ends, usage or finish),
                 // then a wait the recorded cancel ends.
-                let prefix: Vec<Result<_, LlmFailure>> =
-                    chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
-                        .into_iter()
-                        .filter(|c| {
-                            !matches!(
-                                c,
-                                StreamChunk::BlockEnd { .. }
-                                    | StreamChunk::Usage { .. }
-                                    | StreamChunk::Finish { .. }
-                            )
-                        })
-                        .map(Ok)
-                        .collect();
-                let (notify, due) = (self.cancel_due.clone(), self.due.clone());
-                let wait = futures::stream::once(async move {
-                    // Asked for more: what came before is consumed.
-                    *due.lock().unwrap_or_else(|p| p.into_inner()) = Some(CancelPoint::Streaming);
-                    notify.notify_one();
-                    cancel.cancelled().await;
-                    Err(LlmFailure::new(
-                        code::ABORTED,
-                        "the recorded client cancelled the call",
-                    ))
-                });
-                return Box::pin(futures::StreamExt::chain(
-                    futures::stream::iter(prefix),
-                    wait,
-                ));
+                let prefix = chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
+                    .into_iter()
+                    .filter(|c| {
+                        !matches!(
+                            c,
+                            StreamChunk::BlockEnd { .. }
+                                | StreamChunk::Usage { .. }
+                                | StreamChunk::Finish { .. }
+                        )
+                    })
+                    .collect();
+                return self.hang(prefix, None, cancel);
             }
+            Some(RecordedStep::Scripted { chunks, then }) => match then {
+                Then::Finished => chunks.iter().cloned().map(Ok).collect(),
+                Then::Throw(failure) => chunks
+                    .iter()
+                    .cloned()
+                    .map(Ok)
+                    .chain([Err(failure.clone())])
+                    .collect(),
+                Then::Hang { ready_file } => {
+                    return self.hang(chunks.clone(), ready_file.clone(), cancel);
+                }
+            },
             Some(RecordedStep::Answer {
                 blocks,
                 usage,
@@ -251,5 +398,380 @@ impl LlmAdapter for ReplayModel {
             }
         };
         Box::pin(futures::stream::iter(items))
+    }
+}
+
+/// A `replay.override.json` sidecar.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Override {
+    /// A bare list: the script, in place of the derived one.
+    Replace(Vec<Entry>),
+    /// `{patches: [{at, entry}]}`: the derived script with these calls
+    /// swapped (0-based; the count itself appends).
+    Patch(Vec<(usize, Entry)>),
+}
+
+/// One scripted model call of a sidecar.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// Chunks streamed first.
+    pub chunks: Vec<StreamChunk>,
+    /// What follows them.
+    pub then: Then,
+}
+
+/// Why a sidecar was refused: where, and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OverrideError(String);
+
+/// An entry as written.
+#[derive(serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+enum EntryDoc {
+    Chunks {
+        chunks: Vec<StreamChunk>,
+    },
+    Throw {
+        #[serde(default)]
+        chunks: Vec<StreamChunk>,
+        message: String,
+        code: String,
+    },
+    Hang {
+        #[serde(default)]
+        chunks: Vec<StreamChunk>,
+        #[serde(default, rename = "readyFile")]
+        ready_file: Option<String>,
+    },
+}
+
+/// A patch as written.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchDoc {
+    at: usize,
+    entry: serde_json::Value,
+}
+
+/// The patch form as written.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchesDoc {
+    patches: Vec<PatchDoc>,
+}
+
+impl Override {
+    /// Parses and validates a sidecar: the document's form, each patch and
+    /// entry (its kind and fields), every chunk's type; a `chunks` entry
+    /// ends in a `finish` and only there; a `readyFile` is a relative path
+    /// inside the session's directory; patch indexes are unique.
+    pub fn parse(text: &str) -> Result<Override, OverrideError> {
+        let doc: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| OverrideError(format!("not JSON: {e}")))?;
+        match doc {
+            serde_json::Value::Array(entries) => entries
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| entry(e).map_err(|why| OverrideError(format!("entry {i}: {why}"))))
+                .collect::<Result<_, _>>()
+                .map(Override::Replace),
+            serde_json::Value::Object(_) => {
+                let doc: PatchesDoc = serde_json::from_value(doc).map_err(|e| {
+                    OverrideError(format!(
+                        "neither a list of entries nor `{{patches: [{{at, entry}}]}}`: {e}"
+                    ))
+                })?;
+                let mut seen = std::collections::BTreeSet::new();
+                let mut out = Vec::new();
+                for (i, p) in doc.patches.into_iter().enumerate() {
+                    if !seen.insert(p.at) {
+                        return Err(OverrideError(format!(
+                            "patch {i}: `at: {}` is patched twice",
+                            p.at
+                        )));
+                    }
+                    let e = entry(p.entry)
+                        .map_err(|why| OverrideError(format!("patch {i} (at {}): {why}", p.at)))?;
+                    out.push((p.at, e));
+                }
+                Ok(Override::Patch(out))
+            }
+            _ => Err(OverrideError(
+                "neither a list of entries nor `{patches: [{at, entry}]}`".into(),
+            )),
+        }
+    }
+}
+
+/// One entry, validated.
+fn entry(value: serde_json::Value) -> Result<Entry, String> {
+    let doc: EntryDoc = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    let finished = |chunks: &[StreamChunk]| {
+        chunks
+            .iter()
+            .position(|c| matches!(c, StreamChunk::Finish { .. }))
+    };
+    match doc {
+        EntryDoc::Chunks { chunks } => match finished(&chunks) {
+            Some(at) if at + 1 == chunks.len() => Ok(Entry {
+                chunks,
+                then: Then::Finished,
+            }),
+            Some(at) => Err(format!(
+                "chunk {at} is a `finish`, and chunks follow it (it must be the last)"
+            )),
+            None => Err("a `chunks` entry must end with a `finish` chunk (a stream that fails is a `throw`)".into()),
+        },
+        EntryDoc::Throw {
+            chunks,
+            message,
+            code,
+        } => {
+            if let Some(at) = finished(&chunks) {
+                return Err(format!("chunk {at} is a `finish` in a `throw` (the call fails instead)"));
+            }
+            if code.is_empty() {
+                return Err("`code` is empty".into());
+            }
+            Ok(Entry {
+                chunks,
+                then: Then::Throw(LlmFailure::new(&code, message)),
+            })
+        }
+        EntryDoc::Hang { chunks, ready_file } => {
+            if let Some(at) = finished(&chunks) {
+                return Err(format!("chunk {at} is a `finish` in a `hang` (it waits instead)"));
+            }
+            if let Some(f) = &ready_file {
+                let path = std::path::Path::new(f);
+                let inside = !f.is_empty()
+                    && path.is_relative()
+                    && path
+                        .components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)));
+                if !inside {
+                    return Err(format!(
+                        "`readyFile: {f:?}` must be a relative path inside the session's directory"
+                    ));
+                }
+            }
+            Ok(Entry {
+                chunks,
+                then: Then::Hang { ready_file },
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    const FINISHED: &str = r#"{"kind": "chunks", "chunks": [
+        {"type": "block-start", "index": 0, "blockType": "text"},
+        {"type": "text-delta", "index": 0, "text": "hi"},
+        {"type": "finish", "reason": {"kind": "stop"}}]}"#;
+
+    /// Every way a sidecar can be wrong is refused, saying where and what.
+    #[test]
+    fn a_sidecar_is_validated_when_it_loads() {
+        let refused = |text: &str| Override::parse(text).unwrap_err().to_string();
+        assert!(refused("{").contains("not JSON"));
+        assert!(refused("7").contains("neither a list"));
+        assert!(refused(r#"[{"kind": "sing"}]"#).starts_with("entry 0: unknown variant `sing`"));
+        assert!(refused(r#"[{"readyFile": "x"}]"#).contains("missing field `kind`"));
+        assert!(
+            refused(r#"[{"kind": "hang", "readyFile": "x", "extra": 1}]"#)
+                .contains("unknown field `extra`")
+        );
+        assert!(
+            refused(r#"[{"kind": "chunks", "chunks": [{"type": "text-delta", "index": 0, "text": "a"}]}]"#)
+                .contains("must end with a `finish`")
+        );
+        assert!(
+            refused(r#"[{"kind": "chunks", "chunks": [{"type": "finish", "reason": {"kind": "stop"}}, {"type": "text-delta", "index": 0, "text": "a"}]}]"#)
+                .contains("chunks follow it")
+        );
+        assert!(
+            refused(r#"[{"kind": "chunks", "chunks": [{"type": "teleport"}]}]"#)
+                .contains("unknown variant `teleport`")
+        );
+        assert!(
+            refused(r#"[{"kind": "throw", "message": "m", "code": ""}]"#)
+                .contains("`code` is empty")
+        );
+        for path in ["/tmp/ready", "../ready", "a/../../b", ""] {
+            let doc = format!(r#"[{{"kind": "hang", "readyFile": {path:?}}}]"#);
+            assert!(refused(&doc).contains("relative path inside"), "{path}");
+        }
+        let twice = format!(
+            r#"{{"patches": [{{"at": 0, "entry": {FINISHED}}}, {{"at": 0, "entry": {FINISHED}}}]}}"#
+        );
+        assert!(refused(&twice).contains("patch 1: `at: 0` is patched twice"));
+        assert!(refused(r#"{"patches": [], "more": 1}"#).contains("unknown field `more`"));
+    }
+
+    fn request(purpose: Option<&'static str>) -> LlmRequest {
+        LlmRequest {
+            provider: "replay".into(),
+            model: "recorded".into(),
+            system: None,
+            messages: Default::default(),
+            tools: Arc::from([]),
+            temperature: None,
+            max_tokens: None,
+            options: Default::default(),
+            session: None,
+            purpose,
+            notify: None,
+        }
+    }
+
+    async fn items(model: &ReplayModel) -> Vec<Result<StreamChunk, String>> {
+        model
+            .stream(request(None), CancellationToken::new())
+            .map(|r| r.map_err(|f| f.code))
+            .collect()
+            .await
+    }
+
+    /// A bare list replaces the derived script; `chunks` streams as
+    /// written, `throw` streams its chunks then fails with its code;
+    /// patches swap a derived call and append one at the end.
+    #[tokio::test]
+    async fn entries_replace_or_patch_the_derived_script() {
+        let replaced = ReplayModel::from_events(&Vec::<Arc<SessionEvent>>::new())
+            .with_override(
+                Override::parse(&format!(
+                    r#"[{FINISHED}, {{"kind": "throw", "code": "RATE_LIMITED", "message": "slow down",
+                        "chunks": [{{"type": "block-start", "index": 0, "blockType": "text"}}]}}]"#
+                ))
+                .unwrap(),
+            )
+            .unwrap();
+        assert_eq!(replaced.len(), 2);
+        let first = items(&replaced).await;
+        assert_eq!(first.len(), 3);
+        assert!(matches!(first[1], Ok(StreamChunk::TextDelta { ref text, .. }) if text == "hi"));
+        assert!(matches!(first[2], Ok(StreamChunk::Finish { .. })));
+        let second = items(&replaced).await;
+        assert!(matches!(second[0], Ok(StreamChunk::BlockStart { .. })));
+        assert_eq!(second[1], Err("RATE_LIMITED".to_owned()));
+        assert_eq!(items(&replaced).await, [Err("REPLAY_EXHAUSTED".to_owned())]);
+
+        // One derived step (a failure), patched at 0 and appended at 1.
+        let derived = ReplayModel {
+            steps: vec![RecordedStep::Failed(LlmFailure::new("AUTH", "no"))].into(),
+            title: None,
+            cursor: AtomicUsize::new(0),
+            cancel_due: Arc::default(),
+            due: Arc::default(),
+        };
+        let doc = format!(
+            r#"{{"patches": [{{"at": 1, "entry": {FINISHED}}},
+                {{"at": 0, "entry": {{"kind": "throw", "code": "OVERLOADED", "message": "busy"}}}}]}}"#
+        );
+        let patched = derived
+            .with_override(Override::parse(&doc).unwrap())
+            .unwrap();
+        assert_eq!(items(&patched).await, [Err("OVERLOADED".to_owned())]);
+        assert_eq!(items(&patched).await.len(), 3);
+        let past = format!(r#"{{"patches": [{{"at": 2, "entry": {FINISHED}}}]}}"#);
+        let one = ReplayModel {
+            steps: vec![RecordedStep::Failed(LlmFailure::new("AUTH", "no"))].into(),
+            title: None,
+            cursor: AtomicUsize::new(0),
+            cancel_due: Arc::default(),
+            due: Arc::default(),
+        };
+        let e = one
+            .with_override(Override::parse(&past).unwrap())
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string()
+                .contains("`at: 2` is past the 1 derived calls"),
+            "{e}"
+        );
+    }
+
+    /// A `hang` streams its chunks, says the cancel is due with its ready
+    /// file, and ends `ABORTED` when the call is cancelled.
+    #[tokio::test]
+    async fn a_hang_waits_for_the_cancel_and_names_its_ready_file() {
+        let model = Arc::new(
+            ReplayModel::from_events(&Vec::<Arc<SessionEvent>>::new())
+                .with_override(
+                    Override::parse(
+                        r#"[{"kind": "hang", "readyFile": "ready", "chunks": [
+                            {"type": "block-start", "index": 0, "blockType": "text"},
+                            {"type": "text-delta", "index": 0, "text": "part"}]}]"#,
+                    )
+                    .unwrap(),
+                )
+                .unwrap(),
+        );
+        let cancel = CancellationToken::new();
+        let mut stream = model.stream(request(None), cancel.clone());
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(StreamChunk::BlockStart { .. }))
+        ));
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(StreamChunk::TextDelta { .. }))
+        ));
+        let waiting = tokio::spawn(async move { stream.next().await });
+        let point = tokio::time::timeout(std::time::Duration::from_secs(10), model.cancel_point())
+            .await
+            .unwrap();
+        assert_eq!(
+            point,
+            CancelPoint::Streaming {
+                ready_file: Some("ready".into())
+            }
+        );
+        cancel.cancel();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(ended, Some(Err(ref f)) if f.code == code::ABORTED));
+    }
+
+    /// A title a provider gave the recorded session answers the replay's
+    /// title request, beside the script: no step is used for it.
+    #[tokio::test]
+    async fn a_recorded_title_answers_a_title_request_without_a_step() {
+        let log = concat!(
+            r#"{"type":"session","version":0,"id":"s1","createdAt":1000,"cwd":"/w","delegationDepth":0}"#,
+            "\n",
+            r#"{"type":"session/title","data":{"title":"Counting sheep","messageSeqs":[1],"source":{"kind":"provider","provider":"dsh/title"}}}"#,
+            "\n",
+        );
+        let (_, events) = crate::session::jsonl::parse(log).unwrap();
+        let model = ReplayModel::from_events(&events);
+        assert!(model.titles());
+        let said: Vec<_> = model
+            .stream(request(Some(TITLE_PURPOSE)), CancellationToken::new())
+            .collect()
+            .await;
+        assert!(
+            said.iter().any(
+                |c| matches!(c, Ok(StreamChunk::TextDelta { text, .. }) if text == "Counting sheep")
+            ),
+            "{said:?}"
+        );
+        assert_eq!(model.served(), 0);
+        // A fallback title is not a provider's: nothing to answer with.
+        let fallback = log.replace(
+            r#""kind":"provider","provider":"dsh/title""#,
+            r#""kind":"fallback""#,
+        );
+        let (_, events) = crate::session::jsonl::parse(&fallback).unwrap();
+        assert!(!ReplayModel::from_events(&events).titles());
     }
 }

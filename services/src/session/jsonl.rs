@@ -136,8 +136,11 @@ struct Packed {
     turn: u32,
     step: u32,
     index: u32,
+    /// Milliseconds between chunks; recorded logs hold negative ones (a
+    /// clock that stepped back), so signed, and never a reason to refuse
+    /// a log.
     #[serde(default)]
-    dt: Vec<u64>,
+    dt: Vec<i64>,
     #[serde(default)]
     texts: Vec<String>,
     #[serde(default)]
@@ -345,9 +348,9 @@ fn expand(
     let mut time = p.time0.unwrap_or(prev_time);
     for (i, piece) in pieces.iter().enumerate() {
         if i > 0 {
-            time += p.dt.get(i - 1 + offset).copied().unwrap_or(0);
+            time = time.saturating_add_signed(p.dt.get(i - 1 + offset).copied().unwrap_or(0));
         } else if offset == 1 {
-            time += p.dt.first().copied().unwrap_or(0);
+            time = time.saturating_add_signed(p.dt.first().copied().unwrap_or(0));
         }
         let chunk = match kind {
             "text-chunks" => StreamChunk::TextDelta {
@@ -389,5 +392,39 @@ pub fn write_lines(events: &[impl AsRef<SessionEvent>], out: &mut Vec<u8>) {
     for e in events {
         e.as_ref().write_line(out);
         out.push(b'\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A packed row's time deltas may be negative (a recorded clock that
+    /// stepped back): the log loads, its chunks keep their order, and the
+    /// times follow the deltas without wrapping.
+    #[test]
+    fn a_packed_row_with_negative_time_deltas_loads() {
+        let log = concat!(
+            r#"{"type":"session","version":0,"id":"s1","createdAt":1000,"cwd":"/w","delegationDepth":0}"#,
+            "\n",
+            r#"{"type":"turn/start","time":5000,"data":{"turn":1}}"#,
+            "\n",
+            r#"{"type":"reasoning-chunks","data":{"turn":1,"step":1,"index":0,"dt":[3,-2],"texts":["a","b","c"]}}"#,
+            "\n",
+        );
+        let (_, events) = parse(log).unwrap();
+        let times: Vec<u64> = events.iter().map(|e| e.time).collect();
+        assert_eq!(times, [5000, 5000, 5003, 5001]);
+        let texts: Vec<String> = events[1..]
+            .iter()
+            .map(|e| match &e.data {
+                EventData::AssistantChunk { chunk, .. } => match &**chunk {
+                    StreamChunk::ReasoningDelta { text, .. } => text.to_string(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(texts, ["a", "b", "c"]);
     }
 }
