@@ -539,6 +539,18 @@ struct Inner {
 #[derive(Clone)]
 pub struct Dsh(Arc<Inner>);
 
+impl std::fmt::Debug for Dsh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dsh")
+            .field(
+                "route",
+                &format_args!("{}/{}", self.0.provider, self.0.model),
+            )
+            .field("workspace", &self.0.workspace)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Dsh {
     /// The options, to [`start`](DshBuilder::start) a runtime with.
     pub fn builder() -> DshBuilder {
@@ -626,12 +638,19 @@ impl Dsh {
     }
 
     /// A coordinator for a workflow or a loop: the parent of its children.
-    async fn coordinator(&self, label: &str) -> Result<Agent, FlowError> {
+    /// Held as a handle: a caller that stops waiting (its future dropped)
+    /// disposes it, and every child with it.
+    async fn coordinator(&self, label: &str) -> Result<AgentHandle, FlowError> {
         let mut spec = self.spec();
         spec.label = Some(label.into());
-        Agent::create(&self.0.rt.root(), spec)
+        let agent = Agent::create(&self.0.rt.root(), spec)
             .await
-            .map_err(|e| FlowError::new("CREATE", format!("the coordinator: {}", chain(&e))))
+            .map_err(|e| FlowError::new("CREATE", format!("the coordinator: {}", chain(&e))))?;
+        Ok(AgentHandle {
+            agent,
+            timeout: self.0.turn_timeout,
+            owned: true,
+        })
     }
 }
 
@@ -809,8 +828,15 @@ impl AgentBuilder {
                 ));
             };
             dsh_actors::subagent::define_top_level(&root, &mut spec, definition);
+            // What the builder says wins over the definition.
             if let Some(system) = &self.system {
                 spec.system = Some(system.clone());
+            }
+            if let Some(model) = &self.model {
+                spec.model = model.clone();
+            }
+            if self.label.is_some() {
+                spec.label = self.label.clone();
             }
         }
         if let Some(names) = &self.tools {
@@ -893,6 +919,15 @@ pub struct AgentHandle {
     owned: bool,
 }
 
+impl std::fmt::Debug for AgentHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHandle")
+            .field("id", &self.agent.id())
+            .field("owned", &self.owned)
+            .finish_non_exhaustive()
+    }
+}
+
 impl AgentHandle {
     /// Its id (its session's id too).
     pub fn id(&self) -> &str {
@@ -901,12 +936,20 @@ impl AgentHandle {
 
     /// Runs `prompt` as its next turn (after any queued) and waits for the
     /// answer, up to the agent's timeout.
+    ///
+    /// A turn that outlives the timeout is cancelled (it ends `aborted`)
+    /// and the call fails `TIMEOUT`: trying again starts afresh. One `run`
+    /// at a time: the answer is the agent's last turn once it is idle.
     pub async fn run(&self, prompt: &str) -> Result<Answer, RunError> {
-        let turn = self
-            .agent
-            .run(prompt, self.timeout)
-            .await
-            .map_err(|e| agent_error(&e))?;
+        let turn = match self.agent.run(prompt, self.timeout).await {
+            Ok(turn) => turn,
+            Err(e) => {
+                if matches!(e, dsh_actors::agent::AgentError::Timeout { .. }) {
+                    self.agent.cancel();
+                }
+                return Err(agent_error(&e));
+            }
+        };
         Answer::of(turn, self.agent.id())
     }
 
@@ -926,7 +969,8 @@ impl AgentHandle {
             .map_err(|e| agent_error(&e))
     }
 
-    /// Cancels the running turn (it ends `CANCELLED`); whether one ran.
+    /// Cancels the running turn (it ends `aborted`), or the queued one;
+    /// whether there was one to cancel.
     pub fn cancel(&self) -> bool {
         matches!(
             self.agent.cancel(),
@@ -966,9 +1010,11 @@ impl AgentHandle {
     /// Ordered teardown of the agent and everything it owns; its session
     /// is flushed first.
     pub async fn dispose(mut self) {
-        self.owned = false;
         let _ = self.agent.session().flush().await;
         self.agent.dispose().await;
+        // Only now: a dispose dropped part-way leaves the rest to `Drop`
+        // (concurrent disposals share one teardown).
+        self.owned = false;
     }
 
     /// Lets the handle go and keeps the agent resident (until
@@ -1068,13 +1114,17 @@ impl WorkflowBuilder {
     /// Its name (the meta block's `name`, short kebab-case; default
     /// `workflow`).
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.meta["name"] = Value::String(name.into());
+        if let Some(meta) = self.meta.as_object_mut() {
+            meta.insert("name".into(), Value::String(name.into()));
+        }
         self
     }
 
     /// What it does, in one line (the meta block's `description`).
     pub fn description(mut self, text: impl Into<String>) -> Self {
-        self.meta["description"] = Value::String(text.into());
+        if let Some(meta) = self.meta.as_object_mut() {
+            meta.insert("description".into(), Value::String(text.into()));
+        }
         self
     }
 
@@ -1105,8 +1155,14 @@ impl WorkflowBuilder {
         let engine = root
             .get::<WorkflowEngine>(WorkflowEngine::SERVICE)
             .ok_or_else(|| FlowError::new("CREATE", "no workflow engine is provided"))?;
+        let Some(meta) = self.meta.as_object().map(|_| self.meta.clone()) else {
+            return Err(FlowError::new(
+                "SCRIPT",
+                "the meta block must be a JSON object (`name`, `description`, …)",
+            ));
+        };
         let coordinator = self.dsh.coordinator("workflow coordinator").await?;
-        let mut request = WorkflowRequest::new(&coordinator, self.script, self.meta);
+        let mut request = WorkflowRequest::new(coordinator.agent(), self.script, meta);
         request.args = self.args;
         request.max_concurrency = self.max_parallel;
         request.max_total_agents = self.max_agents;
@@ -1119,7 +1175,6 @@ impl WorkflowBuilder {
             Err(e) => Err(FlowError::new("SCRIPT", chain(&e).to_string())),
         };
         let session = coordinator.id().to_owned();
-        let _ = coordinator.session().flush().await;
         coordinator.dispose().await;
         let result = result?;
         match result.stop_reason {
@@ -1174,11 +1229,10 @@ impl RalphBuilder {
             ));
         }
         let coordinator = self.dsh.coordinator("ralph").await?;
-        let mut request = RalphRequest::new(&coordinator, self.objective);
+        let mut request = RalphRequest::new(coordinator.agent(), self.objective);
         request.max_rounds = self.max_rounds;
         request.agent = self.definition;
         let result = ralph::run(&self.dsh.0.subagents, request, None).await;
-        let _ = coordinator.session().flush().await;
         coordinator.dispose().await;
         let result = result.map_err(|e| FlowError::new("SCRIPT", chain(&e).to_string()))?;
         match &result.outcome {

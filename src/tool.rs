@@ -29,10 +29,12 @@
 //! under the calling agent's policy: [`Effect::Reads`] always;
 //! [`Effect::WritesWorkspace`] not under `read-only`; [`Effect::Network`]
 //! not when the network is off; [`Effect::RunsProcesses`] (processes the
-//! tool starts itself, outside dsh's sandbox) only under
-//! `danger-full-access`, else the user is asked. A tool that declares no
-//! effects is asked about on every call: with no one to ask (the builder's
-//! default approval policy), it never runs.
+//! tool starts itself, outside dsh's sandbox) never under `read-only`,
+//! without asking under `danger-full-access`, else the user is asked. Every
+//! refusal is looked for before any question, so the order effects are
+//! listed in never matters. A tool that declares no effects is asked about
+//! on every call: with no one to ask (the builder's default approval
+//! policy), it never runs — declare what it does.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -57,7 +59,8 @@ pub enum Effect {
     /// Changes files in the workspace: refused under `read-only`.
     WritesWorkspace,
     /// Starts processes of its own, which dsh's sandbox does not confine:
-    /// runs under `danger-full-access`, else only with the user's approval.
+    /// refused under `read-only`, runs under `danger-full-access`, else
+    /// only with the user's approval.
     RunsProcesses,
     /// Reaches the network: refused when the agent's network is off.
     Network,
@@ -181,26 +184,30 @@ where
                 "the tool `{name}` does not say what it does (it declares no effects)"
             ));
         }
-        for effect in &self.effects {
-            match effect {
-                Effect::Reads => {}
-                Effect::WritesWorkspace if policy.mode == PermissionMode::ReadOnly => {
-                    return Decision::Deny(format!(
-                        "the tool `{name}` changes the workspace, and the permission mode is read-only"
-                    ));
-                }
-                Effect::Network if !policy.network => {
-                    return Decision::Deny(format!(
-                        "the tool `{name}` reaches the network, and this agent's network is off"
-                    ));
-                }
-                Effect::RunsProcesses if policy.mode != PermissionMode::DangerFullAccess => {
-                    return Decision::Ask(format!(
-                        "the tool `{name}` starts processes the sandbox does not confine"
-                    ));
-                }
-                Effect::WritesWorkspace | Effect::Network | Effect::RunsProcesses => {}
-            }
+        // Every refusal first, then every question: the order the effects
+        // were listed in never decides.
+        let refused = self.effects.iter().find_map(|effect| match effect {
+            Effect::WritesWorkspace if policy.mode == PermissionMode::ReadOnly => Some(format!(
+                "the tool `{name}` changes the workspace, and the permission mode is read-only"
+            )),
+            // Its processes could change anything: never under read-only.
+            Effect::RunsProcesses if policy.mode == PermissionMode::ReadOnly => Some(format!(
+                "the tool `{name}` starts processes the sandbox does not confine, and the permission mode is read-only"
+            )),
+            Effect::Network if !policy.network => Some(format!(
+                "the tool `{name}` reaches the network, and this agent's network is off"
+            )),
+            _ => None,
+        });
+        if let Some(why) = refused {
+            return Decision::Deny(why);
+        }
+        if self.effects.contains(&Effect::RunsProcesses)
+            && policy.mode != PermissionMode::DangerFullAccess
+        {
+            return Decision::Ask(format!(
+                "the tool `{name}` starts processes the sandbox does not confine"
+            ));
         }
         Decision::Allow
     }

@@ -381,7 +381,10 @@ pub(super) async fn create(State(api): State<Api>, request: Request) -> Response
         .model
         .or_else(|| llm.model_ids(&provider).into_iter().next())
         .unwrap_or_else(|| "default".into());
-    let cwd = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
+    let cwd = match &api.workspace {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir()),
+    };
     let mut agent_spec = AgentSpec::new(&provider, &model, cwd);
     agent_spec.system = spec.system;
     agent_spec.sections = crate::home::workspace_sections(&agent_spec.cwd).await;

@@ -181,6 +181,9 @@ pub(crate) struct Api {
     hosts: Hosts,
     /// Approval asks waiting for a client.
     approvals: Arc<approvals::Pending>,
+    /// Where agents created through the API work (`None`: the process's
+    /// current directory).
+    pub(crate) workspace: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -656,6 +659,7 @@ fn router(
     mutations: bool,
     hosts: Hosts,
     approvals: Arc<approvals::Pending>,
+    workspace: Option<std::path::PathBuf>,
 ) -> Router {
     let api = Api {
         rt,
@@ -664,6 +668,7 @@ fn router(
         mutations,
         hosts,
         approvals,
+        workspace,
     };
     Router::new()
         .route("/api/tree", get(tree))
@@ -721,20 +726,78 @@ async fn bind_address(bind: &str) -> Result<SocketAddr, BoxError> {
 }
 
 /// What the dashboard's router checks when a service mounts it in its own
-/// server ([`mount`]).
-#[derive(Clone, Debug, Default)]
+/// server ([`mount`]), and where the agents it creates work.
+///
+/// ```
+/// let options = dsh::web::MountOptions::new()
+///     .token("a long random secret")
+///     .mutations(true)
+///     .workspace("/srv/agents");
+/// ```
+#[derive(Clone, Default)]
+#[non_exhaustive]
 pub struct MountOptions {
+    hosts: Vec<String>,
+    token: Option<String>,
+    mutations: bool,
+    workspace: Option<std::path::PathBuf>,
+    stop: Option<CancellationToken>,
+}
+
+impl MountOptions {
+    /// Nothing set: [`mount`] then needs a token or hosts.
+    pub fn new() -> MountOptions {
+        MountOptions::default()
+    }
+
     /// The `Host` values requests may carry (`ops.example.com`,
     /// `localhost:8080`), compared without case. Required without a
     /// token: a page on a rebinding domain names its own host.
-    pub hosts: Vec<String>,
+    pub fn hosts<S: Into<String>>(mut self, hosts: impl IntoIterator<Item = S>) -> Self {
+        self.hosts = hosts.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// The bearer token every request but the page itself carries
     /// (`Authorization: Bearer`, or `?token=` on reads). Required with
-    /// `mutations`.
-    pub token: Option<String>,
+    /// mutations.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
     /// Allow the endpoints that change things (create, steer, cancel
-    /// agents; answer approvals).
-    pub mutations: bool,
+    /// agents; answer the approval asks of every agent of the runtime).
+    pub fn mutations(mut self, on: bool) -> Self {
+        self.mutations = on;
+        self
+    }
+
+    /// Where agents created through the API work (default: the process's
+    /// current directory); give the runtime's (`dsh.workspace()`).
+    pub fn workspace(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.workspace = Some(dir.into());
+        self
+    }
+
+    /// Ends the open streams (the tree, session tails) when cancelled, as
+    /// the runtime's shutdown does: cancel it when the server starts its
+    /// graceful shutdown, which otherwise waits for an open page.
+    pub fn stop(mut self, stop: CancellationToken) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+}
+
+impl std::fmt::Debug for MountOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountOptions")
+            .field("hosts", &self.hosts)
+            .field("token", &self.token.as_ref().map(|_| "<withheld>"))
+            .field("mutations", &self.mutations)
+            .field("workspace", &self.workspace)
+            .finish()
+    }
 }
 
 /// Why [`mount`] refused.
@@ -754,10 +817,9 @@ impl std::error::Error for MountError {}
 ///
 /// ```no_run
 /// # async fn serve(dsh: dsh::Dsh) -> Result<(), Box<dyn std::error::Error>> {
-/// let options = dsh::web::MountOptions {
-///     token: Some(std::env::var("DASHBOARD_TOKEN")?),
-///     ..Default::default()
-/// };
+/// let options = dsh::web::MountOptions::new()
+///     .token(std::env::var("DASHBOARD_TOKEN")?)
+///     .workspace(dsh.workspace());
 /// let dashboard = dsh::web::mount(dsh.runtime(), options)?;
 /// let app: axum::Router = axum::Router::new().nest_service("/ops/dsh", dashboard);
 /// # let _ = app; Ok(()) }
@@ -769,7 +831,9 @@ impl std::error::Error for MountError {}
 /// mutations off unless enabled (and then never without a token), agents
 /// created within the sandbox's standing permission. A service's own auth
 /// layer goes on top (`.layer(…)` on the router it mounts this in): both
-/// must pass. The open streams end when the runtime shuts down.
+/// must pass. The open streams end when the runtime shuts down, or when
+/// [`MountOptions::stop`] is cancelled. With mutations, the router answers
+/// the approval asks of every agent of the runtime (its page shows them).
 pub fn mount(rt: &Runtime, options: MountOptions) -> Result<Router, MountError> {
     let token = options
         .token
@@ -786,7 +850,11 @@ pub fn mount(rt: &Runtime, options: MountOptions) -> Result<Router, MountError> 
         ));
     }
     let root = rt.root();
-    let stop = CancellationToken::new();
+    // The service's own stop ends the streams too.
+    let stop = options
+        .stop
+        .as_ref()
+        .map_or_else(CancellationToken::new, CancellationToken::child_token);
     let ending = stop.clone();
     root.on_teardown("stop the mounted dashboard", move || async move {
         ending.cancel()
@@ -805,6 +873,7 @@ pub fn mount(rt: &Runtime, options: MountOptions) -> Result<Router, MountError> 
         options.mutations,
         Hosts::Listed(options.hosts.into()),
         pending,
+        options.workspace,
     ))
 }
 
@@ -863,6 +932,7 @@ impl Plugin for Web {
                 config.mutations,
                 Hosts::Bound(bound),
                 pending,
+                None,
             )),
             stop: stop.clone(),
         };

@@ -1009,10 +1009,7 @@ async fn the_page_mounted_under_a_prefix_reads_its_api_there() {
         .unwrap();
     let agent = dsh.agent().label("mounted-agent").spawn().await.unwrap();
     agent.run("Write one line about actors.").await.unwrap();
-    let options = dsh::web::MountOptions {
-        token: Some("t0ken".into()),
-        ..Default::default()
-    };
+    let options = dsh::web::MountOptions::new().token("t0ken");
     let app = axum::Router::new()
         .nest_service("/ops/dsh", dsh::web::mount(dsh.runtime(), options).unwrap())
         .layer(axum::middleware::from_fn(super::web::service_auth));

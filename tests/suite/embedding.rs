@@ -356,7 +356,7 @@ async fn a_hundred_concurrent_agents_are_disposed_and_leave_nothing_behind() {
             "the agents' tasks did not end: {} alive, {tasks0} before",
             metrics.num_alive_tasks()
         );
-        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     crate::suite::until("the agents' files were closed", || open_fds() <= fds0).await;
     dsh.shutdown().await.unwrap();
@@ -679,11 +679,42 @@ async fn a_tool_denied_by_policy_never_runs() {
             true,
         ),
         (
+            vec![Effect::RunsProcesses],
+            PermissionMode::WorkspaceWrite,
+            true,
+            ApprovalPolicy::Always,
+            true,
+        ),
+        // Processes could change anything: never under read-only, asked or
+        // not.
+        (
             vec![Effect::Reads, Effect::RunsProcesses],
             PermissionMode::ReadOnly,
             true,
             ApprovalPolicy::Always,
+            false,
+        ),
+        // A refusal wins over a question, whichever comes first.
+        (
+            vec![Effect::RunsProcesses, Effect::WritesWorkspace],
+            PermissionMode::ReadOnly,
             true,
+            ApprovalPolicy::Always,
+            false,
+        ),
+        (
+            vec![Effect::WritesWorkspace, Effect::RunsProcesses],
+            PermissionMode::ReadOnly,
+            true,
+            ApprovalPolicy::Always,
+            false,
+        ),
+        (
+            vec![Effect::RunsProcesses, Effect::Network],
+            PermissionMode::WorkspaceWrite,
+            false,
+            ApprovalPolicy::Always,
+            false,
         ),
     ];
     for (effects, mode, network, approval, should_run) in cases {

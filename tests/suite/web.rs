@@ -1763,14 +1763,7 @@ async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks(
         .unwrap();
     // Refused before it serves: mutations without a token; no token and no
     // hosts.
-    let refused = mount(
-        dsh.runtime(),
-        MountOptions {
-            mutations: true,
-            ..MountOptions::default()
-        },
-    )
-    .unwrap_err();
+    let refused = mount(dsh.runtime(), MountOptions::new().mutations(true)).unwrap_err();
     assert!(
         refused.to_string().contains("mutations need a token"),
         "{refused}"
@@ -1778,11 +1771,17 @@ async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks(
     let refused = mount(dsh.runtime(), MountOptions::default()).unwrap_err();
     assert!(refused.to_string().contains("name the hosts"), "{refused}");
 
-    let options = MountOptions {
-        token: Some("t0ken".into()),
-        mutations: true,
-        ..MountOptions::default()
-    };
+    let streams = tokio_util::sync::CancellationToken::new();
+    let options = MountOptions::new()
+        .token("t0ken")
+        .mutations(true)
+        .workspace(dsh.workspace())
+        .stop(streams.clone());
+    let shown = format!("{options:?}");
+    assert!(
+        !shown.contains("t0ken") && shown.contains("<withheld>"),
+        "{shown}"
+    );
     let dashboard = mount(dsh.runtime(), options).unwrap();
     let app = axum::Router::new()
         .route("/health", axum::routing::get(|| async { "ok" }))
@@ -1882,6 +1881,27 @@ async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks(
         dsh.runtime().tree().snapshot().iter().any(|n| n.id == node),
         "{made}"
     );
+    // In the embedding runtime's workspace, not the process's directory.
+    let created = agent(dsh.runtime(), made["id"].as_str().unwrap());
+    assert_eq!(created.spec().cwd, dsh.workspace());
+    // The service's own stop ends an open stream (its graceful shutdown
+    // would otherwise wait for the page).
+    let open = member
+        .get(format!("{dash}/api/tree/stream?token=t0ken"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+    let mut open = open.bytes_stream();
+    assert!(open.next().await.is_some(), "the snapshot comes first");
+    streams.cancel();
+    let ended = tokio::time::timeout(WAIT, async {
+        while let Some(chunk) = open.next().await {
+            chunk.unwrap();
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived the service's stop");
     // Outside the prefix, the service's own routes.
     let r = member.get(format!("{base}/health")).send().await.unwrap();
     assert_eq!(r.text().await.unwrap(), "ok");
@@ -1889,10 +1909,7 @@ async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks(
     // Mounted without a token, only the hosts named are answered.
     let named = mount(
         dsh.runtime(),
-        MountOptions {
-            hosts: vec!["ops.example.test".into()],
-            ..MountOptions::default()
-        },
+        MountOptions::new().hosts(["ops.example.test"]),
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
