@@ -134,7 +134,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
     let models = match &args.replay {
         Some(log) => replay_models(&root, log).await?,
         None => {
-            let route = crate::stage::boot(rt, &args.agents, Purpose::Protocol)
+            let route = crate::stage::boot(rt, &args.agents, Purpose::Protocol, None)
                 .await?
                 .ok_or_else(|| Exit::usage(crate::args::HOW_TO_CONFIGURE))?;
             Models::Route(route)
@@ -956,9 +956,11 @@ impl Connection {
                 }
                 // A hook (or another policy) refused the prompt: no
                 // request was sent. The reason reaches the user as text.
+                // The prompt ends as a turn does (upstream's behaviour), the
+                // reason shown as the agent's text.
                 TurnEndReason::Blocked => {
                     self.send(update(&session.id, "agent_message_chunk", &t.text));
-                    Ok(json!({"stopReason": "refusal"}))
+                    Ok(json!({"stopReason": "end_turn"}))
                 }
                 _ => Ok(json!({"stopReason": "end_turn"})),
             },

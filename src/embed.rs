@@ -108,8 +108,9 @@ facade_error!(
 facade_error!(
     /// Why an agent operation failed: `CREATE` (the agent could not be
     /// made: an unknown definition, a store that refuses it), `CLOSED`
-    /// (it takes no more input), `TIMEOUT` (the turn outlived its bound;
-    /// retryable), `CANCELLED`, `BLOCKED` (a policy stopped the turn),
+    /// (it takes no more input, or the runtime shuts down), `BUSY` (its
+    /// session's store refused it a writer; retryable), `TIMEOUT` (the
+    /// turn outlived its bound and was cancelled; retryable), `CANCELLED`, `BLOCKED` (a policy stopped the turn),
     /// `INTERRUPTED`, or the model's own failure code (`RATE_LIMITED`,
     /// `AUTH`, `BUDGET_EXHAUSTED`, …; retryable when the model says so).
     RunError
@@ -123,8 +124,9 @@ facade_error!(
 );
 
 facade_error!(
-    /// Why [`Dsh::shutdown`] failed: `TIMEOUT` (the tree was not down
-    /// within its budget; what was left was killed).
+    /// Why [`Dsh::shutdown`] failed: `TIMEOUT` (the teardown had not ended
+    /// 5 s past its budget: the kernel kills what outlives the budget, so
+    /// even that stalled).
     ShutdownError
 );
 
@@ -704,6 +706,8 @@ fn agent_error(e: &dsh_actors::agent::AgentError) -> RunError {
         E::Timeout { .. } => RunError::new("TIMEOUT", chain(e).to_string()).retryable(),
         E::Closed(_) | E::Abandoned { .. } => RunError::new("CLOSED", chain(e).to_string()),
         E::Store(_) => RunError::new("BUSY", chain(e).to_string()).retryable(),
+        // The owner is unloading: the runtime shuts down.
+        E::Kernel(_) => RunError::new("CLOSED", chain(e).to_string()),
         _ => RunError::new("CREATE", chain(e).to_string()),
     }
 }

@@ -170,7 +170,7 @@ async fn coordinate(
     resume: Option<&str>,
     name: &str,
 ) -> exit::Result<(Agent, Arc<Subagents>, Arc<dyn SessionPersistence>)> {
-    let Route { provider, model } = route(rt, agents).await?;
+    let Route { provider, model } = route(rt, agents, Some(&cwd)).await?;
     // After the boot: a `--config` file's `session-store` may provide it.
     let store = store(rt, store_args)?;
     let root = rt.root();

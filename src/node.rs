@@ -164,7 +164,7 @@ async fn serve_node(
         // In memory, as the benchmark's own agents are.
         ("bench-worker".to_owned(), "bench".to_owned(), None)
     } else {
-        let Route { provider, model } = route(rt, &args.agents).await?;
+        let Route { provider, model } = route(rt, &args.agents, None).await?;
         (provider, model, Some(store(rt, &args.store)?))
     };
     let policy = rt

@@ -360,7 +360,7 @@ pub async fn run(args: RunArgs) -> Exit {
 }
 
 async fn drive(rt: &Runtime, args: &RunArgs, cwd: PathBuf) -> exit::Result<()> {
-    let Route { provider, model } = route(rt, &args.agents).await?;
+    let Route { provider, model } = route(rt, &args.agents, Some(&cwd)).await?;
     let root = rt.root();
     let mut spec = AgentSpec::new(&provider, &model, cwd.clone());
     spec.system = Some(

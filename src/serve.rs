@@ -49,7 +49,7 @@ pub async fn serve(args: ServeArgs) -> Exit {
 
 async fn serve_in(rt: &Runtime, args: ServeArgs) -> exit::Result<()> {
     // No model configured is fine: the API serves the tree without one.
-    boot(rt, &args.agents, Purpose::Serve).await?;
+    boot(rt, &args.agents, Purpose::Serve, None).await?;
     if !args.cluster.nodes.is_empty() {
         crate::node::offer_remote(rt, &args.cluster).await?;
     }

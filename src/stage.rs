@@ -52,15 +52,26 @@ pub enum Purpose {
 /// For a command that runs agents itself: boots the agent services and the
 /// model into `rt` and returns the route agents use; no model configured is
 /// an error saying how to configure one.
-pub async fn route(rt: &Runtime, args: &AgentArgs) -> exit::Result<Route> {
-    boot(rt, args, Purpose::Run)
+pub async fn route(
+    rt: &Runtime,
+    args: &AgentArgs,
+    workspace: Option<&std::path::Path>,
+) -> exit::Result<Route> {
+    boot(rt, args, Purpose::Run, workspace)
         .await?
         .ok_or_else(|| Exit::usage(HOW_TO_CONFIGURE))
 }
 
 /// Boots the agent services and the model into `rt`; returns the route
 /// agents use (`None`: none is configured, or, serving, none is implied).
-pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Result<Option<Route>> {
+/// With `--hooks`, the project hook files are found in `workspace` (the
+/// current directory when `None`).
+pub async fn boot(
+    rt: &Runtime,
+    args: &AgentArgs,
+    purpose: Purpose,
+    workspace: Option<&std::path::Path>,
+) -> exit::Result<Option<Route>> {
     let root = rt.root();
     let choice = args.model.choice(args.config.config.is_some())?;
     let approval = args.policy.approval()?;
@@ -78,7 +89,11 @@ pub async fn boot(rt: &Runtime, args: &AgentArgs, purpose: Purpose) -> exit::Res
         }
     }
     if args.config.hooks {
-        root.plugin(crate::catalogue::HooksPlugin, Default::default())
+        let config = crate::catalogue::HooksConfig {
+            workspace: workspace.map(std::path::Path::to_path_buf),
+            ..Default::default()
+        };
+        root.plugin(crate::catalogue::HooksPlugin, config)
             .await
             .map_err(failed)?;
     }

@@ -28,6 +28,12 @@ pub struct HooksConfig {
     /// characters (default 500).
     #[serde(default)]
     pub stderr_summary_max_chars: Option<usize>,
+    /// Where relative files (the project's `.claude/settings.json`, …)
+    /// are found: the command's workspace (`--cwd`), else the current
+    /// directory. Set by the command, not by a config file.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub workspace: Option<PathBuf>,
 }
 
 /// Runs the hooks of users' Claude Code and Codex settings at prompt
@@ -50,7 +56,11 @@ impl Plugin for HooksPlugin {
             (Dialect::Codex, &config.codex),
         ] {
             let paths = listed.clone().unwrap_or_else(|| default_paths(dialect));
-            files.extend(paths.into_iter().map(|p| (dialect, p)));
+            let within = |p: PathBuf| match &config.workspace {
+                Some(ws) if p.is_relative() && !p.starts_with("~") => ws.join(p),
+                _ => p,
+            };
+            files.extend(paths.into_iter().map(|p| (dialect, within(p))));
         }
         let (sets, problems) = load(&files).await;
         for p in &problems {

@@ -85,7 +85,7 @@ pub async fn chat(args: ChatArgs) -> Exit {
 
 /// Boots the model, opens the session and hands it to the seat.
 async fn open(rt: &Runtime, args: &ChatArgs, cwd: PathBuf) -> exit::Result<()> {
-    let route = crate::stage::boot(rt, &args.agents, Purpose::Chat)
+    let route = crate::stage::boot(rt, &args.agents, Purpose::Chat, Some(&cwd))
         .await?
         .ok_or_else(|| Exit::usage(HOW_TO_CONFIGURE))?;
     let store = crate::stage::store(rt, &args.store)?;

@@ -556,3 +556,39 @@ async fn a_running_hook_is_a_tree_node_and_dies_with_its_cancelled_turn() {
     .await;
     rt.shutdown().await;
 }
+
+/// `dsh run --hooks --cwd WS`, started elsewhere, finds the project's hook
+/// settings in WS (`WS/.claude/settings.json`), not in the directory it was
+/// started from.
+#[test]
+fn project_hooks_are_found_in_the_workspace_given_with_cwd() {
+    let _sweep = crate::suite::sweep();
+    let case = Case::new();
+    std::fs::create_dir_all(case.ws.join(".claude")).unwrap();
+    let block = json!({"hooks": {"UserPromptSubmit": [group(None, "echo 'blocked by the workspace hook' >&2; exit 2")]}});
+    std::fs::write(case.ws.join(".claude/settings.json"), block.to_string()).unwrap();
+    let script = case.dir.join("script.json");
+    std::fs::write(
+        &script,
+        json!({"steps": [answer("never said")]}).to_string(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .current_dir(&case.dir)
+        .env("HOME", &case.dir)
+        .env_remove("DSH_PERMISSION_MODE")
+        .env_remove("DSH_APPROVAL")
+        .args(["run", "--hooks", "--approval", "never", "--script"])
+        .arg(&script)
+        .arg("--cwd")
+        .arg(&case.ws)
+        .arg("--sessions-dir")
+        .arg(case.dir.join("sessions"))
+        .arg("please help")
+        .bounded_output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("blocked by the workspace hook"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("never said"));
+}
