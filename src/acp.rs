@@ -889,14 +889,16 @@ impl Connection {
     /// Whether prompts may carry images: an attachment store keeps them
     /// and the sessions' model takes them.
     fn images(&self) -> bool {
-        let Models::Route(route) = &self.models else {
-            return false;
+        let (provider, model) = match &self.models {
+            Models::Route(route) => (route.provider.as_str(), route.model.as_str()),
+            // A recording whose requests carried images.
+            Models::Replay { .. } => ("replay", "recorded"),
         };
         let llm = self
             .root
             .get::<dsh_services::llm::LlmRuntime>(dsh_services::llm::LlmRuntime::SERVICE);
         self.root.get::<Attachments>(Attachments::SERVICE).is_some()
-            && llm.is_some_and(|l| l.accepts_images(&route.provider, &route.model))
+            && llm.is_some_and(|l| l.accepts_images(provider, model))
     }
 
     /// Checks a `session/prompt` and claims the session's prompt slot.

@@ -178,6 +178,23 @@ pub(crate) async fn install(
         Arc::new(dsh_services::jobs::Jobs::new(Default::default())),
     )
     .map_err(|e| chain(&e).to_string())?;
+    // As live runs have them: a large tool result is spilled to a file,
+    // an image a prompt carries is kept.
+    root.provide(
+        dsh_services::tools::SpillStore::SERVICE,
+        Arc::new(dsh_services::tools::SpillStore::new(
+            crate::home::dir().join("spill"),
+            dsh_services::tools::SpillStore::DEFAULT_MAX_INLINE,
+        )),
+    )
+    .map_err(|e| chain(&e).to_string())?;
+    root.provide(
+        dsh_services::attachments::Attachments::SERVICE,
+        Arc::new(dsh_services::attachments::Attachments::new(
+            crate::home::dir().join("attachments"),
+        )),
+    )
+    .map_err(|e| chain(&e).to_string())?;
     dsh_services::tools::builtin::install(root, &tools, Default::default())
         .map_err(|e| chain(&e).to_string())?;
     llm.register(root, &["replay"], model.clone())

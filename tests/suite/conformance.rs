@@ -468,3 +468,76 @@ mod acp_scenarios {
         }
     }
 }
+
+/// A large tool result is spilled to a file on replay as it was live: a
+/// session recorded by `dsh run` (reading a 60,000-byte file) replays to
+/// the same structure, and the replayed result carries the spill's note.
+#[test]
+fn a_large_result_is_spilled_on_replay_as_it_was_live() {
+    let _sweep = crate::suite::sweep();
+    let base = fresh_dir("dsh-spill-replay").unwrap();
+    let ws = workspace();
+    let big: String = (0..1500)
+        .map(|i| format!("line {i:05}: {}\n", "a".repeat(28)))
+        .collect();
+    std::fs::write(ws.join("big.txt"), &big).unwrap();
+    let script = base.join("script.json");
+    let call = serde_json::json!({"tool_calls": [{"name": "read", "arguments": {"file_path": "big.txt"}}]});
+    std::fs::write(
+        &script,
+        serde_json::json!({"steps": [call, {"text": "read it"}]}).to_string(),
+    )
+    .unwrap();
+    let sessions = base.join("sessions");
+    let live = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env("HOME", &base)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .args(["run", "--approval", "never", "--script"])
+        .arg(&script)
+        .arg("--cwd")
+        .arg(&ws)
+        .arg("--sessions-dir")
+        .arg(&sessions)
+        .arg("read the big file")
+        .bounded_output()
+        .unwrap();
+    assert!(live.status.success(), "{}", text(&live.stderr));
+    let recorded = std::fs::read_dir(&sessions)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("session.jsonl"))
+        .find(|p| p.exists())
+        .unwrap();
+    let note = "bytes; the whole of it is in";
+    let spilled = |log: &Path| results(log).iter().any(|(_, c)| c.contains(note));
+    let sizes = |log: &Path| {
+        results(log)
+            .iter()
+            .map(|(_, c)| c.len())
+            .collect::<Vec<_>>()
+    };
+    assert!(spilled(&recorded), "live: {:?}", sizes(&recorded));
+    let out = base.join("replayed.jsonl");
+    let replayed = Command::new(env!("CARGO_BIN_EXE_dsh"))
+        .env("HOME", &base)
+        .env_remove("DSH_BASE_URL")
+        .env_remove("DSH_MODEL")
+        .args([
+            "replay",
+            recorded.to_str().unwrap(),
+            "--cwd",
+            ws.to_str().unwrap(),
+            "--out",
+        ])
+        .arg(&out)
+        .bounded_output()
+        .unwrap();
+    assert!(replayed.status.success(), "{}", text(&replayed.stderr));
+    assert!(
+        text(&replayed.stdout).starts_with("replay agrees with the recording"),
+        "{}",
+        text(&replayed.stdout)
+    );
+    assert!(spilled(&out), "replayed: {:?}", sizes(&out));
+}

@@ -375,7 +375,8 @@ pub(crate) fn deepseek_mock(
             let mut sock = match listener.accept() {
                 Ok((sock, _)) => sock,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::yield_now();
+                    // A pause, not a spin: the process under test needs the core.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
                     continue;
                 }
                 Err(e) => panic!("{e}"),

@@ -93,6 +93,9 @@ pub struct ReplayModel {
     /// The title a provider gave the recorded session: a title request is
     /// answered with it (not a step of the script).
     title: Option<Arc<str>>,
+    /// Whether the recorded requests carried images (the recorded model
+    /// took them, so the replayed one does).
+    images: bool,
     cursor: AtomicUsize,
     /// Signalled when a recorded cancel is due, with when.
     cancel_due: Arc<tokio::sync::Notify>,
@@ -106,6 +109,7 @@ impl ReplayModel {
     pub fn from_events(events: &[impl AsRef<SessionEvent>]) -> ReplayModel {
         let mut steps = Vec::new();
         let mut title = None;
+        let mut images = false;
         let mut answered = false;
         let mut cut = false;
         let mut calls = 0usize;
@@ -164,6 +168,12 @@ impl ReplayModel {
                         steps.push(RecordedStep::Failed(error.as_ref().clone()));
                     }
                 }
+                EventData::UserMessage(message) => {
+                    images |= message
+                        .content
+                        .iter()
+                        .any(|b| matches!(b, ContentBlock::Image { .. }));
+                }
                 EventData::Other { kind, data }
                     if &**kind == "session/title" && data["source"]["kind"] == "provider" =>
                 {
@@ -175,6 +185,7 @@ impl ReplayModel {
         ReplayModel {
             steps: steps.into(),
             title,
+            images,
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -310,6 +321,10 @@ impl LlmAdapter for ReplayModel {
 
     fn titles(&self) -> bool {
         self.title.is_some()
+    }
+
+    fn accepts_images(&self, _model: &str) -> bool {
+        self.images
     }
 
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
@@ -666,6 +681,7 @@ mod tests {
         let derived = ReplayModel {
             steps: vec![RecordedStep::Failed(LlmFailure::new("AUTH", "no"))].into(),
             title: None,
+            images: false,
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -683,6 +699,7 @@ mod tests {
         let one = ReplayModel {
             steps: vec![RecordedStep::Failed(LlmFailure::new("AUTH", "no"))].into(),
             title: None,
+            images: false,
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -773,5 +790,25 @@ mod tests {
         );
         let (_, events) = crate::session::jsonl::parse(&fallback).unwrap();
         assert!(!ReplayModel::from_events(&events).titles());
+    }
+
+    /// A recording whose prompts carried images replays on a model that
+    /// takes them; one without, on a model that does not.
+    #[test]
+    fn a_recording_with_images_takes_images() {
+        let log = |content: &str| {
+            format!(
+                "{}\n{{\"type\":\"user/message\",\"data\":{{\"content\":[{content}],\"source\":{{\"kind\":\"user\"}},\"role\":\"user\",\"id\":\"m1\"}}}}\n",
+                r#"{"type":"session","version":0,"id":"s1","createdAt":1000,"cwd":"/w","delegationDepth":0}"#
+            )
+        };
+        let with = log(
+            r#"{"type":"text","text":"what is this?"},{"type":"image","mimeType":"image/png","path":"a.png"}"#,
+        );
+        let (_, events) = crate::session::jsonl::parse(&with).unwrap();
+        assert!(ReplayModel::from_events(&events).accepts_images("recorded"));
+        let without = log(r#"{"type":"text","text":"what is this?"}"#);
+        let (_, events) = crate::session::jsonl::parse(&without).unwrap();
+        assert!(!ReplayModel::from_events(&events).accepts_images("recorded"));
     }
 }
