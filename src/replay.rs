@@ -91,7 +91,9 @@ async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
             ));
         }
         for (i, (recorded, replayed)) in children.iter().zip(&replayed_children).enumerate() {
-            if let Err(d) = compare(&shape(recorded), &shape(replayed)) {
+            // A forked child's own turns (what it inherited is its parent's).
+            let own = &recorded.events[recorded.seed..];
+            if let Err(d) = compare(&shape(own), &shape(replayed)) {
                 verdict = Err(format!("child session {}: {d}", i + 1));
                 break;
             }
@@ -122,9 +124,16 @@ type Events = Vec<Arc<dsh_services::session::SessionEvent>>;
 
 /// The child logs recorded beside `log` (`session.1.jsonl`, `session.2.jsonl`,
 /// ... for `session.jsonl`), in child creation order.
-pub(crate) fn child_recordings(
-    log: &std::path::Path,
-) -> exit::Result<Vec<Vec<dsh_services::session::SessionEvent>>> {
+/// One child's recording: its events, and how many of them it inherited
+/// from its parent (a forked child's seed).
+pub(crate) struct Child {
+    /// The events, the seed's included.
+    pub(crate) events: Vec<dsh_services::session::SessionEvent>,
+    /// The inherited events at its head (its header's `seedLength`).
+    pub(crate) seed: usize,
+}
+
+pub(crate) fn child_recordings(log: &std::path::Path) -> exit::Result<Vec<Child>> {
     let (Some(dir), Some(stem)) = (log.parent(), log.file_stem()) else {
         return Ok(Vec::new());
     };
@@ -137,9 +146,13 @@ pub(crate) fn child_recordings(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
             Err(e) => return Err(Exit::usage(format!("cannot read {}: {e}", path.display()))),
         };
-        let (_, events) =
+        let (header, events) =
             jsonl::parse(&text).map_err(|e| Exit::usage(format!("{}: {e}", path.display())))?;
-        out.push(events);
+        let seed = header
+            .seed_length
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+            .min(events.len());
+        out.push(Child { events, seed });
     }
     Ok(out)
 }
@@ -155,7 +168,7 @@ pub(crate) type Created = Arc<std::sync::Mutex<Vec<Agent>>>;
 pub(crate) async fn install(
     root: &dsh_supervisors::Context,
     model: Arc<ReplayModel>,
-    children: &[Vec<dsh_services::session::SessionEvent>],
+    children: &[Child],
 ) -> Result<Created, String> {
     let llm = Arc::new(LlmRuntime::new());
     let tools = Arc::new(ToolRegistry::new());
@@ -217,12 +230,14 @@ pub(crate) async fn install(
         &dsh_actors::multi_agent::MultiAgentConfig::default(),
     )
     .map_err(|e| chain(&e).to_string())?;
-    for (i, events) in children.iter().enumerate() {
+    for (i, child) in children.iter().enumerate() {
         let route = format!("replay-{}", i + 1);
+        // A forked child answers from its own turns, not the parent's
+        // history it inherited.
         llm.register(
             root,
             &[route.as_str()],
-            Arc::new(ReplayModel::from_events(events)),
+            Arc::new(ReplayModel::from_events(&child.events[child.seed..])),
         )
         .map_err(|e| chain(&e).to_string())?;
     }
@@ -256,7 +271,7 @@ pub(crate) async fn install(
 async fn drive(
     rt: &Runtime,
     model: Arc<ReplayModel>,
-    children: &[Vec<dsh_services::session::SessionEvent>],
+    children: &[Child],
     cwd: PathBuf,
     out: Option<PathBuf>,
     inputs: &[String],

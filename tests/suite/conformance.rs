@@ -80,6 +80,7 @@ fn every_supported_recording_replays_to_the_same_structure() {
         "max-tokens-continue",
         "cancel-tool-calls",
         "retry-after-throw",
+        "fork-seeded",
     ] {
         let cwd = workspace();
         let out = cwd.join("replayed.jsonl");
@@ -134,6 +135,13 @@ fn every_supported_recording_replays_to_the_same_structure() {
                 let ends: Vec<&str> = shape.iter().map(|t| t.end.as_str()).collect();
                 assert_eq!(ends, ["max-tokens", "completed"]);
             }
+            // The forked child answered from its own turns, not from the
+            // parent's history it inherited.
+            "fork-seeded" => assert!(
+                results(&out)[0].1.contains("FORK_OK"),
+                "{:?}",
+                results(&out)
+            ),
             "subagent-spawn-in-process" => {
                 assert!(
                     results(&out)[0].1.contains("CHILD_OK"),

@@ -504,6 +504,9 @@ pub mod code {
     pub const SCRIPT_EXHAUSTED: &str = "SCRIPT_EXHAUSTED";
     /// The replay model has no recorded step left for this call. Fatal.
     pub const REPLAY_EXHAUSTED: &str = "REPLAY_EXHAUSTED";
+    /// A scripted step's `{{fromRequest:…}}` placeholder is malformed or
+    /// matches nothing in the request. Fatal.
+    pub const REPLAY_PLACEHOLDER: &str = "REPLAY_PLACEHOLDER";
     /// The turn used every step it may take (`AgentSpec::max_steps`). Fatal.
     pub const STEP_LIMIT: &str = "STEP_LIMIT";
     /// The agent (or an ancestor) spent its token budget, or took every

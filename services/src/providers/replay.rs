@@ -84,6 +84,129 @@ pub enum CancelPoint {
     },
 }
 
+/// What a placeholder resolved against the live request starts with.
+const PLACEHOLDER: &str = "{{fromRequest:";
+
+/// Every string leaf of `messages`, one per line: what a placeholder's
+/// pattern is matched against.
+fn corpus_of(messages: &[Arc<crate::llm::Message>]) -> String {
+    fn leaves(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) => out.push(s.clone()),
+            serde_json::Value::Array(a) => a.iter().for_each(|v| leaves(v, out)),
+            serde_json::Value::Object(o) => o.values().for_each(|v| leaves(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for m in messages {
+        if let Ok(v) = serde_json::to_value(&**m) {
+            leaves(&v, &mut out);
+        }
+    }
+    out.join("\n")
+}
+
+/// `text` with each `{{fromRequest:PATTERN}}` replaced by the pattern's last
+/// match in `corpus` (its first group, or the whole match without one). The
+/// last two braces of a run of `}` close a placeholder, so a pattern may end
+/// in a quantifier (`[0-9a-f]{4}`). A pattern that does not compile, matches
+/// nothing, or is not closed is an error saying which.
+fn resolve(text: &str, corpus: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(PLACEHOLDER) {
+        out.push_str(&rest[..at]);
+        let body = &rest[at + PLACEHOLDER.len()..];
+        // The first run of two or more `}`; its last two close it.
+        let mut close = None;
+        let bytes = body.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'}' {
+                let run = bytes[i..].iter().take_while(|b| **b == b'}').count();
+                if run >= 2 {
+                    close = Some(i + run - 2);
+                    break;
+                }
+                i += run;
+            } else {
+                i += 1;
+            }
+        }
+        let Some(end) = close else {
+            return Err(format!(
+                "a `{PLACEHOLDER}` placeholder is not closed with `}}}}`"
+            ));
+        };
+        let pattern = &body[..end];
+        let re = regex::Regex::new(pattern)
+            .map_err(|e| format!("the placeholder pattern `{pattern}` does not compile: {e}"))?;
+        let found = re.captures_iter(corpus).last().ok_or_else(|| {
+            format!("the placeholder pattern `{pattern}` matches nothing in the request")
+        })?;
+        let value = found
+            .get(1)
+            .or_else(|| found.get(0))
+            .map_or("", |m| m.as_str());
+        out.push_str(value);
+        rest = &body[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `chunk` with its placeholders resolved (text, reasoning, tool-call
+/// arguments, and a finished block's content).
+fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String> {
+    let block = |b: ContentBlock| -> Result<ContentBlock, String> {
+        Ok(match b {
+            ContentBlock::Text { text } => ContentBlock::Text {
+                text: resolve(&text, corpus)?,
+            },
+            ContentBlock::Reasoning { text } => ContentBlock::Reasoning {
+                text: resolve(&text, corpus)?,
+            },
+            ContentBlock::ToolCall {
+                id,
+                name,
+                arguments,
+            } => ContentBlock::ToolCall {
+                id,
+                name,
+                arguments: resolve(&arguments, corpus)?,
+            },
+            other => other,
+        })
+    };
+    Ok(match chunk {
+        StreamChunk::TextDelta { index, text } => StreamChunk::TextDelta {
+            index,
+            text: resolve(&text, corpus)?,
+        },
+        StreamChunk::ReasoningDelta { index, text } => StreamChunk::ReasoningDelta {
+            index,
+            text: resolve(&text, corpus)?,
+        },
+        StreamChunk::ToolCallDelta {
+            index,
+            id,
+            name,
+            arguments_delta,
+        } => StreamChunk::ToolCallDelta {
+            index,
+            id,
+            name,
+            arguments_delta: resolve(&arguments_delta, corpus)?,
+        },
+        StreamChunk::BlockEnd { index, block: b } => StreamChunk::BlockEnd {
+            index,
+            block: block(b)?,
+        },
+        other => other,
+    })
+}
+
 /// The `purpose` of an agent's request for its session's title.
 const TITLE_PURPOSE: &str = "session-title";
 
@@ -328,6 +451,29 @@ impl LlmAdapter for ReplayModel {
     }
 
     fn stream(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
+        // `{{fromRequest:…}}` in any scripted string, resolved against this
+        // request; only read when a chunk holds one.
+        let corpus = std::sync::OnceLock::new();
+        let messages = request.messages.clone();
+        let resolve = move |chunk: Result<StreamChunk, LlmFailure>| {
+            let chunk = chunk?;
+            if !serde_json::to_string(&chunk).is_ok_and(|t| t.contains(PLACEHOLDER)) {
+                return Ok(chunk);
+            }
+            let corpus = corpus.get_or_init(|| corpus_of(&messages));
+            resolve_chunk(chunk, corpus)
+                .map_err(|why| LlmFailure::new(code::REPLAY_PLACEHOLDER, why))
+        };
+        Box::pin(futures::StreamExt::map(
+            self.serve(request, cancel),
+            resolve,
+        ))
+    }
+}
+
+impl ReplayModel {
+    /// The call's chunks as scripted, placeholders unresolved.
+    fn serve(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
         if request.purpose == Some(TITLE_PURPOSE) {
             // The recorded title, beside the script: not one of its calls.
             let items: Vec<Result<_, LlmFailure>> = match &self.title {
@@ -810,5 +956,81 @@ mod tests {
         let without = log(r#"{"type":"text","text":"what is this?"}"#);
         let (_, events) = crate::session::jsonl::parse(&without).unwrap();
         assert!(!ReplayModel::from_events(&events).accepts_images("recorded"));
+    }
+
+    /// A placeholder takes the last match of its pattern in the request
+    /// (its first group, or all of it); a quantifier's brace may end it;
+    /// one that does not compile, matches nothing or is not closed fails.
+    #[test]
+    fn placeholders_resolve_against_the_request() {
+        let corpus = "goal g-1111 set\nthen goal g-2222 set";
+        assert_eq!(
+            resolve("done: {{fromRequest:goal (g-[0-9]+)}}!", corpus).unwrap(),
+            "done: g-2222!"
+        );
+        assert_eq!(
+            resolve("{{fromRequest:g-[0-9]{4}}}", corpus).unwrap(),
+            "g-2222"
+        );
+        assert_eq!(resolve("no placeholder", corpus).unwrap(), "no placeholder");
+        assert!(
+            resolve("{{fromRequest:(}}", corpus)
+                .unwrap_err()
+                .contains("does not compile")
+        );
+        assert!(
+            resolve("{{fromRequest:zzz}}", corpus)
+                .unwrap_err()
+                .contains("matches nothing")
+        );
+        assert!(
+            resolve("{{fromRequest:abc", corpus)
+                .unwrap_err()
+                .contains("not closed")
+        );
+    }
+
+    /// A scripted step's placeholder is filled from the live request's
+    /// messages; one that matches nothing fails the call loud.
+    #[tokio::test]
+    async fn a_scripted_step_echoes_what_the_request_holds() {
+        let model = ReplayModel::from_events(&Vec::<Arc<SessionEvent>>::new())
+            .with_override(
+                Override::parse(
+                    r#"[{"kind": "chunks", "chunks": [
+                        {"type": "block-start", "index": 0, "blockType": "text"},
+                        {"type": "text-delta", "index": 0, "text": "goal {{fromRequest:goal id ([a-z0-9-]+)}}"},
+                        {"type": "finish", "reason": {"kind": "stop"}}]},
+                       {"kind": "chunks", "chunks": [
+                        {"type": "text-delta", "index": 0, "text": "{{fromRequest:nowhere}}"},
+                        {"type": "finish", "reason": {"kind": "stop"}}]}]"#,
+                )
+                .unwrap(),
+            )
+            .unwrap();
+        let mut asked = request(None);
+        asked.messages = crate::llm::History::of(vec![Arc::new(crate::llm::Message::user_text(
+            "the goal id g-7f3a is new",
+        ))]);
+        let said: Vec<_> = model
+            .stream(asked.clone(), CancellationToken::new())
+            .collect()
+            .await;
+        assert!(
+            said.iter().any(
+                |c| matches!(c, Ok(StreamChunk::TextDelta { text, .. }) if text == "goal g-7f3a")
+            ),
+            "{said:?}"
+        );
+        let failed: Vec<_> = model
+            .stream(asked, CancellationToken::new())
+            .collect()
+            .await;
+        assert!(
+            failed
+                .iter()
+                .any(|c| matches!(c, Err(f) if f.code == code::REPLAY_PLACEHOLDER)),
+            "{failed:?}"
+        );
     }
 }
