@@ -238,6 +238,10 @@ fn replace(
                 "model": spec.model,
                 "maxTokens": SUMMARY_MAX_TOKENS,
                 "usage": usage,
+                // A local model call, its whole output: a replay serves it
+                // as that call's stream.
+                "llmStreamCall": true,
+                "rawOutput": text,
             })),
         },
         None,

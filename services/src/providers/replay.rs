@@ -207,6 +207,9 @@ fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String
     })
 }
 
+/// The `purpose` of an agent's request for a compaction summary.
+const COMPACTION_PURPOSE: &str = "compaction";
+
 /// The `purpose` of an agent's request for its session's title.
 const TITLE_PURPOSE: &str = "session-title";
 
@@ -219,6 +222,11 @@ pub struct ReplayModel {
     /// Whether the recorded requests carried images (the recorded model
     /// took them, so the replayed one does).
     images: bool,
+    /// The recorded compaction summaries that were local model calls
+    /// (`llmStreamCall`), in order: each compaction request is answered
+    /// with the next (not a step of the script).
+    summaries: Arc<[(String, Option<TokenUsage>)]>,
+    summarised: AtomicUsize,
     cursor: AtomicUsize,
     /// Signalled when a recorded cancel is due, with when.
     cancel_due: Arc<tokio::sync::Notify>,
@@ -233,6 +241,7 @@ impl ReplayModel {
         let mut steps = Vec::new();
         let mut title = None;
         let mut images = false;
+        let mut summaries = Vec::new();
         let mut answered = false;
         let mut cut = false;
         let mut calls = 0usize;
@@ -298,6 +307,14 @@ impl ReplayModel {
                         .any(|b| matches!(b, ContentBlock::Image { .. }));
                 }
                 EventData::Other { kind, data }
+                    if &**kind == "compaction/summary" && data["llmStreamCall"] == true =>
+                {
+                    if let Some(raw) = data["rawOutput"].as_str() {
+                        let usage = serde_json::from_value(data["usage"].clone()).ok();
+                        summaries.push((raw.to_owned(), usage));
+                    }
+                }
+                EventData::Other { kind, data }
                     if &**kind == "session/title" && data["source"]["kind"] == "provider" =>
                 {
                     title = data["title"].as_str().map(Arc::from);
@@ -309,6 +326,8 @@ impl ReplayModel {
             steps: steps.into(),
             title,
             images,
+            summaries: summaries.into(),
+            summarised: AtomicUsize::new(0),
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -490,6 +509,29 @@ impl ReplayModel {
                 None => vec![Err(LlmFailure::new(
                     code::REPLAY_EXHAUSTED,
                     "the recording holds no title from a provider",
+                ))],
+            };
+            return Box::pin(futures::stream::iter(items));
+        }
+        if request.purpose == Some(COMPACTION_PURPOSE) {
+            // The next recorded summary, as one canonical stream.
+            let at = self.summarised.fetch_add(1, Ordering::Relaxed);
+            let items: Vec<Result<_, LlmFailure>> = match self.summaries.get(at) {
+                Some((text, usage)) => chunks_for(
+                    &[ContentBlock::Text { text: text.clone() }],
+                    usage.unwrap_or_default(),
+                    FinishReason::Stop,
+                )
+                .into_iter()
+                .map(Ok)
+                .collect(),
+                None => vec![Err(LlmFailure::new(
+                    code::REPLAY_EXHAUSTED,
+                    format!(
+                        "the recording has {} compaction summaries from a model call and the replay asked for number {}",
+                        self.summaries.len(),
+                        at + 1
+                    ),
                 ))],
             };
             return Box::pin(futures::stream::iter(items));
@@ -828,6 +870,8 @@ mod tests {
             steps: vec![RecordedStep::Failed(LlmFailure::new("AUTH", "no"))].into(),
             title: None,
             images: false,
+            summaries: Arc::from([]),
+            summarised: AtomicUsize::new(0),
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -846,6 +890,8 @@ mod tests {
             steps: vec![RecordedStep::Failed(LlmFailure::new("AUTH", "no"))].into(),
             title: None,
             images: false,
+            summaries: Arc::from([]),
+            summarised: AtomicUsize::new(0),
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
@@ -1032,5 +1078,46 @@ mod tests {
                 .any(|c| matches!(c, Err(f) if f.code == code::REPLAY_PLACEHOLDER)),
             "{failed:?}"
         );
+    }
+
+    /// A compaction summary recorded as a local model call answers the
+    /// replay's compaction request, beside the script; one recorded without
+    /// the marker (a template, a remote summarizer) does not.
+    #[tokio::test]
+    async fn a_recorded_summary_answers_a_compaction_request_without_a_step() {
+        let log = |marked: bool| {
+            format!(
+                "{}\n{}\n",
+                r#"{"type":"session","version":0,"id":"s1","createdAt":1000,"cwd":"/w","delegationDepth":0}"#,
+                serde_json::json!({"type": "compaction/summary", "data": {
+                    "summary": "we read the files", "rawOutput": "we read the files",
+                    "llmStreamCall": marked, "usage": {"inputTokens": 10, "outputTokens": 4}}})
+            )
+        };
+        let (_, events) = crate::session::jsonl::parse(&log(true)).unwrap();
+        let model = ReplayModel::from_events(&events);
+        let said: Vec<_> = model
+            .stream(request(Some(COMPACTION_PURPOSE)), CancellationToken::new())
+            .collect()
+            .await;
+        assert!(
+            said.iter().any(|c| matches!(c, Ok(StreamChunk::TextDelta { text, .. }) if text == "we read the files")),
+            "{said:?}"
+        );
+        assert_eq!(model.served(), 0);
+        let again: Vec<_> = model
+            .stream(request(Some(COMPACTION_PURPOSE)), CancellationToken::new())
+            .collect()
+            .await;
+        assert!(
+            matches!(&again[..], [Err(f)] if f.code == code::REPLAY_EXHAUSTED),
+            "{again:?}"
+        );
+        let (_, events) = crate::session::jsonl::parse(&log(false)).unwrap();
+        let unmarked: Vec<_> = ReplayModel::from_events(&events)
+            .stream(request(Some(COMPACTION_PURPOSE)), CancellationToken::new())
+            .collect()
+            .await;
+        assert!(matches!(&unmarked[..], [Err(_)]), "{unmarked:?}");
     }
 }
