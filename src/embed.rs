@@ -229,18 +229,7 @@ impl Model {
                 model,
                 api_key_env,
             } => {
-                let config = OpenAiPluginConfig {
-                    provider: "openai".into(),
-                    base_url: base_url.clone(),
-                    api_key_env: Some(api_key_env.clone()),
-                    idle_timeout_s: None,
-                    request_timeout_s: None,
-                    total_timeout_s: None,
-                    images: false,
-                    context_window: None,
-                    models: Default::default(),
-                    price: None,
-                };
+                let config = OpenAiPluginConfig::endpoint("openai", base_url, api_key_env);
                 root.plugin(OpenAi, config).await.map_err(|e| {
                     StartError::new("CONFIG", format!("the endpoint {base_url}: {}", chain(&e)))
                 })?;

@@ -226,16 +226,8 @@ async fn register(rt: &Runtime, choice: &ModelChoice) -> exit::Result<()> {
             ..
         } => {
             let config = OpenAiPluginConfig {
-                provider: "openai".into(),
-                base_url: base_url.clone(),
-                api_key_env: Some(api_key_env.clone()),
-                idle_timeout_s: None,
                 request_timeout_s: *request_timeout,
-                total_timeout_s: None,
-                images: false,
-                context_window: None,
-                models: Default::default(),
-                price: None,
+                ..OpenAiPluginConfig::endpoint("openai", base_url, api_key_env)
             };
             root.plugin(OpenAi, config).await
         }

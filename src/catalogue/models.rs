@@ -56,6 +56,25 @@ pub struct OpenAiPluginConfig {
     pub price: Option<PriceConfig>,
 }
 
+impl OpenAiPluginConfig {
+    /// The route `provider` to the endpoint `base_url`, its key in the
+    /// variable `api_key_env`; every other setting its default.
+    pub fn endpoint(provider: &str, base_url: &str, api_key_env: &str) -> OpenAiPluginConfig {
+        OpenAiPluginConfig {
+            provider: provider.to_owned(),
+            base_url: base_url.to_owned(),
+            api_key_env: Some(api_key_env.to_owned()),
+            idle_timeout_s: None,
+            request_timeout_s: None,
+            total_timeout_s: None,
+            images: false,
+            context_window: None,
+            models: Default::default(),
+            price: None,
+        }
+    }
+}
+
 /// Prices per million tokens, in one currency (the one you bill in).
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(try_from = "PriceFields")]

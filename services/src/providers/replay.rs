@@ -84,6 +84,22 @@ pub enum CancelPoint {
     },
 }
 
+/// `blocks` as they streamed before a cancel: their chunks without block
+/// ends, usage or finish.
+fn prefix_of(blocks: &[ContentBlock]) -> Vec<StreamChunk> {
+    chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
+        .into_iter()
+        .filter(|c| {
+            !matches!(
+                c,
+                StreamChunk::BlockEnd { .. }
+                    | StreamChunk::Usage { .. }
+                    | StreamChunk::Finish { .. }
+            )
+        })
+        .collect()
+}
+
 /// What a placeholder resolved against the live request starts with.
 const PLACEHOLDER: &str = "{{fromRequest:";
 
@@ -386,26 +402,14 @@ impl ReplayModel {
     /// recorded prefix first.
     pub fn with_override(self, sidecar: Override) -> Result<ReplayModel, OverrideError> {
         let derived: Vec<RecordedStep> = self.steps.to_vec();
-        let prefix_of = |at: usize| match derived.get(at) {
-            Some(RecordedStep::Interrupted { blocks }) => {
-                chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
-                    .into_iter()
-                    .filter(|c| {
-                        !matches!(
-                            c,
-                            StreamChunk::BlockEnd { .. }
-                                | StreamChunk::Usage { .. }
-                                | StreamChunk::Finish { .. }
-                        )
-                    })
-                    .collect()
-            }
+        let interrupted = |at: usize| match derived.get(at) {
+            Some(RecordedStep::Interrupted { blocks }) => prefix_of(blocks),
             _ => Vec::new(),
         };
         let step = |at: usize, entry: Entry| -> RecordedStep {
             let Entry { mut chunks, then } = entry;
             if chunks.is_empty() && matches!(then, Then::Hang { .. }) {
-                chunks = prefix_of(at);
+                chunks = interrupted(at);
             }
             RecordedStep::Scripted { chunks, then }
         };
@@ -550,18 +554,7 @@ impl ReplayModel {
             Some(RecordedStep::Interrupted { blocks }) => {
                 // The prefix as it streamed (no block ends, usage or finish),
                 // then a wait the recorded cancel ends.
-                let prefix = chunks_for(blocks, TokenUsage::default(), FinishReason::Stop)
-                    .into_iter()
-                    .filter(|c| {
-                        !matches!(
-                            c,
-                            StreamChunk::BlockEnd { .. }
-                                | StreamChunk::Usage { .. }
-                                | StreamChunk::Finish { .. }
-                        )
-                    })
-                    .collect();
-                return self.hang(prefix, None, cancel);
+                return self.hang(prefix_of(blocks), None, cancel);
             }
             Some(RecordedStep::Scripted { chunks, then }) => match then {
                 Then::Finished => chunks.iter().cloned().map(Ok).collect(),
