@@ -158,6 +158,7 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
         models,
         store,
         progress: args.progress,
+        hooks: args.agents.config.hooks,
         sessions: Mutex::default(),
         opening: Mutex::default(),
         order: Mutex::default(),
@@ -347,6 +348,9 @@ struct Connection {
     store: Option<Arc<dyn SessionPersistence>>,
     /// Send the turn's progress too (`--progress`).
     progress: bool,
+    /// Run the hooks of the Claude Code and Codex settings of each
+    /// session's working directory (`--hooks`).
+    hooks: bool,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// Ids of sessions being loaded (not yet in `sessions`).
     opening: Mutex<std::collections::HashSet<String>>,
@@ -776,6 +780,26 @@ impl Connection {
         })?;
         self.answer_permissions(&agent, id)
             .map_err(|e| RpcError(INTERNAL_ERROR, format!("cannot route permissions: {e}")))?;
+        if self.hooks {
+            // The session's own project hooks, for its agent alone.
+            let config = crate::catalogue::HooksConfig {
+                workspace: Some(cwd.clone()),
+                ..Default::default()
+            };
+            let installed = match agent.context() {
+                Ok(ctx) => crate::catalogue::install_hooks(&ctx, &config)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(chain(&e).to_string()),
+            };
+            if let Err(e) = installed {
+                agent.dispose().await;
+                return Err(RpcError(
+                    INTERNAL_ERROR,
+                    format!("cannot install the hooks: {e}"),
+                ));
+            }
+        }
         let mut mcp = Vec::new();
         if !servers.is_empty() {
             let ctx = agent.context().map_err(|e| {

@@ -88,7 +88,8 @@ pub async fn boot(
             }
         }
     }
-    if args.config.hooks {
+    // An ACP server installs them per session, from its working directory.
+    if args.config.hooks && purpose != Purpose::Protocol {
         let config = crate::catalogue::HooksConfig {
             workspace: workspace.map(std::path::Path::to_path_buf),
             ..Default::default()

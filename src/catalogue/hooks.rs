@@ -49,6 +49,16 @@ impl Plugin for HooksPlugin {
     }
 
     async fn apply(&self, ctx: Context, config: Arc<HooksConfig>) -> Result<(), BoxError> {
+        install_from(&ctx, &config).await
+    }
+}
+
+/// Reads the hook files `config` names and installs their hooks on `ctx`:
+/// the runtime's root (the plugin), or one agent's scope, where they see
+/// only that agent's prompts, calls and stops (and its children's) — an
+/// ACP session's, found in its own working directory.
+pub async fn install_from(ctx: &Context, config: &HooksConfig) -> Result<(), BoxError> {
+    {
         use dsh_actors::hooks::{Dialect, Hooks, HooksSettings, default_paths, install, load};
         let mut files = Vec::new();
         for (dialect, listed) in [
@@ -77,7 +87,7 @@ impl Plugin for HooksPlugin {
         if let Some(n) = config.stderr_summary_max_chars {
             settings.stderr_summary_max_chars = n;
         }
-        install(&ctx, Arc::new(Hooks::new(sets, settings)))?;
+        install(ctx, Arc::new(Hooks::new(sets, settings)))?;
         Ok(())
     }
 }

@@ -19,7 +19,7 @@ mod tool_servers;
 mod tools;
 
 pub use agent_services::{AgentServices, AgentServicesConfig, RetryConfig, WebFetchConfig};
-pub use hooks::{HooksConfig, HooksPlugin};
+pub use hooks::{HooksConfig, HooksPlugin, install_from as install_hooks};
 pub use models::{
     DeepSeek, DeepSeekPluginConfig, ModelConfig, Models, OpenAi, OpenAiPluginConfig, Scripted,
     ScriptedPluginConfig,

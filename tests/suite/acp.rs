@@ -1323,3 +1323,76 @@ fn a_session_mode_per_named_agent_definition() {
     tools.sort();
     assert_eq!(tools, ["grep", "read"]);
 }
+
+/// `dsh acp --hooks`: each session runs the project hooks of its own
+/// working directory, for its agent alone. A session whose project blocks
+/// the prompt (a `UserPromptSubmit` hook) ends it `end_turn` with the
+/// hook's reason as text and nothing sent to the model; a session in
+/// another directory, opened on the same server, answers as usual.
+#[test]
+fn each_session_runs_the_hooks_of_its_own_workspace() {
+    let _sweep = crate::suite::sweep();
+    let p = place("dsh-acp-hooks");
+    let guarded = p.base.join("guarded");
+    std::fs::create_dir_all(guarded.join(".claude")).unwrap();
+    let hook = json!({"hooks": {"UserPromptSubmit": [{"hooks": [
+        {"type": "command", "command": "echo 'not in this project' >&2; exit 2"}
+    ]}]}});
+    std::fs::write(guarded.join(".claude/settings.json"), hook.to_string()).unwrap();
+    let script = p.base.join("script.json");
+    std::fs::write(
+        &script,
+        json!({"steps": [{"text": "answered"}]}).to_string(),
+    )
+    .unwrap();
+    let home = p.base.display().to_string();
+    let mut raw = Raw::spawn(
+        &p,
+        &[
+            "--script",
+            script.to_str().unwrap(),
+            "--hooks",
+            "--approval",
+            "never",
+        ],
+        &[("HOME", home.as_str())],
+    );
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let session = |raw: &mut Raw, id: u64, cwd: &Path| {
+        raw.call(id, "session/new", json!({"cwd": cwd, "mcpServers": []}))
+            .last()
+            .unwrap()["result"]["sessionId"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let blocked = session(&mut raw, 2, &guarded);
+    let open = session(&mut raw, 3, &p.ws);
+    let prompt = |raw: &mut Raw, id: u64, sid: &str| {
+        raw.call(
+            id,
+            "session/prompt",
+            json!({"sessionId": sid, "prompt": [{"type": "text", "text": "hello"}]}),
+        )
+    };
+    let frames = prompt(&mut raw, 4, &blocked);
+    let said = serde_json::to_string(&frames).unwrap();
+    assert_eq!(
+        frames.last().unwrap()["result"]["stopReason"],
+        "end_turn",
+        "{said}"
+    );
+    assert!(said.contains("not in this project"), "{said}");
+    assert!(!said.contains("answered"), "{said}");
+    // The other session's agent is not held by that project's hooks; the
+    // one scripted answer was still there for it.
+    let frames = prompt(&mut raw, 5, &open);
+    let said = serde_json::to_string(&frames).unwrap();
+    assert_eq!(
+        frames.last().unwrap()["result"]["stopReason"],
+        "end_turn",
+        "{said}"
+    );
+    assert!(said.contains("answered"), "{said}");
+    raw.close();
+}
