@@ -1396,3 +1396,61 @@ fn each_session_runs_the_hooks_of_its_own_workspace() {
     assert!(said.contains("answered"), "{said}");
     raw.close();
 }
+
+/// A `Stop` hook that keeps the turn going (once): the next step's text
+/// streams into the same prompt's updates, and the prompt ends after it.
+#[test]
+fn a_stop_hook_that_continues_streams_into_the_same_prompt() {
+    let _sweep = crate::suite::sweep();
+    let p = place("dsh-acp-stop");
+    std::fs::create_dir_all(p.ws.join(".claude/hooks")).unwrap();
+    let script_path = p.ws.join(".claude/hooks/again.py");
+    std::fs::write(
+        &script_path,
+        "import json, sys\nd = json.load(sys.stdin)\nif not d.get('stop_hook_active'):\n    print(json.dumps({'decision': 'block', 'reason': 'one more line'}))\n",
+    )
+    .unwrap();
+    let hook = json!({"hooks": {"Stop": [{"hooks": [
+        {"type": "command", "command": format!("python3 {}", script_path.display())}
+    ]}]}});
+    std::fs::write(p.ws.join(".claude/settings.json"), hook.to_string()).unwrap();
+    let script = p.base.join("script.json");
+    std::fs::write(
+        &script,
+        json!({"steps": [{"text": "first line"}, {"text": "second line"}]}).to_string(),
+    )
+    .unwrap();
+    let home = p.base.display().to_string();
+    let mut raw = Raw::spawn(
+        &p,
+        &[
+            "--script",
+            script.to_str().unwrap(),
+            "--hooks",
+            "--approval",
+            "never",
+        ],
+        &[("HOME", home.as_str())],
+    );
+    raw.call(1, "initialize", json!({"protocolVersion": 1}));
+    let sid = raw
+        .call(2, "session/new", json!({"cwd": p.ws, "mcpServers": []}))
+        .last()
+        .unwrap()["result"]["sessionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let frames = raw.call(
+        3,
+        "session/prompt",
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "write"}]}),
+    );
+    let texts: Vec<&str> = frames
+        .iter()
+        .filter(|f| f["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|f| f["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["first line", "second line"], "{frames:?}");
+    assert_eq!(frames.last().unwrap()["result"]["stopReason"], "end_turn");
+    raw.close();
+}
