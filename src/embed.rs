@@ -409,8 +409,8 @@ impl DshBuilder {
         if self.max_depth.is_some_and(|d| d > 16) {
             return Err(StartError::new("CONFIG", "max_depth is at most 16"));
         }
-        if let Some(bad) = self.tools.iter().find(|t| !valid_name(&t.name())) {
-            return Err(StartError::new("CONFIG", bad_name(&bad.name())));
+        if let Some(bad) = self.tools.iter().find(|t| !valid_name(t.name())) {
+            return Err(StartError::new("CONFIG", bad_name(bad.name())));
         }
         let settings = RuntimeSettings {
             shutdown_budget: self.shutdown_budget,
@@ -637,11 +637,7 @@ impl Dsh {
         let agent = Agent::create(&self.0.rt.root(), spec)
             .await
             .map_err(|e| FlowError::new("CREATE", format!("the coordinator: {}", chain(&e))))?;
-        Ok(AgentHandle {
-            agent,
-            timeout: self.0.turn_timeout,
-            owned: true,
-        })
+        Ok(AgentHandle::new(agent, self.0.turn_timeout))
     }
 }
 
@@ -838,8 +834,8 @@ impl AgentBuilder {
                 deny: Vec::new(),
             });
         }
-        if let Some(bad) = self.own_tools.iter().find(|t| !valid_name(&t.name())) {
-            return Err(RunError::new("CREATE", bad_name(&bad.name())));
+        if let Some(bad) = self.own_tools.iter().find(|t| !valid_name(t.name())) {
+            return Err(RunError::new("CREATE", bad_name(bad.name())));
         }
         if self.max_turns.is_some() || self.max_tokens.is_some() {
             // Within a definition's limits, when it has them.
@@ -858,11 +854,7 @@ impl AgentBuilder {
             agent.dispose().await;
             return Err(e);
         }
-        Ok(AgentHandle {
-            agent,
-            timeout: self.timeout,
-            owned: true,
-        })
+        Ok(AgentHandle::new(agent, self.timeout))
     }
 }
 
@@ -910,6 +902,9 @@ pub struct AgentHandle {
     timeout: Duration,
     /// Whether dropping the handle disposes the agent.
     owned: bool,
+    /// The session observers of its live [`Events`] streams, removed when
+    /// the agent is disposed (which ends the streams).
+    streams: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
 }
 
 impl std::fmt::Debug for AgentHandle {
@@ -922,6 +917,27 @@ impl std::fmt::Debug for AgentHandle {
 }
 
 impl AgentHandle {
+    /// A handle owning `agent`, whose turns may take `timeout`.
+    fn new(agent: Agent, timeout: Duration) -> AgentHandle {
+        let streams: Arc<std::sync::Mutex<std::collections::HashSet<u64>>> = Arc::default();
+        // Disposed: every live stream's observer (and the sender it holds)
+        // goes, so the streams end. One hook per agent, however many
+        // streams come and go.
+        let (session, live) = (agent.session().clone(), streams.clone());
+        agent.on_disposed(move || {
+            let ids = std::mem::take(&mut *live.lock().unwrap_or_else(|p| p.into_inner()));
+            for id in ids {
+                session.unobserve(id);
+            }
+        });
+        AgentHandle {
+            agent,
+            timeout,
+            owned: true,
+            streams,
+        }
+    }
+
     /// Its id (its session's id too).
     pub fn id(&self) -> &str {
         self.agent.id()
@@ -988,11 +1004,19 @@ impl AgentHandle {
         let id = session.observe(Arc::new(move |e: &Arc<SessionEvent>| {
             let _ = tx.send(e.clone());
         }));
-        // Disposed: the observer (and the sender it holds) goes, the
-        // stream ends.
-        let unhook = session.clone();
-        self.agent.on_disposed(move || unhook.unobserve(id));
-        Events { rx, session, id }
+        let streams = self.streams.clone();
+        streams.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        // Already gone: nothing will end the stream but its own observer's
+        // removal.
+        if self.agent.status() == dsh_supervisors::tree::Status::Disposed {
+            session.unobserve(id);
+        }
+        Events {
+            rx,
+            session,
+            id,
+            streams,
+        }
     }
 
     /// The agent underneath, for what the front door does not cover.
@@ -1020,7 +1044,15 @@ impl AgentHandle {
 
 impl Drop for AgentHandle {
     fn drop(&mut self) {
-        if !self.owned || tokio::runtime::Handle::try_current().is_err() {
+        if !self.owned {
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            // No runtime to dispose it on: it stays until the shutdown.
+            tracing::warn!(
+                agent = %self.agent.id(),
+                "an AgentHandle was dropped outside a tokio runtime; its agent stays until Dsh::shutdown"
+            );
             return;
         }
         let agent = self.agent.clone();
@@ -1038,6 +1070,7 @@ pub struct Events {
     rx: mpsc::UnboundedReceiver<Arc<SessionEvent>>,
     session: SessionHandle,
     id: u64,
+    streams: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
 }
 
 impl Events {
@@ -1071,6 +1104,10 @@ impl futures::Stream for Events {
 
 impl Drop for Events {
     fn drop(&mut self) {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
         self.session.unobserve(self.id);
     }
 }

@@ -104,20 +104,26 @@ impl CustomToolBuilder {
         F: Fn(A, Call) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<String, BoxError>> + Send + 'static,
     {
-        CustomTool(Arc::new(Typed {
-            name: self.name,
-            description: self.description,
-            effects: self.effects,
-            body,
-            args: PhantomData,
-        }))
+        CustomTool {
+            name: Arc::from(self.name.as_str()),
+            tool: Arc::new(Typed {
+                name: self.name,
+                description: self.description,
+                effects: self.effects,
+                body,
+                args: PhantomData,
+            }),
+        }
     }
 }
 
 /// A tool written in Rust, ready to register on a
 /// [`DshBuilder`](crate::DshBuilder) or an [`AgentBuilder`](crate::AgentBuilder).
 #[derive(Clone)]
-pub struct CustomTool(Arc<dyn Tool>);
+pub struct CustomTool {
+    name: Arc<str>,
+    tool: Arc<dyn Tool>,
+}
 
 impl CustomTool {
     /// A tool named `name` (letters, digits, `_` and `-`; what the model
@@ -131,18 +137,18 @@ impl CustomTool {
     }
 
     /// Its name.
-    pub fn name(&self) -> String {
-        self.0.schema().name
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub(crate) fn tool(&self) -> Arc<dyn Tool> {
-        self.0.clone()
+        self.tool.clone()
     }
 }
 
 impl std::fmt::Debug for CustomTool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CustomTool({})", self.0.schema().name)
+        write!(f, "CustomTool({})", self.name)
     }
 }
 
