@@ -54,17 +54,22 @@ impl Drop for Entry<'_> {
 }
 
 impl Pending {
-    /// Registers the answerer through `ctx` (removed with its fiber).
+    /// Registers the answerer through `ctx` (removed with its fiber). Once
+    /// `stop` fires (the server stopped, a mounted router dropped), asks go
+    /// on to the next answerer as if it were not there.
     pub(crate) fn answer_through(
         self: &Arc<Self>,
         ctx: &Context,
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<(), dsh_supervisors::Error> {
         let pending = self.clone();
-        ctx.on_waterfall(move |ask: ApprovalAsk, _next| {
+        ctx.on_waterfall(move |ask: ApprovalAsk, next| {
             let pending = pending.clone();
             let stop = stop.clone();
             async move {
+                if stop.is_cancelled() {
+                    return next.run(ask).await;
+                }
                 let (tx, rx) = oneshot::channel();
                 let key = pending
                     .next

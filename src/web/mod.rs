@@ -184,6 +184,9 @@ pub(crate) struct Api {
     /// Where agents created through the API work (`None`: the process's
     /// current directory).
     pub(crate) workspace: Option<std::path::PathBuf>,
+    /// A mounted router's: when the last copy of the router goes, its
+    /// streams end and its approval answerer steps aside.
+    _alive: Option<Arc<tokio_util::sync::DropGuard>>,
 }
 
 pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -661,6 +664,7 @@ fn router(
     approvals: Arc<approvals::Pending>,
     workspace: Option<std::path::PathBuf>,
 ) -> Router {
+    let alive = matches!(hosts, Hosts::Listed(_)).then(|| Arc::new(stop.clone().drop_guard()));
     let api = Api {
         rt,
         token,
@@ -669,6 +673,7 @@ fn router(
         hosts,
         approvals,
         workspace,
+        _alive: alive,
     };
     Router::new()
         .route("/api/tree", get(tree))
@@ -832,8 +837,10 @@ impl std::error::Error for MountError {}
 /// created within the sandbox's standing permission. A service's own auth
 /// layer goes on top (`.layer(…)` on the router it mounts this in): both
 /// must pass. The open streams end when the runtime shuts down, or when
-/// [`MountOptions::stop`] is cancelled. With mutations, the router answers
-/// the approval asks of every agent of the runtime (its page shows them).
+/// [`MountOptions::stop`] is cancelled, or the router is dropped. With
+/// mutations, the router answers the approval asks of every agent of the
+/// runtime (its page shows them) while it is up; stopped or dropped, it
+/// steps aside for the next answerer (none: the ask fails closed).
 pub fn mount(rt: &Runtime, options: MountOptions) -> Result<Router, MountError> {
     let token = options
         .token

@@ -1803,9 +1803,13 @@ async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks(
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::COOKIE, cookie.parse().unwrap());
+        // A connection per request: the server closes one after refusing
+        // a body it did not read (the 413 below), and a pooled connection
+        // would carry the next request into that close.
         reqwest::Client::builder()
             .timeout(WAIT)
             .default_headers(headers)
+            .pool_max_idle_per_host(0)
             .build()
             .unwrap()
     };
@@ -1938,5 +1942,51 @@ async fn the_dashboard_mounts_in_a_service_behind_its_auth_and_keeps_its_checks(
     stop.cancel();
     server.await.unwrap().unwrap();
     second.await.unwrap().unwrap();
+    dsh.shutdown().await.unwrap();
+}
+
+/// A mounted router that answers approvals steps aside once it is dropped:
+/// an ask then goes on to the next answerer (here none: it fails closed at
+/// once) instead of waiting for a page nobody can open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_mounted_router_stops_answering_approvals() {
+    let _sweep = crate::suite::sweep();
+    let dir = dsh::kernel::scratch::fresh_dir("dsh-mount-dropped").unwrap();
+    let call = serde_json::json!({"name": "bash", "arguments": {
+        "command": "true", "description": "probe",
+        "sandbox_permissions": "danger-full-access", "justification": "needs the host"
+    }});
+    let script = serde_json::json!({"steps": [{"tool_calls": [call]}, {"text": "done"}]});
+    let dsh = dsh::Dsh::builder()
+        .model(dsh::Model::scripted(&script.to_string()).unwrap())
+        .workspace(&dir)
+        .approval(dsh::services::approval::ApprovalPolicy::Ask)
+        .start()
+        .await
+        .unwrap();
+    let router = dsh::web::mount(
+        dsh.runtime(),
+        dsh::web::MountOptions::new().token("t0ken").mutations(true),
+    )
+    .unwrap();
+    drop(router);
+    let agent = dsh
+        .agent()
+        .timeout(Duration::from_secs(60))
+        .spawn()
+        .await
+        .unwrap();
+    let answer = agent.run("probe the host").await.unwrap();
+    assert_eq!(answer.text, "done");
+    let result = agent
+        .agent()
+        .session()
+        .events()
+        .iter()
+        .find(|e| e.data.kind() == "tool/result")
+        .map(|e| e.to_json().to_string())
+        .unwrap();
+    assert!(result.contains("DENIED"), "{result}");
+    agent.dispose().await;
     dsh.shutdown().await.unwrap();
 }
