@@ -847,35 +847,15 @@ impl AgentBuilder {
                 None,
             ));
         }
+        // Its own tools are registered each time it is built, so they
+        // outlive a hibernation.
+        spec.tools =
+            dsh_actors::agent::OwnTools(self.own_tools.iter().map(CustomTool::tool).collect());
         let agent = Agent::create(&root, spec)
             .await
             .map_err(|e| agent_error(&e))?;
-        if let Err(e) = own_tools(&agent, &self.own_tools) {
-            agent.dispose().await;
-            return Err(e);
-        }
         Ok(AgentHandle::new(agent, self.timeout))
     }
-}
-
-/// Registers `tools` in `agent`'s own scope (visible to it alone).
-fn own_tools(agent: &Agent, tools: &[CustomTool]) -> Result<(), RunError> {
-    if tools.is_empty() {
-        return Ok(());
-    }
-    let ctx = agent.context().map_err(|e| agent_error(&e))?;
-    let registry = ctx
-        .get::<ToolRegistry>(ToolRegistry::SERVICE)
-        .ok_or_else(|| RunError::new("CREATE", "the agent services provide no tools"))?;
-    for tool in tools {
-        registry.register(&ctx, tool.tool()).map_err(|e| {
-            RunError::new(
-                "CREATE",
-                format!("the tool `{}`: {}", tool.name(), chain(&e)),
-            )
-        })?;
-    }
-    Ok(())
 }
 
 /// What a tool name that a model could not call is told.

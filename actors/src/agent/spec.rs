@@ -83,6 +83,29 @@ pub struct AgentSpec {
     /// What it may spend in all (turns, tokens, wall time), counted with
     /// its ancestors' (see [`super::Limits`]).
     pub limits: Option<super::Limits>,
+    /// Tools of its own: registered in its scope each time it is built
+    /// (created or woken), visible to it alone, and not counted as ad hoc
+    /// registrations that keep it awake.
+    pub tools: OwnTools,
+}
+
+/// An agent's own tools (see [`AgentSpec::tools`]).
+#[derive(Clone, Default)]
+pub struct OwnTools(pub Vec<Arc<dyn dsh_services::tools::Tool>>);
+
+impl std::fmt::Debug for OwnTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|t| t.schema().name))
+            .finish()
+    }
+}
+
+impl OwnTools {
+    /// Whether both hold the same tools (the same instances, in order).
+    fn same(&self, other: &OwnTools) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().zip(&other.0).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
 }
 
 /// A callback run after each turn of an agent (with the agent and how the
@@ -137,6 +160,7 @@ impl AgentSpec {
             definition: None,
             reasoning_effort: None,
             limits: None,
+            tools: OwnTools::default(),
         }
     }
 }
@@ -184,4 +208,5 @@ pub(super) fn same_template(a: &AgentSpec, b: &AgentSpec) -> bool {
         && a.definition == b.definition
         && a.reasoning_effort == b.reasoning_effort
         && a.limits == b.limits
+        && a.tools.same(&b.tools)
 }

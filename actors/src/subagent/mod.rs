@@ -214,6 +214,10 @@ pub enum SubagentError {
     /// No live or stored child has that id.
     #[error("no subagent with id `{0}`")]
     NotFound(String),
+    /// A `report` that cannot be delivered (the caller is no live
+    /// continuable child, or its parent is gone).
+    #[error("the report was not delivered: {0}")]
+    Report(String),
 }
 
 impl SubagentError {
@@ -232,6 +236,7 @@ impl SubagentError {
             SubagentError::Definition(_) => "BAD_DEFINITION",
             SubagentError::Unauthorized { .. } => "UNAUTHORIZED",
             SubagentError::NotFound(_) => "NOT_FOUND",
+            SubagentError::Report(_) => "REPORT_UNDELIVERED",
         }
     }
 }
@@ -734,8 +739,13 @@ pub struct Subagents {
 }
 
 /// How a continuable child's settled turn reaches its parent: a message
-/// with this source kind.
+/// with this source kind (`form: notice`, the child's id as its sender).
 pub const SETTLED_SOURCE: &str = "subagent-settled";
+
+/// How a continuable child's own `report` reaches its parent: a message
+/// with this source kind (`form: relay`, the child's id as its sender), so
+/// a transcript tells the child's words from the runtime's notice.
+pub const REPORT_SOURCE: &str = "subagent-report";
 
 impl Subagents {
     /// The capability name.
@@ -1086,6 +1096,7 @@ impl Subagents {
         spec.store = Some(store);
         spec.seed = Some(Box::new((loaded.header, loaded.events)));
         spec.on_turn_end = Some(settled_hook(parent));
+        spec.tools.0.push(parent_report());
         let home = parent.context()?;
         let agent = Agent::create(&home, spec).await?;
         if let Err(e) = self.admit(&agent, parent.id(), &label) {
@@ -1120,6 +1131,44 @@ impl Subagents {
 
     /// Whether the resident child whose parent is `parent` is `ancestor`'s
     /// child or deeper descendant (followed through resident children).
+    /// Delivers `text` from the live continuable `child` to its live
+    /// direct parent (the one it was started or resumed under; nobody else
+    /// may be named) as a [`REPORT_SOURCE`] message steered in at the
+    /// parent's next step, waking it when idle. Returns the message's id.
+    /// The child's turn goes on.
+    pub fn report_from(&self, child: &Agent, text: &str) -> Result<String, SubagentError> {
+        let resident = self
+            .resident
+            .lock()
+            .ok()
+            .and_then(|r| r.get(child.id()).cloned());
+        let Some(resident) = resident else {
+            return Err(SubagentError::Report(format!(
+                "{} is not a live continuable child",
+                child.id()
+            )));
+        };
+        let parent = child
+            .reach()
+            .get::<crate::agent::Agents>(crate::agent::Agents::SERVICE)
+            .and_then(|a| a.get(&resident.parent))
+            .filter(|p| !p.status().is_terminal())
+            .ok_or_else(|| {
+                SubagentError::Report(format!("its parent {} is gone", resident.parent))
+            })?;
+        let mut message = Message::user_text(text);
+        message.source = MessageSource::of(REPORT_SOURCE);
+        message.source.set_extra("form", json!("relay"));
+        message
+            .source
+            .set_extra("senderSessionId", json!(child.id()));
+        let id = message.id.clone();
+        parent
+            .steer(message)
+            .map_err(|e| SubagentError::Report(format!("its parent refused it: {}", chain(&e))))?;
+        Ok(id)
+    }
+
     fn descends_from(&self, parent: &str, ancestor: &str) -> bool {
         let Ok(resident) = self.resident.lock() else {
             return false;
@@ -1291,6 +1340,10 @@ fn settled_hook(parent: &Agent) -> TurnHook {
             summary.text
         ));
         message.source = MessageSource::of(SETTLED_SOURCE);
+        message.source.set_extra("form", json!("notice"));
+        message
+            .source
+            .set_extra("senderSessionId", json!(child.id()));
         if parent.steer(message).is_err() {
             tracing::debug!(child = child.id(), "the parent no longer takes notices");
         }
@@ -1374,7 +1427,7 @@ async fn compose(
     request: &StartRequest,
     max_depth: u32,
     descriptor: Value,
-    hook: Option<TurnHook>,
+    continuable: Option<TurnHook>,
     capture: Option<Arc<Mutex<Option<Value>>>>,
 ) -> Result<(Agent, Option<String>), SubagentError> {
     let caps = provider.capabilities();
@@ -1428,7 +1481,9 @@ async fn compose(
         }
         r
     });
-    spec.on_turn_end = hook;
+    let continuable = continuable.map(|hook| {
+        spec.on_turn_end = Some(hook);
+    });
     // A child cannot ask the human: what needs approval is refused, unless
     // the parent's policy already allows everything.
     let approval = delegated_approval(&request.parent);
@@ -1499,6 +1554,9 @@ async fn compose(
             allow: Some(allow),
             deny: Vec::new(),
         });
+    }
+    if continuable.is_some() && remote.is_none() {
+        spec.tools.0.push(parent_report());
     }
     let agent = Agent::create(&owner, spec).await?;
     let mut node = None;
@@ -1620,6 +1678,75 @@ impl Tool for Report {
                 agent.conclude_turn();
             }
             Ok(ToolOutput::text("Result recorded."))
+        }
+        .boxed()
+    }
+}
+
+/// A continuable child's `report`: what it chooses to tell its direct
+/// parent before it is done (see [`Subagents::report_from`]).
+fn parent_report() -> Arc<dyn Tool> {
+    Arc::new(ParentReport)
+}
+
+struct ParentReport;
+
+impl Tool for ParentReport {
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: REPORT.into(),
+            description: "Send your parent (the agent that started you) something it should act \
+                          on: a finding or progress that changes its next move, and once, before \
+                          you finish, your self-contained result. It sees none of your transcript, \
+                          tool output or reasoning, only what you report, so name the files you \
+                          changed in the shared workspace. Reporting does not end your turn. A \
+                          failed call may have arrived anyway; do not repeat it blindly."
+                .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "output": {
+                        "type": "string",
+                        "description": "What your parent should know: conclusions and the paths they concern."
+                    }
+                },
+                "required": ["output"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn guidance(&self) -> Option<&'static str> {
+        Some(
+            "Another agent started you and reads only what you `report`: report what changes \
+             its next move as you find it, and your result once before you finish.",
+        )
+    }
+
+    fn execute(
+        self: Arc<Self>,
+        cx: ToolContext,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        async move {
+            let output = cx.args["output"].as_str().unwrap_or_default();
+            if output.trim().is_empty() {
+                return Err(ToolError::new(
+                    "INVALID_ARGS",
+                    "`output` is empty; report what your parent should know",
+                ));
+            }
+            let child = Agent::calling(&cx.ctx)
+                .ok_or_else(|| ToolError::failed("`report` is called by an agent"))?;
+            let subagents = cx
+                .ctx
+                .get::<Subagents>(Subagents::SERVICE)
+                .ok_or_else(|| ToolError::failed("no `subagents` service"))?;
+            let id = subagents
+                .report_from(&child, output)
+                .map_err(|e| ToolError::new(e.code(), chain(&e).to_string()))?;
+            Ok(ToolOutput::text(format!(
+                "Delivered to your parent (message {id}). Your turn goes on."
+            )))
         }
         .boxed()
     }

@@ -412,6 +412,125 @@ async fn continuable_children_take_messages_report_back_and_can_be_interrupted()
     h.rt.shutdown().await;
 }
 
+/// A continuable child's `report` reaches its live direct parent, steered
+/// in as a `subagent-report` message naming the child; the tool is the
+/// child's alone, outlives a hibernation and a tool filter without it; an
+/// agent that is no continuable child cannot report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_continuable_child_reports_to_its_parent_alone() {
+    let h = Harness::new().await;
+    let s = subagents(&h);
+    /// A child (its messages start `task`) reports `found: <task>`, then
+    /// answers `done`; anyone else answers `ok`. Keeps each request's
+    /// latest message and tool names.
+    #[derive(Default)]
+    struct Reporter(Mutex<Vec<(String, Vec<String>)>>);
+    impl LlmAdapter for Reporter {
+        fn name(&self) -> &str {
+            "reporter"
+        }
+        fn stream(&self, request: LlmRequest, _c: CancellationToken) -> ChunkStream {
+            let last = request
+                .messages
+                .last()
+                .map(|m| m.text())
+                .unwrap_or_default();
+            let tools = request.tools.iter().map(|t| t.name.clone()).collect();
+            let child = request
+                .messages
+                .iter()
+                .any(|m| m.text().starts_with("task"));
+            self.0.lock().unwrap().push((child.to_string(), tools));
+            let answered = request.messages.last().is_some_and(|m| {
+                m.content
+                    .iter()
+                    .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+            });
+            if answered {
+                answer(vec![ContentBlock::text("done")])
+            } else if last.starts_with("task") {
+                answer(vec![ContentBlock::ToolCall {
+                    id: "call_report".into(),
+                    name: "report".into(),
+                    arguments: json!({"output": format!("found: {last}")}).to_string(),
+                }])
+            } else {
+                answer(vec![ContentBlock::text("ok")])
+            }
+        }
+    }
+    let model = Arc::new(Reporter::default());
+    h.adapter("rep", model.clone());
+    let parent = h.agent("rep").await;
+    let mut request = StartRequest::new(&parent, "task one", CancellationToken::new());
+    // A filter that names only `echo` still leaves the child its `report`.
+    request.tool_filter = Some(dsh_services::tools::Restriction {
+        allow: Some(vec!["echo".into()]),
+        deny: Vec::new(),
+    });
+    let id = s
+        .start_continuable("spawn", "reporter", request)
+        .await
+        .unwrap();
+    let agents = h.rt.root().get::<Agents>(Agents::SERVICE).unwrap();
+    let child = agents.get(&id).unwrap();
+    let reports = |parent: &Agent| -> Vec<(String, Option<String>, Option<String>)> {
+        parent
+            .session()
+            .events()
+            .iter()
+            .filter_map(|e| match &e.data {
+                EventData::UserMessage(m) if m.source.kind == "subagent-report" => Some((
+                    m.text(),
+                    m.source.field("senderSessionId").map(str::to_owned),
+                    m.source.field("form").map(str::to_owned),
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    child.when_idle(Duration::from_secs(30)).await.unwrap();
+    parent.when_idle(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        reports(&parent),
+        vec![(
+            "found: task one".to_owned(),
+            Some(id.clone()),
+            Some("relay".to_owned())
+        )]
+    );
+    // Woken again after a hibernation, it still has the tool.
+    child.hibernate().await.unwrap();
+    s.send(&parent, &id, "task two").await.unwrap();
+    child.when_idle(Duration::from_secs(30)).await.unwrap();
+    parent.when_idle(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(reports(&parent).len(), 2, "{:?}", reports(&parent));
+    assert_eq!(reports(&parent)[1].0, "found: task two");
+    let seen = model.0.lock().unwrap().clone();
+    for (child, tools) in &seen {
+        let is_child = child == "true";
+        assert_eq!(tools.contains(&"report".to_owned()), is_child, "{tools:?}");
+        if is_child {
+            assert_eq!(
+                tools.len(),
+                2,
+                "the filter's and the child's own: {tools:?}"
+            );
+        }
+    }
+    // Two turns of two steps each (the report, then `done`).
+    assert_eq!(seen.iter().filter(|(c, _)| c == "true").count(), 4);
+    // Only a live continuable child reports; the parent is none.
+    let refused = s.report_from(&parent, "not mine").unwrap_err();
+    assert_eq!(refused.code(), "REPORT_UNDELIVERED");
+    assert!(
+        refused.to_string().contains("not a live continuable child"),
+        "{refused}"
+    );
+    parent.dispose().await;
+    h.rt.shutdown().await;
+}
+
 /// Records every request (system text, tool names, message texts); answers `ok`.
 #[derive(Default)]
 struct Capture {
