@@ -196,18 +196,12 @@ async fn serve(rt: &Runtime, args: &AcpArgs) -> exit::Result<()> {
 
 /// The replay models of `log`, installed under `root`.
 async fn replay_models(root: &Context, log: &std::path::Path) -> exit::Result<Models> {
-    let text = std::fs::read_to_string(log)
-        .map_err(|e| Exit::usage(format!("cannot read {}: {e}", log.display())))?;
-    let (_, events) = dsh_services::session::jsonl::parse(&text)
-        .map_err(|e| Exit::usage(format!("{}: {e}", log.display())))?;
-    let children = crate::replay::child_recordings(log)?;
-    let model = Arc::new(crate::replay::with_sidecar(
-        log,
-        ReplayModel::from_events(&events),
-    )?);
-    crate::replay::install(root, model.clone(), &children)
+    let recording = crate::replay::Recording::load(log)?;
+    let model = crate::replay::with_sidecar(log, ReplayModel::from_events(&recording.events))?;
+    let model = crate::replay::install(root, model, &recording)
         .await
-        .map_err(Exit::failed)?;
+        .map_err(Exit::failed)?
+        .model;
     Ok(Models::Replay { model })
 }
 

@@ -146,6 +146,7 @@ enum ModelKind {
     DeepSeek {
         model: String,
     },
+    Adapter(Arc<dyn dsh_services::llm::LlmAdapter>),
 }
 
 impl Model {
@@ -201,6 +202,13 @@ impl Model {
         Ok(Model(ModelKind::DeepSeek { model }))
     }
 
+    /// Your own adapter (a provider dsh has none for, or a test double):
+    /// every agent's requests go to it, on the route `custom`, with its
+    /// name as the model id.
+    pub fn adapter(adapter: Arc<dyn dsh_services::llm::LlmAdapter>) -> Model {
+        Model(ModelKind::Adapter(adapter))
+    }
+
     /// Registers the model in `rt`; its provider route and model id.
     async fn register(&self, rt: &Runtime) -> Result<(String, String), StartError> {
         let root = rt.root();
@@ -235,6 +243,12 @@ impl Model {
                 })?;
                 Ok(("openai".into(), model.clone()))
             }
+            ModelKind::Adapter(adapter) => {
+                llm()?
+                    .register(&root, &["custom"], adapter.clone())
+                    .map_err(|e| boot(&e))?;
+                Ok(("custom".into(), adapter.name().to_owned()))
+            }
             ModelKind::DeepSeek { model } => {
                 root.plugin(DeepSeek, DeepSeekPluginConfig::default())
                     .await
@@ -256,6 +270,7 @@ impl std::fmt::Debug for Model {
                 write!(f, "Model::openai_compatible({base_url:?}, {model:?})")
             }
             ModelKind::DeepSeek { model } => write!(f, "Model::deepseek_from_env() ({model})"),
+            ModelKind::Adapter(a) => write!(f, "Model::adapter({:?})", a.name()),
         }
     }
 }

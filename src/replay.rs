@@ -7,9 +7,10 @@ use std::time::Duration;
 use dsh_actors::agent::{Agent, AgentSpec, Agents};
 use dsh_services::approval::{Approval, ApprovalPolicy};
 use dsh_services::llm::LlmRuntime;
-use dsh_services::providers::replay::{CancelPoint, Override, ReplayModel};
-use dsh_services::session::compare::{compare, prompts, shape};
+use dsh_services::providers::replay::{Aliases, CancelPoint, Gate, Override, ReplayModel};
+use dsh_services::session::compare::{TurnShape, compare, prompts, shape};
 use dsh_services::session::jsonl;
+use dsh_services::session::{EventData, SessionEvent, SessionHeader};
 use dsh_services::tools::ToolRegistry;
 use dsh_supervisors::error::chain;
 use dsh_supervisors::{Runtime, RuntimeSettings};
@@ -60,28 +61,43 @@ pub(crate) fn with_sidecar(log: &std::path::Path, model: ReplayModel) -> exit::R
 }
 
 async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
-    let text = std::fs::read_to_string(&opts.log)
-        .map_err(|e| Exit::usage(format!("cannot read {}: {e}", opts.log.display())))?;
-    let (_header, events) =
-        jsonl::parse(&text).map_err(|e| Exit::usage(format!("{}: {e}", opts.log.display())))?;
-    let recorded = shape(&events);
-    let inputs = prompts(&events);
+    let recording = Recording::load(&opts.log)?;
+    let recorded = shape(&recording.events);
+    let inputs = prompts(&recording.events);
     if inputs.is_empty() {
         return Err(Exit::usage(format!(
             "{}: the recording has no user prompt to replay",
             opts.log.display()
         )));
     }
-    let model = Arc::new(with_sidecar(&opts.log, ReplayModel::from_events(&events))?);
-    let children = child_recordings(&opts.log)?;
+    let model = with_sidecar(&opts.log, ReplayModel::from_events(&recording.events))?;
     let cwd = opts.workspace.resolve()?;
     let rt = Runtime::start(RuntimeSettings::default())
         .await
         .map_err(|e| Exit::failed(format!("cannot start the runtime: {}", chain(&e))))?;
-    let outcome = drive(&rt, model, &children, cwd, opts.out.clone(), &inputs).await;
+    let outcome = drive(&rt, model, &recording, cwd, opts.out.clone(), &inputs).await;
     let _ = tokio::time::timeout(Duration::from_secs(60), rt.shutdown()).await;
-    let (replayed, replayed_children) = outcome.map_err(Exit::failed)?;
-    let mut verdict = compare(&recorded, &shape(&replayed)).map_err(|d| d.to_string());
+    let (replayed, replayed_children, aliases) = outcome.map_err(Exit::failed)?;
+    // Read back in the recording's session ids (a `send_message` names the
+    // live child).
+    let in_recorded_ids = |shapes: Vec<TurnShape>| -> Vec<TurnShape> {
+        shapes
+            .into_iter()
+            .map(|mut t| {
+                t.final_text = aliases.to_recorded(&t.final_text);
+                for (_, args) in &mut t.calls {
+                    let text = aliases.to_recorded(&args.to_string());
+                    if let Ok(v) = serde_json::from_str(&text) {
+                        *args = v;
+                    }
+                }
+                t
+            })
+            .collect()
+    };
+    let children = &recording.children;
+    let mut verdict =
+        compare(&recorded, &in_recorded_ids(shape(&replayed))).map_err(|d| d.to_string());
     if verdict.is_ok() {
         if replayed_children.len() != children.len() {
             verdict = Err(format!(
@@ -93,7 +109,7 @@ async fn replay_in(opts: ReplayArgs) -> exit::Result<()> {
         for (i, (recorded, replayed)) in children.iter().zip(&replayed_children).enumerate() {
             // A forked child's own turns (what it inherited is its parent's).
             let own = &recorded.events[recorded.seed..];
-            if let Err(d) = compare(&shape(own), &shape(replayed)) {
+            if let Err(d) = compare(&shape(own), &in_recorded_ids(shape(replayed))) {
                 verdict = Err(format!("child session {}: {d}", i + 1));
                 break;
             }
@@ -122,39 +138,243 @@ fn model_steps(shapes: &[dsh_services::session::compare::TurnShape]) -> u32 {
 
 type Events = Vec<Arc<dsh_services::session::SessionEvent>>;
 
-/// The child logs recorded beside `log` (`session.1.jsonl`, `session.2.jsonl`,
-/// ... for `session.jsonl`), in child creation order.
-/// One child's recording: its events, and how many of them it inherited
-/// from its parent (a forked child's seed).
+/// A recorded session and the child sessions recorded beside it, as
+/// `dsh replay` and `dsh acp --replay` serve them.
+pub(crate) struct Recording {
+    /// The recorded session's id (its header's).
+    pub(crate) id: String,
+    /// Whether every session's events carry times on one clock (dsh's
+    /// own logs do; upstream's fixtures count from zero in each log).
+    clocked: bool,
+    /// Its events.
+    pub(crate) events: Vec<SessionEvent>,
+    /// Its children's recordings, in creation order.
+    pub(crate) children: Vec<Child>,
+}
+
+/// One child's recording: its id, its events, and how many of them it
+/// inherited from its parent (a forked child's seed).
 pub(crate) struct Child {
+    /// Its header's id.
+    pub(crate) id: String,
+    /// Its header's creation time.
+    created_at: u64,
     /// The events, the seed's included.
-    pub(crate) events: Vec<dsh_services::session::SessionEvent>,
+    pub(crate) events: Vec<SessionEvent>,
     /// The inherited events at its head (its header's `seedLength`).
     pub(crate) seed: usize,
 }
 
-pub(crate) fn child_recordings(log: &std::path::Path) -> exit::Result<Vec<Child>> {
-    let (Some(dir), Some(stem)) = (log.parent(), log.file_stem()) else {
-        return Ok(Vec::new());
-    };
-    let stem = stem.to_string_lossy();
-    let mut out = Vec::new();
-    for n in 1.. {
-        let path = dir.join(format!("{stem}.{n}.jsonl"));
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-            Err(e) => return Err(Exit::usage(format!("cannot read {}: {e}", path.display()))),
+impl Recording {
+    /// `log` and the child logs beside it (`session.1.jsonl`,
+    /// `session.2.jsonl`, ... for `session.jsonl`), in child creation order.
+    pub(crate) fn load(log: &std::path::Path) -> exit::Result<Recording> {
+        let read =
+            |path: &std::path::Path| -> exit::Result<Option<(SessionHeader, Vec<SessionEvent>)>> {
+                let text = match std::fs::read_to_string(path) {
+                    Ok(t) => t,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => {
+                        return Err(Exit::usage(format!("cannot read {}: {e}", path.display())));
+                    }
+                };
+                jsonl::parse(&text)
+                    .map(Some)
+                    .map_err(|e| Exit::usage(format!("{}: {e}", path.display())))
+            };
+        let Some((header, events)) = read(log)? else {
+            return Err(Exit::usage(format!(
+                "cannot read {}: no such file",
+                log.display()
+            )));
         };
-        let (header, events) =
-            jsonl::parse(&text).map_err(|e| Exit::usage(format!("{}: {e}", path.display())))?;
-        let seed = header
-            .seed_length
-            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
-            .min(events.len());
-        out.push(Child { events, seed });
+        let mut children = Vec::new();
+        if let (Some(dir), Some(stem)) = (log.parent(), log.file_stem()) {
+            let stem = stem.to_string_lossy();
+            for n in 1.. {
+                let Some((header, events)) = read(&dir.join(format!("{stem}.{n}.jsonl")))? else {
+                    break;
+                };
+                let seed = header
+                    .seed_length
+                    .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+                    .min(events.len());
+                children.push(Child {
+                    id: header.id,
+                    created_at: header.created_at,
+                    events,
+                    seed,
+                });
+            }
+        }
+        // On the epoch clock: no turn ended or answer came before its
+        // session was created.
+        let on_clock = |created_at: u64, events: &[SessionEvent]| {
+            created_at > 0
+                && events
+                    .iter()
+                    .filter(|e| {
+                        is_mark(&e.data) || matches!(e.data, EventData::AssistantMessage { .. })
+                    })
+                    .all(|e| e.time >= created_at)
+        };
+        let clocked = on_clock(header.created_at, &events)
+            && children
+                .iter()
+                .all(|c| on_clock(c.created_at, &c.events[c.seed..]));
+        Ok(Recording {
+            id: header.id,
+            clocked,
+            events,
+            children,
+        })
     }
-    Ok(out)
+
+    /// The sessions' events: the recorded one's, then each child's.
+    fn sessions(&self) -> impl Iterator<Item = (&str, &[SessionEvent])> {
+        std::iter::once((self.id.as_str(), self.events.as_slice())).chain(
+            self.children
+                .iter()
+                .map(|c| (c.id.as_str(), c.events.as_slice())),
+        )
+    }
+}
+
+/// Whether `e` ends a turn: what the order of sessions is kept by. Only
+/// turn ends: a recording's event without a time of its own has its
+/// predecessor's, and a turn's end still comes after its last answer,
+/// which came after everything the turn waited on (a step's end may not:
+/// it would stand before the child its tool call ran).
+fn is_mark(e: &EventData) -> bool {
+    matches!(e, EventData::TurnEnd { .. })
+}
+
+/// How many turns `agent` has ended, what it inherited aside.
+fn own_marks(agent: &Agent) -> usize {
+    let session = agent.session();
+    let seed = session.with_log(|l| l.header().seed_length.unwrap_or(0));
+    let seed = usize::try_from(seed).unwrap_or(usize::MAX);
+    session
+        .events()
+        .iter()
+        .skip(seed)
+        .filter(|e| is_mark(&e.data))
+        .count()
+}
+
+/// The order a replay of several sessions keeps: a model call waits until
+/// every other session has ended as many turns as it had ended when the
+/// call's answer was recorded. A session's step can only depend
+/// on what another had done before, so the waits never form a cycle; a wait
+/// still gives up after [`Ledger::PATIENCE`] (a replay that diverged may
+/// never get there), and the comparison says what differs.
+pub(crate) struct Ledger {
+    /// Per session (the recorded one, then its children in creation
+    /// order): when its turn ends were recorded, ascending.
+    recorded: Vec<Vec<u64>>,
+    /// The live agents standing for them.
+    live: Created,
+    changed: tokio::sync::Notify,
+    /// Whether the recorded times can be compared across sessions.
+    clocked: bool,
+}
+
+impl Ledger {
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    fn new(recording: &Recording, live: Created) -> Ledger {
+        // A forked child's own (what it inherited is its parent's).
+        let own = std::iter::once(recording.events.as_slice())
+            .chain(recording.children.iter().map(|c| &c.events[c.seed..]));
+        let recorded = own
+            .map(|events| {
+                let mut marks: Vec<u64> = events
+                    .iter()
+                    .filter(|e| is_mark(&e.data))
+                    .map(|e| e.time)
+                    .collect();
+                marks.sort_unstable();
+                marks
+            })
+            .collect();
+        Ledger {
+            recorded,
+            live,
+            changed: tokio::sync::Notify::new(),
+            clocked: recording.clocked,
+        }
+    }
+
+    /// Whether every session but `session` has ended the turns it had
+    /// ended before `time` in the recording.
+    fn due(&self, session: usize, time: u64) -> bool {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        self.recorded
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != session)
+            .all(|(j, marks)| {
+                let need = marks.partition_point(|m| *m < time);
+                need == 0 || live.get(j).is_some_and(|a| own_marks(a) >= need)
+            })
+    }
+
+    async fn wait(self: Arc<Self>, session: usize, time: u64) {
+        let deadline = tokio::time::Instant::now() + Ledger::PATIENCE;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.due(session, time) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                tracing::warn!(
+                    session,
+                    "the other sessions did not get where the recording had them; serving the call anyway"
+                );
+                return;
+            }
+        }
+    }
+
+    /// Tells waiting calls when `agent` ends a turn.
+    fn watch(self: &Arc<Self>, agent: &Agent) {
+        let ledger = Arc::downgrade(self);
+        agent
+            .session()
+            .observe(Arc::new(move |e: &Arc<SessionEvent>| {
+                if let (true, Some(l)) = (is_mark(&e.data), ledger.upgrade()) {
+                    l.changed.notify_waiters();
+                }
+            }));
+        self.changed.notify_waiters();
+    }
+
+    /// `model` waiting on the gate of session `session`, when the
+    /// recording's sessions share a clock (else in first-call order alone).
+    fn gated(self: &Arc<Self>, model: ReplayModel, session: usize) -> ReplayModel {
+        if self.clocked {
+            model.with_gate(self.gate(session))
+        } else {
+            model
+        }
+    }
+
+    /// The gate of session `session`'s model.
+    fn gate(self: &Arc<Self>, session: usize) -> Gate {
+        let ledger = self.clone();
+        Arc::new(move |time| Box::pin(ledger.clone().wait(session, time)))
+    }
+}
+
+/// What [`install`] set up: the recorded session's model, the agents
+/// standing for the recording's sessions, and their ids against the
+/// recorded ones.
+pub(crate) struct Installed {
+    pub(crate) model: Arc<ReplayModel>,
+    pub(crate) created: Created,
+    pub(crate) aliases: Aliases,
 }
 
 /// The agents a replay created, in creation order (the first is the
@@ -167,9 +387,13 @@ pub(crate) type Created = Arc<std::sync::Mutex<Vec<Agent>>>;
 /// recording to the n-th agent created after the first.
 pub(crate) async fn install(
     root: &dsh_supervisors::Context,
-    model: Arc<ReplayModel>,
-    children: &[Child],
-) -> Result<Created, String> {
+    model: ReplayModel,
+    recording: &Recording,
+) -> Result<Installed, String> {
+    let created: Created = Arc::default();
+    let ledger = Arc::new(Ledger::new(recording, created.clone()));
+    let aliases = Aliases::default();
+    let model = Arc::new(ledger.gated(model, 0).with_aliases(aliases.clone()));
     let llm = Arc::new(LlmRuntime::new());
     let tools = Arc::new(ToolRegistry::new());
     root.provide(LlmRuntime::SERVICE, llm.clone())
@@ -230,27 +454,48 @@ pub(crate) async fn install(
         &dsh_actors::multi_agent::MultiAgentConfig::default(),
     )
     .map_err(|e| chain(&e).to_string())?;
-    for (i, child) in children.iter().enumerate() {
+    for (i, child) in recording.children.iter().enumerate() {
         let route = format!("replay-{}", i + 1);
         // A forked child answers from its own turns, not the parent's
-        // history it inherited.
-        llm.register(
-            root,
-            &[route.as_str()],
-            Arc::new(ReplayModel::from_events(&child.events[child.seed..])),
-        )
-        .map_err(|e| chain(&e).to_string())?;
+        // history it inherited; each child's turns continue its own script.
+        let served = ledger
+            .gated(ReplayModel::from_events(&child.events[child.seed..]), i + 1)
+            .with_aliases(aliases.clone());
+        llm.register(root, &[route.as_str()], Arc::new(served))
+            .map_err(|e| chain(&e).to_string())?;
     }
     let agents = root
         .get::<Agents>(Agents::SERVICE)
         .ok_or("no agents registry")?;
-    let created: Arc<std::sync::Mutex<Vec<Agent>>> = Arc::default();
-    let seen = created.clone();
-    let registry = agents.clone();
+    let (seen, registry, named, watcher) = (
+        created.clone(),
+        agents.clone(),
+        aliases.clone(),
+        ledger.clone(),
+    );
+    let recorded_ids: Vec<String> = recording.sessions().map(|(id, _)| id.to_owned()).collect();
     root.on(move |e: &dsh_actors::agent::AgentCreated| {
-        if let (Some(a), Ok(mut list)) = (registry.get(&e.id), seen.lock()) {
-            list.push(a);
+        let Some(agent) = registry.get(&e.id) else {
+            return;
+        };
+        let index = {
+            let mut list = seen.lock().unwrap_or_else(|p| p.into_inner());
+            // A child resumed from its log stands for the same session.
+            match list.iter().position(|a| a.id() == agent.id()) {
+                Some(i) => {
+                    list[i] = agent.clone();
+                    i
+                }
+                None => {
+                    list.push(agent.clone());
+                    list.len() - 1
+                }
+            }
+        };
+        if let Some(recorded) = recorded_ids.get(index) {
+            named.add(recorded.clone(), agent.id());
         }
+        watcher.watch(&agent);
     })
     .map_err(|e| chain(&e).to_string())?;
     let order = created.clone();
@@ -265,19 +510,27 @@ pub(crate) async fn install(
         async move { next.run(r).await }
     })
     .map_err(|e| chain(&e).to_string())?;
-    Ok(created)
+    Ok(Installed {
+        model,
+        created,
+        aliases,
+    })
 }
 
 async fn drive(
     rt: &Runtime,
-    model: Arc<ReplayModel>,
-    children: &[Child],
+    model: ReplayModel,
+    recording: &Recording,
     cwd: PathBuf,
     out: Option<PathBuf>,
     inputs: &[String],
-) -> Result<(Events, Vec<Events>), String> {
+) -> Result<(Events, Vec<Events>, Aliases), String> {
     let root = rt.root();
-    let created = install(&root, model.clone(), children).await?;
+    let Installed {
+        model,
+        created,
+        aliases,
+    } = install(&root, model, recording).await?;
     let mut spec = AgentSpec::new("replay", "recorded", cwd);
     spec.store = out.map(|p| {
         Arc::new(dsh_services::persistence::JsonlStore::file(p))
@@ -321,6 +574,10 @@ async fn drive(
                 }
             }
         }
+        // What the turn set going (a background child, whose notices and
+        // reports give the parent turns of its own) ends before the next
+        // prompt, as the recording's client waited.
+        settle(&created).await?;
     }
     agent.session().unobserve(watcher);
     agent
@@ -332,5 +589,27 @@ async fn drive(
         .lock()
         .map(|l| l.iter().skip(1).map(|a| a.session().events()).collect())
         .unwrap_or_default();
-    Ok((agent.session().events(), children))
+    Ok((agent.session().events(), children, aliases))
+}
+
+/// Waits until every agent of the replay is idle, and still is after a
+/// look at each: a child's notice or report wakes its parent, whose turn
+/// may message the child again.
+async fn settle(created: &Created) -> Result<(), String> {
+    let snapshot = || created.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let written =
+        |agents: &[Agent]| -> usize { agents.iter().map(|a| a.session().events().len()).sum() };
+    loop {
+        let agents = snapshot();
+        let before = written(&agents);
+        for a in &agents {
+            a.when_idle(Duration::from_secs(600))
+                .await
+                .map_err(|e| chain(&e).to_string())?;
+        }
+        let now = snapshot();
+        if now.len() == agents.len() && written(&now) == before && now.iter().all(Agent::is_idle) {
+            return Ok(());
+        }
+    }
 }

@@ -81,6 +81,7 @@ fn every_supported_recording_replays_to_the_same_structure() {
         "cancel-tool-calls",
         "retry-after-throw",
         "fork-seeded",
+        "continuable-child",
     ] {
         let cwd = workspace();
         let out = cwd.join("replayed.jsonl");
@@ -142,6 +143,15 @@ fn every_supported_recording_replays_to_the_same_structure() {
                 "{:?}",
                 results(&out)
             ),
+            // The parent's `send_message` reached the live child (its id,
+            // not the recorded one), which answered from its own log.
+            "continuable-child" => {
+                let r = results(&out);
+                assert!(
+                    r.iter().any(|(_, c)| c.contains("delivered to subagent")),
+                    "{r:?}"
+                );
+            }
             "subagent-spawn-in-process" => {
                 assert!(
                     results(&out)[0].1.contains("CHILD_OK"),
@@ -548,4 +558,280 @@ fn a_large_result_is_spilled_on_replay_as_it_was_live() {
         text(&replayed.stdout)
     );
     assert!(spilled(&out), "replayed: {:?}", sizes(&out));
+}
+
+/// A continuable child messaged again, recorded by dsh and replayed: the
+/// parent starts a background child; once its first turn settles, messages
+/// it; the child reports, then answers; the parent lists it. Live, the
+/// child's log holds one closed turn per message and `list_agents` sees it;
+/// the two logs, laid out as upstream lays out a nested scenario, replay to
+/// the same structure, the child's turns continuing its own script and the
+/// parent's `send_message` naming the live child.
+mod continuable {
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use dsh::actors::agent::Agent;
+    use dsh::services::llm::{
+        ChunkStream, ContentBlock, FinishReason, LlmAdapter, LlmRequest, Message, Role,
+    };
+    use dsh::services::session::{EventData, SessionEvent, jsonl};
+    use futures::StreamExt as _;
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use super::{replay, text, workspace};
+
+    /// The parent's and the child's model. A child's call waits until the
+    /// parent is between turns (and 2 ms more, so the log's millisecond
+    /// clock tells the parent's turn end from the child's answer): each
+    /// notice and report then finds the parent idle, and the recording has
+    /// one order.
+    #[derive(Default)]
+    struct Director {
+        parent: OnceLock<Agent>,
+    }
+
+    fn call(name: &str, args: serde_json::Value) -> Vec<ContentBlock> {
+        vec![ContentBlock::ToolCall {
+            id: format!("call_{name}"),
+            name: name.into(),
+            arguments: args.to_string(),
+        }]
+    }
+
+    fn said(blocks: Vec<ContentBlock>) -> ChunkStream {
+        let finish = if blocks
+            .iter()
+            .any(|b| matches!(b, ContentBlock::ToolCall { .. }))
+        {
+            FinishReason::ToolCalls
+        } else {
+            FinishReason::Stop
+        };
+        let chunks =
+            dsh::services::providers::scripted::chunks_for(&blocks, Default::default(), finish);
+        Box::pin(futures::stream::iter(chunks.into_iter().map(Ok)))
+    }
+
+    /// The name of the tool whose result `messages` ends with.
+    fn answered(messages: &[Arc<Message>]) -> Option<String> {
+        let last = messages.last()?;
+        if !last
+            .content
+            .iter()
+            .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+        {
+            return None;
+        }
+        messages.iter().rev().find_map(|m| {
+            m.content.iter().find_map(|b| match b {
+                ContentBlock::ToolCall { name, .. } => Some(name.clone()),
+                _ => None,
+            })
+        })
+    }
+
+    fn child_answer(request: &LlmRequest) -> Vec<ContentBlock> {
+        let last = request
+            .messages
+            .last()
+            .map(|m| m.text())
+            .unwrap_or_default();
+        if answered(&request.messages).is_some() {
+            vec![ContentBlock::text("TWO")]
+        } else if last == "second task" {
+            call("report", json!({"output": "TWO found"}))
+        } else {
+            vec![ContentBlock::text("ONE")]
+        }
+    }
+
+    fn parent_answer(request: &LlmRequest) -> Vec<ContentBlock> {
+        let messages = &request.messages;
+        match answered(messages).as_deref() {
+            Some("subagent") => return vec![ContentBlock::text("Started.")],
+            Some("send_message") => return vec![ContentBlock::text("Sent.")],
+            Some(_) => return vec![ContentBlock::text("Done.")],
+            None => {}
+        }
+        let last = messages.last().expect("a message");
+        let child = || -> String {
+            messages
+                .iter()
+                .find_map(|m| {
+                    m.text()
+                        .strip_prefix("started subagent ")
+                        .map(str::to_owned)
+                })
+                .or_else(|| {
+                    messages.iter().find_map(|m| {
+                        m.content.iter().find_map(|b| match b {
+                            ContentBlock::ToolResult { content, .. } => {
+                                content.iter().find_map(|c| match c {
+                                    ContentBlock::Text { text } => {
+                                        text.strip_prefix("started subagent ").map(str::to_owned)
+                                    }
+                                    _ => None,
+                                })
+                            }
+                            _ => None,
+                        })
+                    })
+                })
+                .expect("the child's id")
+        };
+        match (&*last.source.kind, last.text()) {
+            ("subagent-report", _) => vec![ContentBlock::text("Noted.")],
+            ("subagent-settled", t) if t.ends_with("ONE") => call(
+                "send_message",
+                json!({"subagent_id": child(), "message": "second task"}),
+            ),
+            ("subagent-settled", _) => call("list_agents", json!({})),
+            _ => call(
+                "subagent",
+                json!({"description": "counter", "prompt": "first task", "run_in_background": true}),
+            ),
+        }
+    }
+
+    impl LlmAdapter for Director {
+        fn name(&self) -> &str {
+            "director"
+        }
+
+        fn stream(&self, request: LlmRequest, _cancel: CancellationToken) -> ChunkStream {
+            let is_child = request
+                .messages
+                .iter()
+                .any(|m| m.role == Role::User && m.text() == "first task");
+            if !is_child {
+                return said(parent_answer(&request));
+            }
+            let blocks = child_answer(&request);
+            let parent = self.parent.get().cloned().expect("the parent is known");
+            Box::pin(
+                futures::stream::once(async move {
+                    let _ = parent.when_idle(Duration::from_secs(30)).await;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                })
+                .flat_map(move |()| said(blocks.clone())),
+            )
+        }
+    }
+
+    fn turns_ended(events: &[impl AsRef<SessionEvent>]) -> usize {
+        events
+            .iter()
+            .filter(|e| matches!(e.as_ref().data, EventData::TurnEnd { .. }))
+            .count()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_continuable_child_messaged_again_is_recorded_and_replays_from_its_own_log() {
+        let _sweep = crate::suite::sweep();
+        let cwd = workspace();
+        let sessions = cwd.join("sessions");
+        let director = Arc::new(Director::default());
+        let dsh = dsh::Dsh::builder()
+            .model(dsh::Model::adapter(director.clone()))
+            .workspace(&cwd)
+            .sessions_dir(&sessions)
+            .start()
+            .await
+            .unwrap();
+        let handle = dsh.agent().spawn().await.unwrap();
+        let parent = handle.agent().clone();
+        director.parent.set(parent.clone()).ok().unwrap();
+        handle.run("start").await.unwrap();
+        // Until the parent has taken the child's two notices and report.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let child_id = loop {
+            let events = parent.session().events();
+            let child = events.iter().find_map(|e| match &e.data {
+                EventData::UserMessage(m) if m.source.kind == "subagent-settled" => {
+                    m.source.field("senderSessionId").map(str::to_owned)
+                }
+                _ => None,
+            });
+            if turns_ended(&events) >= 4 {
+                break child.expect("a settled notice names its child");
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the parent stalled");
+            parent.when_idle(Duration::from_secs(30)).await.unwrap();
+            // A child turn or a notice may still be on its way.
+            if let Some(id) = child {
+                let agents = parent
+                    .reach()
+                    .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)
+                    .unwrap();
+                if let Some(c) = agents.get(&id) {
+                    c.when_idle(Duration::from_secs(30)).await.unwrap();
+                }
+            }
+        };
+        let child = parent
+            .reach()
+            .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)
+            .unwrap()
+            .get(&child_id)
+            .unwrap();
+        child.when_idle(Duration::from_secs(30)).await.unwrap();
+        parent.when_idle(Duration::from_secs(30)).await.unwrap();
+        let parent_id = parent.id().to_owned();
+        drop(handle);
+        dsh.shutdown().await.unwrap();
+
+        // Live: one closed turn per message in the child's own log; the
+        // parent saw its report and listed it.
+        let store = dsh::services::persistence::JsonlStore::new(&sessions);
+        let read = |id: &str| std::fs::read_to_string(store.path(id).unwrap()).unwrap();
+        let (_, child_events) = jsonl::parse(&read(&child_id)).unwrap();
+        let child_shape = dsh::services::session::compare::shape(&child_events);
+        let ends: Vec<(&str, &str)> = child_shape
+            .iter()
+            .map(|t| (t.final_text.as_str(), t.end.as_str()))
+            .collect();
+        assert_eq!(ends, [("ONE", "completed"), ("TWO", "completed")]);
+        let (_, parent_events) = jsonl::parse(&read(&parent_id)).unwrap();
+        let parent_shape = dsh::services::session::compare::shape(&parent_events);
+        let finals: Vec<&str> = parent_shape.iter().map(|t| t.final_text.as_str()).collect();
+        assert_eq!(finals, ["Started.", "Sent.", "Noted.", "Done."]);
+        let listed = parent_events.iter().rev().find_map(|e| match &e.data {
+            EventData::ToolResult { message, .. } => Some(format!("{:?}", message.content)),
+            _ => None,
+        });
+        assert!(
+            listed
+                .as_deref()
+                .is_some_and(|l| l.contains(&child_id) && l.contains("counter")),
+            "{listed:?}"
+        );
+
+        // Replayed: the parent as `session.jsonl`, the child beside it.
+        let scenario = cwd.join("continuable-child");
+        std::fs::create_dir_all(&scenario).unwrap();
+        std::fs::write(scenario.join("session.jsonl"), read(&parent_id)).unwrap();
+        std::fs::write(scenario.join("session.1.jsonl"), read(&child_id)).unwrap();
+        let artefacts = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("artefacts")
+            .join("continuable-child");
+        std::fs::create_dir_all(&artefacts).unwrap();
+        for f in ["session.jsonl", "session.1.jsonl"] {
+            std::fs::copy(scenario.join(f), artefacts.join(f)).unwrap();
+        }
+        let out = cwd.join("replayed.jsonl");
+        let run = tokio::task::spawn_blocking({
+            let (scenario, cwd, out) = (scenario.clone(), cwd.clone(), out.clone());
+            move || replay(&scenario.join("session.jsonl"), &cwd, &out)
+        })
+        .await
+        .unwrap();
+        assert!(run.status.success(), "{}", text(&run.stderr));
+        assert!(
+            text(&run.stdout).starts_with("replay agrees with the recording: 4 turns"),
+            "{}",
+            text(&run.stdout)
+        );
+    }
 }

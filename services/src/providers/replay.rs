@@ -172,10 +172,9 @@ fn resolve(text: &str, corpus: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// Whether a string of `chunk` that [`resolve_chunk`] resolves holds a
-/// placeholder (the common case, none, costs a substring search).
-fn holds_placeholder(chunk: &StreamChunk) -> bool {
-    let text = match chunk {
+/// The string of `chunk` that [`map_chunk`] maps, if it has one.
+fn chunk_text(chunk: &StreamChunk) -> Option<&str> {
+    Some(match chunk {
         StreamChunk::TextDelta { text, .. } | StreamChunk::ReasoningDelta { text, .. } => text,
         StreamChunk::ToolCallDelta {
             arguments_delta, ..
@@ -183,24 +182,34 @@ fn holds_placeholder(chunk: &StreamChunk) -> bool {
         StreamChunk::BlockEnd { block, .. } => match block {
             ContentBlock::Text { text } | ContentBlock::Reasoning { text } => text,
             ContentBlock::ToolCall { arguments, .. } => arguments,
-            _ => return false,
+            _ => return None,
         },
-        _ => return false,
-    };
-    text.contains(PLACEHOLDER)
+        _ => return None,
+    })
+}
+
+/// Whether a string of `chunk` that [`resolve_chunk`] resolves holds a
+/// placeholder (the common case, none, costs a substring search).
+fn holds_placeholder(chunk: &StreamChunk) -> bool {
+    chunk_text(chunk).is_some_and(|t| t.contains(PLACEHOLDER))
 }
 
 /// `chunk` with its placeholders resolved (text, reasoning, tool-call
 /// arguments, and a finished block's content).
 fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String> {
+    map_chunk(chunk, |t| resolve(t, corpus))
+}
+
+/// `chunk` with `f` applied to its strings (text, reasoning, tool-call
+/// arguments, and a finished block's content).
+fn map_chunk(
+    chunk: StreamChunk,
+    f: impl Fn(&str) -> Result<String, String>,
+) -> Result<StreamChunk, String> {
     let block = |b: ContentBlock| -> Result<ContentBlock, String> {
         Ok(match b {
-            ContentBlock::Text { text } => ContentBlock::Text {
-                text: resolve(&text, corpus)?,
-            },
-            ContentBlock::Reasoning { text } => ContentBlock::Reasoning {
-                text: resolve(&text, corpus)?,
-            },
+            ContentBlock::Text { text } => ContentBlock::Text { text: f(&text)? },
+            ContentBlock::Reasoning { text } => ContentBlock::Reasoning { text: f(&text)? },
             ContentBlock::ToolCall {
                 id,
                 name,
@@ -208,7 +217,7 @@ fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String
             } => ContentBlock::ToolCall {
                 id,
                 name,
-                arguments: resolve(&arguments, corpus)?,
+                arguments: f(&arguments)?,
             },
             other => other,
         })
@@ -216,11 +225,11 @@ fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String
     Ok(match chunk {
         StreamChunk::TextDelta { index, text } => StreamChunk::TextDelta {
             index,
-            text: resolve(&text, corpus)?,
+            text: f(&text)?,
         },
         StreamChunk::ReasoningDelta { index, text } => StreamChunk::ReasoningDelta {
             index,
-            text: resolve(&text, corpus)?,
+            text: f(&text)?,
         },
         StreamChunk::ToolCallDelta {
             index,
@@ -231,7 +240,7 @@ fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String
             index,
             id,
             name,
-            arguments_delta: resolve(&arguments_delta, corpus)?,
+            arguments_delta: f(&arguments_delta)?,
         },
         StreamChunk::BlockEnd { index, block: b } => StreamChunk::BlockEnd {
             index,
@@ -240,6 +249,61 @@ fn resolve_chunk(chunk: StreamChunk, corpus: &str) -> Result<StreamChunk, String
         other => other,
     })
 }
+
+/// The session ids a recording had and the ones its replay has in their
+/// place, (recorded, live) pairs, filled as the replay's sessions are
+/// created: what a replayed model says about a recorded session (a
+/// `send_message` to a child) names the live one, and what the replay wrote
+/// reads back in the recording's ids for the comparison.
+#[derive(Clone, Debug, Default)]
+pub struct Aliases(Arc<std::sync::RwLock<Vec<(String, String)>>>);
+
+impl Aliases {
+    /// `live` stands for `recorded` from now on.
+    pub fn add(&self, recorded: impl Into<String>, live: impl Into<String>) {
+        let (recorded, live) = (recorded.into(), live.into());
+        if recorded.is_empty() || recorded == live {
+            return;
+        }
+        let mut pairs = self.0.write().unwrap_or_else(|p| p.into_inner());
+        pairs.retain(|(r, _)| *r != recorded);
+        pairs.push((recorded, live));
+    }
+
+    fn pairs(&self) -> std::sync::RwLockReadGuard<'_, Vec<(String, String)>> {
+        self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `text` with every recorded id replaced by its live one.
+    pub fn to_live(&self, text: &str) -> String {
+        self.pairs()
+            .iter()
+            .fold(text.to_owned(), |t, (recorded, live)| {
+                t.replace(recorded, live)
+            })
+    }
+
+    /// `text` with every live id replaced by the recorded one.
+    pub fn to_recorded(&self, text: &str) -> String {
+        self.pairs()
+            .iter()
+            .fold(text.to_owned(), |t, (recorded, live)| {
+                t.replace(live, recorded)
+            })
+    }
+
+    /// Whether `text` names a recorded id.
+    fn names_recorded(&self, text: &str) -> bool {
+        self.pairs()
+            .iter()
+            .any(|(recorded, _)| text.contains(recorded.as_str()))
+    }
+}
+
+/// What a replayed call waits for before it is served, given the time its
+/// answer was recorded at (epoch ms): a replay of several sessions keeps
+/// the order in which the recording's sessions went.
+pub type Gate = Arc<dyn Fn(u64) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// The `purpose` of an agent's request for a compaction summary.
 const COMPACTION_PURPOSE: &str = "compaction";
@@ -250,6 +314,12 @@ const TITLE_PURPOSE: &str = "session-title";
 /// Serves recorded steps in order.
 pub struct ReplayModel {
     steps: Arc<[RecordedStep]>,
+    /// When each step's answer was recorded (a sidecar's steps have none).
+    times: Arc<[Option<u64>]>,
+    /// What a call waits for before its step is served.
+    gate: Option<Gate>,
+    /// Recorded session ids a step's strings name, and their live ones.
+    aliases: Aliases,
     /// The title a provider gave the recorded session: a title request is
     /// answered with it (not a step of the script).
     title: Option<Arc<str>>,
@@ -273,6 +343,7 @@ impl ReplayModel {
     /// without one.
     pub fn from_events(events: &[impl AsRef<SessionEvent>]) -> ReplayModel {
         let mut steps = Vec::new();
+        let mut times = Vec::new();
         let mut title = None;
         let mut images = false;
         let mut summaries = Vec::new();
@@ -313,6 +384,7 @@ impl ReplayModel {
                     steps.push(RecordedStep::Interrupted {
                         blocks: message.content.clone(),
                     });
+                    times.push(Some(e.as_ref().time));
                 }
                 EventData::AssistantMessage {
                     message,
@@ -328,10 +400,12 @@ impl ReplayModel {
                         cut,
                         cancelled_in_tools: None,
                     });
+                    times.push(Some(e.as_ref().time));
                 }
                 EventData::TurnEnd { reason, .. } if !answered => {
                     if let TurnEndReason::Error { error } = &**reason {
                         steps.push(RecordedStep::Failed(error.as_ref().clone()));
+                        times.push(Some(e.as_ref().time));
                     }
                 }
                 EventData::UserMessage(message) => {
@@ -360,6 +434,7 @@ impl ReplayModel {
             title,
             images,
             summaries: summaries.into(),
+            times: times.into(),
             ..ReplayModel::serving(steps)
         }
     }
@@ -375,7 +450,24 @@ impl ReplayModel {
             cursor: AtomicUsize::new(0),
             cancel_due: Arc::default(),
             due: Arc::default(),
+            times: Arc::from([]),
+            gate: None,
+            aliases: Aliases::default(),
         }
+    }
+
+    /// This model with each call waiting on `gate` (given the time the
+    /// call's answer was recorded) before it is served.
+    pub fn with_gate(self, gate: Gate) -> ReplayModel {
+        ReplayModel {
+            gate: Some(gate),
+            ..self
+        }
+    }
+
+    /// This model naming live sessions where its steps name recorded ones.
+    pub fn with_aliases(self, aliases: Aliases) -> ReplayModel {
+        ReplayModel { aliases, ..self }
     }
 
     /// Resolves when a recorded client cancel is due: an interrupted step
@@ -466,8 +558,16 @@ impl ReplayModel {
                 steps
             }
         };
+        // A sidecar's step was never recorded: it has no time to keep.
+        let times: Vec<Option<u64>> = (0..steps.len())
+            .map(|at| match &steps[at] {
+                RecordedStep::Scripted { .. } => None,
+                _ => self.times.get(at).copied().flatten(),
+            })
+            .collect();
         Ok(ReplayModel {
             steps: steps.into(),
+            times: times.into(),
             ..self
         })
     }
@@ -506,8 +606,13 @@ impl LlmAdapter for ReplayModel {
         // request; only read when a chunk holds one.
         let corpus = std::sync::OnceLock::new();
         let messages = request.messages.clone();
+        let aliases = self.aliases.clone();
         let resolve = move |chunk: Result<StreamChunk, LlmFailure>| {
-            let chunk = chunk?;
+            let mut chunk = chunk?;
+            if chunk_text(&chunk).is_some_and(|t| aliases.names_recorded(t)) {
+                chunk = map_chunk(chunk, |t| Ok(aliases.to_live(t)))
+                    .map_err(|why| LlmFailure::new(code::REPLAY_PLACEHOLDER, why))?;
+            }
             if !holds_placeholder(&chunk) {
                 return Ok(chunk);
             }
@@ -569,6 +674,17 @@ impl ReplayModel {
             return Box::pin(futures::stream::iter(items));
         }
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let step = self.step(at, cancel);
+        match (&self.gate, self.times.get(at).copied().flatten()) {
+            (Some(gate), Some(time)) => Box::pin(futures::StreamExt::flatten(
+                futures::stream::once(futures::FutureExt::map(gate(time), move |()| step)),
+            )),
+            _ => step,
+        }
+    }
+
+    /// Step `at` as it streams.
+    fn step(&self, at: usize, cancel: CancellationToken) -> ChunkStream {
         let items: Vec<Result<_, LlmFailure>> = match self.steps.get(at) {
             None => vec![Err(LlmFailure::new(
                 code::REPLAY_EXHAUSTED,
