@@ -252,7 +252,7 @@ fn is_mark(e: &EventData) -> bool {
 /// How many turns `agent` has ended, what it inherited aside.
 fn own_marks(agent: &Agent) -> usize {
     let session = agent.session();
-    let seed = session.with_log(|l| l.header().seed_length.unwrap_or(0));
+    let seed = session.header().seed_length.unwrap_or(0);
     let seed = usize::try_from(seed).unwrap_or(usize::MAX);
     session
         .events()
@@ -308,7 +308,7 @@ impl Ledger {
     /// Whether every session but `session` has ended the turns it had
     /// ended before `time` in the recording.
     fn due(&self, session: usize, time: u64) -> bool {
-        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
         self.recorded
             .iter()
             .enumerate()
@@ -363,8 +363,16 @@ impl Ledger {
 
     /// The gate of session `session`'s model.
     fn gate(self: &Arc<Self>, session: usize) -> Gate {
-        let ledger = self.clone();
-        Arc::new(move |time| Box::pin(ledger.clone().wait(session, time)))
+        // Weak: the models outlive the replay in the runtime's registry.
+        let ledger = Arc::downgrade(self);
+        Arc::new(move |time| {
+            let ledger = ledger.upgrade();
+            Box::pin(async move {
+                if let Some(ledger) = ledger {
+                    ledger.wait(session, time).await;
+                }
+            })
+        })
     }
 }
 
@@ -492,7 +500,8 @@ pub(crate) async fn install(
                 }
             }
         };
-        if let Some(recorded) = recorded_ids.get(index) {
+        // Ids matter only where there are several sessions.
+        if let Some(recorded) = recorded_ids.get(index).filter(|_| recorded_ids.len() > 1) {
             named.add(recorded.clone(), agent.id());
         }
         watcher.watch(&agent);
@@ -550,34 +559,11 @@ async fn drive(
         agent
             .followup(dsh_services::llm::Message::user_text(prompt.clone()))
             .map_err(|e| chain(&e).to_string())?;
-        // The recorded client's cancels, where the recording has them.
-        loop {
-            tokio::select! {
-                point = model.cancel_point() => {
-                    if let CancelPoint::ToolsStarted { calls: n } = point {
-                        let mut calls = calls.clone();
-                        // The turn may end first (a tool that fails at
-                        // once); then there is nothing left to cancel.
-                        tokio::select! {
-                            _ = calls.wait_for(|made| *made >= n) => {}
-                            idle = agent.when_idle(Duration::from_secs(600)) => {
-                                idle.map_err(|e| chain(&e).to_string())?;
-                                break;
-                            }
-                        }
-                    }
-                    agent.cancel();
-                }
-                idle = agent.when_idle(Duration::from_secs(600)) => {
-                    idle.map_err(|e| chain(&e).to_string())?;
-                    break;
-                }
-            }
-        }
+        until_idle(&agent, &model, &calls).await?;
         // What the turn set going (a background child, whose notices and
         // reports give the parent turns of its own) ends before the next
         // prompt, as the recording's client waited.
-        settle(&created).await?;
+        settle(&agent, &model, &calls, &created).await?;
     }
     agent.session().unobserve(watcher);
     agent
@@ -592,10 +578,47 @@ async fn drive(
     Ok((agent.session().events(), children, aliases))
 }
 
+/// Waits until `agent` is idle, cancelling where the recorded client
+/// cancelled (a cancel point of `model`'s; `calls`: the tool calls the agent
+/// has made).
+async fn until_idle(
+    agent: &Agent,
+    model: &ReplayModel,
+    calls: &tokio::sync::watch::Receiver<usize>,
+) -> Result<(), String> {
+    loop {
+        tokio::select! {
+            point = model.cancel_point() => {
+                if let CancelPoint::ToolsStarted { calls: n } = point {
+                    let mut calls = calls.clone();
+                    // The turn may end first (a tool that fails at once);
+                    // then there is nothing left to cancel.
+                    tokio::select! {
+                        _ = calls.wait_for(|made| *made >= n) => {}
+                        idle = agent.when_idle(Duration::from_secs(600)) => {
+                            return idle.map_err(|e| chain(&e).to_string());
+                        }
+                    }
+                }
+                agent.cancel();
+            }
+            idle = agent.when_idle(Duration::from_secs(600)) => {
+                return idle.map_err(|e| chain(&e).to_string());
+            }
+        }
+    }
+}
+
 /// Waits until every agent of the replay is idle, and still is after a
-/// look at each: a child's notice or report wakes its parent, whose turn
-/// may message the child again.
-async fn settle(created: &Created) -> Result<(), String> {
+/// look at each: a child's notice or report wakes `agent` (the recorded
+/// session's), whose turn may message the child again, and may be cancelled
+/// as the recording's was.
+async fn settle(
+    agent: &Agent,
+    model: &ReplayModel,
+    calls: &tokio::sync::watch::Receiver<usize>,
+    created: &Created,
+) -> Result<(), String> {
     let snapshot = || created.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let written =
         |agents: &[Agent]| -> usize { agents.iter().map(|a| a.session().events().len()).sum() };
@@ -603,9 +626,13 @@ async fn settle(created: &Created) -> Result<(), String> {
         let agents = snapshot();
         let before = written(&agents);
         for a in &agents {
-            a.when_idle(Duration::from_secs(600))
-                .await
-                .map_err(|e| chain(&e).to_string())?;
+            if a.id() == agent.id() {
+                until_idle(agent, model, calls).await?;
+            } else {
+                a.when_idle(Duration::from_secs(600))
+                    .await
+                    .map_err(|e| chain(&e).to_string())?;
+            }
         }
         let now = snapshot();
         if now.len() == agents.len() && written(&now) == before && now.iter().all(Agent::is_idle) {

@@ -744,32 +744,34 @@ mod continuable {
         let parent = handle.agent().clone();
         director.parent.set(parent.clone()).ok().unwrap();
         handle.run("start").await.unwrap();
-        // Until the parent has taken the child's two notices and report.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        let child_id = loop {
-            let events = parent.session().events();
-            let child = events.iter().find_map(|e| match &e.data {
+        // Until the parent has taken the child's two notices and report:
+        // four turns ended.
+        let (ended, mut ends) = tokio::sync::watch::channel(());
+        let watcher = parent
+            .session()
+            .observe(Arc::new(move |e: &Arc<SessionEvent>| {
+                if matches!(e.data, EventData::TurnEnd { .. }) {
+                    ended.send_replace(());
+                }
+            }));
+        // Observed first, then counted (the count reads the log itself).
+        let four = ends.wait_for(|()| turns_ended(&parent.session().events()) >= 4);
+        tokio::time::timeout(Duration::from_secs(60), four)
+            .await
+            .expect("the parent ended four turns within 60 s")
+            .unwrap();
+        parent.session().unobserve(watcher);
+        let child_id = parent
+            .session()
+            .events()
+            .iter()
+            .find_map(|e| match &e.data {
                 EventData::UserMessage(m) if m.source.kind == "subagent-settled" => {
                     m.source.field("senderSessionId").map(str::to_owned)
                 }
                 _ => None,
-            });
-            if turns_ended(&events) >= 4 {
-                break child.expect("a settled notice names its child");
-            }
-            assert!(tokio::time::Instant::now() < deadline, "the parent stalled");
-            parent.when_idle(Duration::from_secs(30)).await.unwrap();
-            // A child turn or a notice may still be on its way.
-            if let Some(id) = child {
-                let agents = parent
-                    .reach()
-                    .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)
-                    .unwrap();
-                if let Some(c) = agents.get(&id) {
-                    c.when_idle(Duration::from_secs(30)).await.unwrap();
-                }
-            }
-        };
+            })
+            .expect("a settled notice names its child");
         let child = parent
             .reach()
             .get::<dsh::actors::agent::Agents>(dsh::actors::agent::Agents::SERVICE)

@@ -220,10 +220,12 @@ impl Agent {
         }
         let durable = Some(inner.durable.load(Ordering::Acquire)).filter(|n| *n != NOT_STORED);
         if let Some(mut r) = spec.restriction.clone() {
-            // Its own tools are its own: no allow list hides them.
+            // Its own tools are its own: no filter hides them.
+            let own: Vec<String> = spec.tools.0.iter().map(|t| t.schema().name).collect();
             if let Some(allow) = r.allow.as_mut() {
-                allow.extend(spec.tools.0.iter().map(|t| t.schema().name));
+                allow.extend(own.iter().cloned());
             }
+            r.deny.retain(|d| !own.contains(d));
             tools.restrict(sctx, r)?;
         }
         for tool in &spec.tools.0 {

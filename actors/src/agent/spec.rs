@@ -83,9 +83,10 @@ pub struct AgentSpec {
     /// What it may spend in all (turns, tokens, wall time), counted with
     /// its ancestors' (see [`super::Limits`]).
     pub limits: Option<super::Limits>,
-    /// Tools of its own: registered in its scope each time it is built
-    /// (created or woken), visible to it alone, and not counted as ad hoc
-    /// registrations that keep it awake.
+    /// Tools of its own: registered in its own scope each time it is built
+    /// (created or woken; so not ad hoc registrations that keep it awake),
+    /// where its tool filter does not hide them. Agents created in its
+    /// scope without a flat scope of their own see them too.
     pub tools: OwnTools,
 }
 

@@ -1129,13 +1129,13 @@ impl Subagents {
         }
     }
 
-    /// Whether the resident child whose parent is `parent` is `ancestor`'s
-    /// child or deeper descendant (followed through resident children).
     /// Delivers `text` from the live continuable `child` to its live
     /// direct parent (the one it was started or resumed under; nobody else
     /// may be named) as a [`REPORT_SOURCE`] message steered in at the
     /// parent's next step, waking it when idle. Returns the message's id.
-    /// The child's turn goes on.
+    /// The child's turn goes on. `child` must be the calling agent (the
+    /// `report` tool passes its caller): whoever holds an [`Agent`] speaks
+    /// for it.
     pub fn report_from(&self, child: &Agent, text: &str) -> Result<String, SubagentError> {
         let resident = self
             .resident
@@ -1169,6 +1169,8 @@ impl Subagents {
         Ok(id)
     }
 
+    /// Whether the resident child whose parent is `parent` is `ancestor`'s
+    /// child or deeper descendant (followed through resident children).
     fn descends_from(&self, parent: &str, ancestor: &str) -> bool {
         let Ok(resident) = self.resident.lock() else {
             return false;

@@ -276,20 +276,44 @@ impl Aliases {
 
     /// `text` with every recorded id replaced by its live one.
     pub fn to_live(&self, text: &str) -> String {
-        self.pairs()
-            .iter()
-            .fold(text.to_owned(), |t, (recorded, live)| {
-                t.replace(recorded, live)
-            })
+        self.swap(text, true)
     }
 
     /// `text` with every live id replaced by the recorded one.
     pub fn to_recorded(&self, text: &str) -> String {
-        self.pairs()
+        self.swap(text, false)
+    }
+
+    /// One pass over `text`, the longest id matching at each place
+    /// replaced (so a replacement is never replaced again).
+    fn swap(&self, text: &str, to_live: bool) -> String {
+        let pairs = self.pairs();
+        let mut keys: Vec<(&str, &str)> = pairs
             .iter()
-            .fold(text.to_owned(), |t, (recorded, live)| {
-                t.replace(live, recorded)
+            .map(|(r, l)| {
+                if to_live {
+                    (r.as_str(), l.as_str())
+                } else {
+                    (l.as_str(), r.as_str())
+                }
             })
+            .filter(|(k, _)| !k.is_empty())
+            .collect();
+        keys.sort_by_key(|(k, _)| std::cmp::Reverse(k.len()));
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        'next: while let Some(c) = rest.chars().next() {
+            for (from, to) in &keys {
+                if let Some(after) = rest.strip_prefix(from) {
+                    out.push_str(to);
+                    rest = after;
+                    continue 'next;
+                }
+            }
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+        out
     }
 
     /// Whether `text` names a recorded id.
@@ -909,6 +933,20 @@ mod tests {
     use futures::StreamExt;
 
     use super::*;
+
+    /// Each place takes the longest id that matches there, and what it
+    /// becomes is not looked at again (a live id may equal another
+    /// recorded one).
+    #[test]
+    fn aliases_swap_each_id_once_the_longest_first() {
+        let a = Aliases::default();
+        a.add("abc", "x");
+        a.add("abcdef", "abc");
+        a.add("", "ignored");
+        assert_eq!(a.to_live("abcdef abc-abc"), "abc x-x");
+        assert_eq!(a.to_recorded("abc x"), "abcdef abc");
+        assert_eq!(a.to_live("é abc"), "é x");
+    }
 
     const FINISHED: &str = r#"{"kind": "chunks", "chunks": [
         {"type": "block-start", "index": 0, "blockType": "text"},
