@@ -44,10 +44,13 @@ struct Cell {
 }
 
 fn cells(quick: bool) -> Vec<Cell> {
-    let (r, k1, k2, n) = if quick {
-        (20, 10, 50, 200)
+    // W1: ours repeats 200-turn rounds on fresh agents for at least 0.5 s;
+    // the harness runs one agent whose memory is cleared each turn, so the
+    // same 0.5 s and more is one longer run of it.
+    let (r, min_secs, r_peer, k1, k2, n) = if quick {
+        (20, 0.0, 20, 10, 50, 200)
     } else {
-        (200, 100, 1000, 10_000)
+        (200, 0.5, 12_500, 100, 1000, 10_000)
     };
     let words = |s: String| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
     let w1 = ["us_per_step", "peak_rss_kb"].as_slice();
@@ -55,14 +58,18 @@ fn cells(quick: bool) -> Vec<Cell> {
     vec![
         Cell {
             name: "w1",
-            ours: words(format!("bench w1 --turns {r} --steps 5 --threads 2")),
-            theirs: words(format!("w1 --r {r} --s 5 --variant actor --threads 2")),
+            ours: words(format!(
+                "bench w1 --turns {r} --steps 5 --threads 2 --min-seconds {min_secs}"
+            )),
+            theirs: words(format!("w1 --r {r_peer} --s 5 --variant actor --threads 2")),
             metrics: w1,
         },
         Cell {
             name: "w1t1",
-            ours: words(format!("bench w1 --turns {r} --steps 5 --threads 1")),
-            theirs: words(format!("w1 --r {r} --s 5 --variant actor --threads 1")),
+            ours: words(format!(
+                "bench w1 --turns {r} --steps 5 --threads 1 --min-seconds {min_secs}"
+            )),
+            theirs: words(format!("w1 --r {r_peer} --s 5 --variant actor --threads 1")),
             metrics: w1,
         },
         Cell {
@@ -151,9 +158,19 @@ async fn result_of(program: &Path, args: &[String]) -> Result<Value, BoxError> {
     Ok(serde_json::from_str(line)?)
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The median of `v`, with its least and greatest.
+fn spread(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
     v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
+    Some((*v.get(v.len() / 2)?, *v.first()?, *v.last()?))
+}
+
+/// A figure with four significant digits (kB and seconds alike).
+fn figure_text(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
 }
 
 /// Runs the cells and prints the table, then `RESULT {json}`.
@@ -175,7 +192,9 @@ async fn run(args: CompareArgs) -> Result<(), BoxError> {
     if let Some(bad) = wanted.iter().find(|w| !all.iter().any(|c| c.name == **w)) {
         return Err(format!("unknown cell `{bad}` (known: w1, w1t1, w2k100, w2k1000, w3)").into());
     }
-    dsh::outln!("| cell | metric | dsh (median) | AutoAgents (median) | dsh / AutoAgents |");
+    dsh::outln!(
+        "| cell | metric | dsh median (min–max) | AutoAgents median (min–max) | dsh / AutoAgents |"
+    );
     dsh::outln!("|---|---|---:|---:|---:|");
     let mut records = Vec::new();
     for cell in all.iter().filter(|c| wanted.contains(&c.name)) {
@@ -195,21 +214,36 @@ async fn run(args: CompareArgs) -> Result<(), BoxError> {
         }
         for metric in cell.metrics {
             let figure =
-                |runs: &[Value]| median(runs.iter().filter_map(|r| r[*metric].as_f64()).collect());
+                |runs: &[Value]| spread(runs.iter().filter_map(|r| r[*metric].as_f64()).collect());
             let (a, b) = (figure(&mine), figure(&peer));
-            let show = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.4}"));
+            let show = |v: Option<(f64, f64, f64)>| {
+                v.map_or("—".to_owned(), |(m, lo, hi)| {
+                    format!(
+                        "{} ({}–{})",
+                        figure_text(m),
+                        figure_text(lo),
+                        figure_text(hi)
+                    )
+                })
+            };
             let ratio = match (a, b) {
-                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                (Some((a, ..)), Some((b, ..))) if b > 0.0 => Some(a / b),
                 _ => None,
             };
+            let (a_min, a_max) = (a.map(|v| v.1), a.map(|v| v.2));
+            let (b_min, b_max) = (b.map(|v| v.1), b.map(|v| v.2));
+            let (a, b) = (a.map(|v| v.0), b.map(|v| v.0));
             dsh::outln!(
                 "| {} | {metric} | {} | {} | {} |",
                 cell.name,
-                show(a),
-                show(b),
+                show(figure(&mine)),
+                show(figure(&peer)),
                 ratio.map_or("—".to_owned(), |r| format!("{r:.2}"))
             );
-            records.push(json!({"cell": cell.name, "metric": metric, "dsh": a, "autoagents": b, "ratio": ratio}));
+            records.push(json!({"cell": cell.name, "metric": metric,
+                "dsh": a, "dsh_min": a_min, "dsh_max": a_max,
+                "autoagents": b, "autoagents_min": b_min, "autoagents_max": b_max,
+                "ratio": ratio}));
         }
     }
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

@@ -57,7 +57,8 @@ enum Bench {
         #[arg(long, default_value = "jsonl", value_parser = ["jsonl", "jsonl-zstd", "sqlite"])]
         backend: String,
     },
-    /// W1: one agent, sequential turns of S steps (scripted worker model, `echo` tool).
+    /// W1: one agent, R sequential turns of S steps (scripted worker model,
+    /// `echo` tool), in rounds until enough was measured.
     W1 {
         /// Turns R.
         #[arg(long, default_value_t = 200)]
@@ -72,6 +73,11 @@ enum Bench {
         /// Tokio worker threads (default: one per core).
         #[arg(long)]
         threads: Option<usize>,
+        /// Repeat the R turns on a fresh agent until at least this many
+        /// seconds of turns were measured (three rounds at least); the
+        /// figure is the median round's, with the rounds' spread.
+        #[arg(long, default_value_t = 0.5, value_name = "SECS")]
+        min_seconds: f64,
     },
     /// W3: N agents created one by one, each running a 1-step turn, then
     /// kept resident; reports memory per agent and time per agent.
@@ -152,17 +158,40 @@ pub async fn bench(args: BenchArgs) -> Exit {
             steps,
             processes,
             threads,
+            min_seconds,
         } => {
             if steps == 0 || turns == 0 {
                 return Exit::usage("--turns and --steps must be at least 1");
             }
-            let (t, s) = (turns.to_string(), steps.to_string());
-            let mut args = vec!["bench", "w1", "--turns", &t, "--steps", &s];
+            if !(0.0..=600.0).contains(&min_seconds) {
+                return Exit::usage("--min-seconds must be between 0 and 600");
+            }
+            let (t, s, m) = (
+                turns.to_string(),
+                steps.to_string(),
+                min_seconds.to_string(),
+            );
+            let mut args = vec![
+                "bench",
+                "w1",
+                "--turns",
+                &t,
+                "--steps",
+                &s,
+                "--min-seconds",
+                &m,
+            ];
             let n = threads.map(|n| n.to_string());
             if let Some(n) = &n {
                 args.extend(["--threads", n.as_str()]);
             }
-            workload(&args, processes, "us_per_step", workloads::w1(turns, steps)).await
+            workload(
+                &args,
+                processes,
+                "us_per_step",
+                workloads::w1(turns, steps, min_seconds),
+            )
+            .await
         }
         Bench::Stream {
             agents,

@@ -710,6 +710,44 @@ fn the_compare_bench_says_when_it_has_no_peer_and_reports_ours() {
             .iter()
             .all(|c| c["dsh"].as_f64().unwrap() > 0.0 && c["ratio"].is_null())
     );
+    // Each median comes with the least and greatest of its runs.
+    assert!(cells.iter().all(|c| {
+        let (lo, m, hi) = (
+            c["dsh_min"].as_f64(),
+            c["dsh"].as_f64(),
+            c["dsh_max"].as_f64(),
+        );
+        lo <= m && m <= hi && lo.is_some()
+    }));
+}
+
+#[test]
+fn w1_measures_rounds_and_reports_their_spread() {
+    let _sweep = crate::suite::sweep();
+    // No time floor: the three rounds it always runs.
+    let r = bench_result(&[
+        "bench",
+        "w1",
+        "--turns",
+        "3",
+        "--steps",
+        "2",
+        "--min-seconds",
+        "0",
+    ]);
+    assert_eq!(r["rounds"], 3);
+    assert_eq!(r["model_calls"], 3 * 3 * 2);
+    assert_eq!(r["echo_calls"], 3 * 3);
+    let at = |k: &str| r[k].as_f64().unwrap();
+    assert!(at("us_per_step_min") <= at("us_per_step_p10"));
+    assert!(at("us_per_step_p10") <= at("us_per_step"));
+    assert!(at("us_per_step") <= at("us_per_step_p90"));
+    assert!(at("us_per_step_p90") <= at("us_per_step_max"));
+    let refused = dsh()
+        .args(["bench", "w1", "--min-seconds", "-1"])
+        .bounded_output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
 }
 
 #[test]
