@@ -826,6 +826,17 @@ impl Connection {
                 .collect();
             json!({"dsh": {"mcpServers": states}})
         });
+        // Every turn of the session streams its updates, also one no prompt
+        // started (a background child's notice or report wakes the agent).
+        // Weak: the writer ends when the connection does.
+        let (out, sid, progress) = (self.out.downgrade(), id.to_owned(), self.progress);
+        agent.session().observe(Arc::new(move |e| {
+            if let Some(out) = out.upgrade() {
+                for frame in frames_of(&sid, &e.data, progress) {
+                    let _ = out.send(frame.to_string());
+                }
+            }
+        }));
         let session = Arc::new(Session {
             id: id.to_owned(),
             agent,
@@ -944,21 +955,13 @@ impl Connection {
 
     /// Runs one prompt to the agent's idle; its stop reason.
     async fn prompt(&self, session: &Session, message: Message) -> Result<Value, RpcError> {
+        // Its updates stream from the session's observer (see `open`).
         let agent = &session.agent;
-        let out = self.out.clone();
-        let sid = session.id.clone();
-        let progress = self.progress;
-        let watcher = agent.session().observe(Arc::new(move |e| {
-            for frame in frames_of(&sid, &e.data, progress) {
-                let _ = out.send(frame.to_string());
-            }
-        }));
         let before = agent.last_turn().map(|t| t.turn);
         let outcome = match agent.followup(message) {
             Ok(()) => self.until_idle(session).await,
             Err(e) => Err(RpcError(INTERNAL_ERROR, chain(&e).to_string())),
         };
-        agent.session().unobserve(watcher);
         // Cancelled, or the connection closing under it (the agent may be
         // disposed before it went idle): cancelled, whatever the wait said.
         if session.cancelled.swap(false, Ordering::AcqRel) || self.closed.is_cancelled() {

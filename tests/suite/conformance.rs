@@ -380,6 +380,32 @@ mod acp_scenarios {
             }
         }
 
+        /// Reads lines until an `agent_message_chunk` update saying `text`
+        /// (unless one was read already); its place among the lines read.
+        fn until_update(&mut self, text: &str) -> usize {
+            let says = |frame: &Value| {
+                let update = &frame["params"]["update"];
+                update["sessionUpdate"] == "agent_message_chunk"
+                    && update["content"]["text"] == text
+            };
+            if let Some(at) = self.printed.iter().position(says) {
+                return at;
+            }
+            let deadline = Instant::now() + WAIT;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let line = self
+                    .lines
+                    .recv_timeout(left)
+                    .unwrap_or_else(|_| panic!("no update saying {text:?}: {:#?}", self.printed));
+                let frame: Value = serde_json::from_str(&line).unwrap();
+                self.printed.push(frame.clone());
+                if says(&frame) {
+                    return self.printed.len() - 1;
+                }
+            }
+        }
+
         /// Closes stdin and waits for the exit; its status code.
         fn finish(mut self) -> (Option<i32>, Vec<Value>) {
             drop(self.stdin.take());
@@ -395,6 +421,40 @@ mod acp_scenarios {
             }
             (status.code(), self.printed)
         }
+    }
+
+    /// A background child's notices and report wake the session's agent
+    /// after its prompt has answered: those turns stream to the client too,
+    /// and the session it keeps has the recording's four turns.
+    #[test]
+    fn turns_a_background_child_starts_stream_to_the_client() {
+        let _sweep = crate::suite::sweep();
+        let cwd = workspace();
+        let sessions = cwd.join("sessions");
+        let recording = recordings().join("../recordings/continuable-child/session.jsonl");
+        let mut server = Server::start(&recording, &sessions);
+        server.step(&json!({"op": "initialize"}), &cwd);
+        server.step(&json!({"op": "newSession"}), &cwd);
+        server.step(&json!({"op": "prompt", "text": "start"}), &cwd);
+        let answered = server.printed.len() - 1;
+        // The turns the child's notice, report and second notice started:
+        // the prompt answers once the agent is first idle, so the last of
+        // them at least comes after its response.
+        for text in ["Sent.", "Noted.", "Done."] {
+            server.until_update(text);
+        }
+        assert!(server.until_update("Done.") > answered);
+        let session = server.session.clone().unwrap();
+        let (code, _) = server.finish();
+        assert_eq!(code, Some(0));
+        let log = sessions.join(&session).join("session.jsonl");
+        let (_, events) =
+            dsh::services::session::jsonl::parse(&std::fs::read_to_string(log).unwrap()).unwrap();
+        let ends: Vec<String> = dsh::services::session::compare::shape(&events)
+            .into_iter()
+            .map(|t| t.final_text)
+            .collect();
+        assert_eq!(ends, ["Started.", "Sent.", "Noted.", "Done."]);
     }
 
     /// `frames` with `agentInfo` (the implementation's own name) and
