@@ -900,6 +900,9 @@ pub struct AgentHandle {
     /// The session observers of its live [`Events`] streams, removed when
     /// the agent is disposed (which ends the streams).
     streams: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
+    /// Held by a [`run`](AgentHandle::run) while it waits: runs through
+    /// one handle take turns.
+    running: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for AgentHandle {
@@ -930,6 +933,7 @@ impl AgentHandle {
             timeout,
             owned: true,
             streams,
+            running: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -942,9 +946,13 @@ impl AgentHandle {
     /// answer, up to the agent's timeout.
     ///
     /// A turn that outlives the timeout is cancelled (it ends `aborted`)
-    /// and the call fails `TIMEOUT`: trying again starts afresh. One `run`
-    /// at a time: the answer is the agent's last turn once it is idle.
+    /// and the call fails `TIMEOUT`: trying again starts afresh. Runs
+    /// through one handle take turns (a second waits for the first's
+    /// answer, then sends its prompt), so each gets its own answer; the
+    /// answer is the agent's last turn once it is idle, so what
+    /// [`send`](AgentHandle::send) queues meanwhile may take its place.
     pub async fn run(&self, prompt: &str) -> Result<Answer, RunError> {
+        let _turn = self.running.lock().await;
         let turn = match self.agent.run(prompt, self.timeout).await {
             Ok(turn) => turn,
             Err(e) => {

@@ -194,6 +194,23 @@ async fn wrong_options_are_refused_at_start_with_a_code_and_the_reason() {
 
 /// A resident agent keeps its conversation from turn to turn, streams its
 /// events, and its stream ends when it is disposed.
+/// Two runs through one handle at once each get the answer to their own
+/// prompt: the second waits for the first's turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_through_one_handle_take_turns() {
+    let dsh = front(Model::demo()).await;
+    let agent = dsh.agent().spawn().await.unwrap();
+    let (a, b) = tokio::join!(
+        agent.run("Write one line about apples."),
+        agent.run("Write one line about rivers.")
+    );
+    let (a, b) = (a.unwrap().text, b.unwrap().text);
+    assert!(a.starts_with("apples"), "{a}");
+    assert!(b.starts_with("rivers"), "{b}");
+    agent.dispose().await;
+    dsh.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resident_agent_keeps_its_conversation_and_streams_its_events() {
     let dsh = front(script(serde_json::json!([
