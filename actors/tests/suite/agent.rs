@@ -444,6 +444,87 @@ async fn a_tool_registered_in_the_agent_scope_shadows_the_global_one() {
     assert_eq!(echo.schema.description, "test tool echo");
 }
 
+/// A tool whose own policy asks, under a hook that asks too: one question
+/// with both reasons. A tool whose own policy refuses, under a hook that
+/// asks: refused, nobody asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_and_a_tool_that_both_ask_put_one_question() {
+    let h = Harness::new().await;
+    /// `echo` under another name, deciding as `decision` says.
+    struct Decides(&'static str, Decision);
+    impl dsh_services::tools::Tool for Decides {
+        fn schema(&self) -> dsh_services::llm::ToolSchema {
+            dsh_services::llm::ToolSchema {
+                name: self.0.into(),
+                description: "decides".into(),
+                parameters: json!({"type": "object"}),
+            }
+        }
+        fn decide(
+            &self,
+            _policy: &dsh_services::sandbox::Policy,
+            _args: &serde_json::Value,
+        ) -> Decision {
+            self.1.clone()
+        }
+        fn execute(
+            self: Arc<Self>,
+            _cx: dsh_services::tools::ToolContext,
+        ) -> futures::future::BoxFuture<
+            'static,
+            Result<dsh_services::tools::ToolOutput, dsh_services::tools::ToolError>,
+        > {
+            Box::pin(async { Ok(dsh_services::tools::ToolOutput::text("ran")) })
+        }
+    }
+    let root = h.rt.root();
+    h.tools
+        .register(
+            &root,
+            Arc::new(Decides("asks", Decision::Ask("the tool asks".into()))),
+        )
+        .unwrap();
+    h.tools
+        .register(
+            &root,
+            Arc::new(Decides(
+                "refuses",
+                Decision::Deny("the tool refuses".into()),
+            )),
+        )
+        .unwrap();
+    root.on_waterfall(|p: PreExecute, _next| async move {
+        (Decision::Ask("the hook asks".into()), p.args)
+    })
+    .unwrap();
+    let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = asked.clone();
+    root.on_waterfall(move |a: ApprovalAsk, _next| {
+        seen.lock().unwrap().push(a.request.reason.clone());
+        async { ApprovalOutcome::AllowedOnce }
+    })
+    .unwrap();
+    h.script(
+        "scripted",
+        vec![
+            calls(&[("asks", json!({}))]),
+            calls(&[("refuses", json!({}))]),
+            text("ok"),
+        ],
+    );
+    let agent = h.agent("scripted").await;
+    agent.run("go", WAIT).await.unwrap();
+    assert_eq!(
+        *asked.lock().unwrap(),
+        ["the hook asks; the tool asks"],
+        "one question for the first call, none for the refused one"
+    );
+    let r = results(&agent);
+    assert_eq!((r[0].1.as_deref(), r[0].2.as_str()), (None, "ran"));
+    assert_eq!(r[1].1.as_deref(), Some("DENIED"));
+    assert!(r[1].2.contains("the tool refuses"), "{}", r[1].2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pipeline_runs_in_order_and_approval_fails_closed() {
     let h = Harness::new().await;

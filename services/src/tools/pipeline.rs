@@ -295,23 +295,29 @@ async fn prepare(
         )
         .await
         .map_err(listener_failure)?;
-    // The listeners' decision, then the tool's own under the agent's policy.
+    // The listeners' decision and the tool's own under the agent's policy:
+    // a refusal from either, before anyone is asked; then one question
+    // for both (a hook that asks about a call the tool asks about too puts
+    // one question to the person, with both reasons).
+    let mut questions = Vec::new();
     for decision in [decision, tool.tool.decide(&bounds.policy, &args)] {
         match decision {
             Decision::Allow => {}
             Decision::Deny(reason) => return Err(ToolError::new("DENIED", reason)),
-            Decision::Ask(reason) => {
-                let outcome = ask(ctx, approval, call, &reason, &args, &cancel).await;
-                if outcome != ApprovalOutcome::AllowedOnce {
-                    return Err(ToolError::new(
-                        "DENIED",
-                        format!(
-                            "approval was required ({reason}) and the answer was {}",
-                            outcome.as_str()
-                        ),
-                    ));
-                }
-            }
+            Decision::Ask(reason) => questions.push(reason),
+        }
+    }
+    if !questions.is_empty() {
+        let reason = questions.join("; ");
+        let outcome = ask(ctx, approval, call, &reason, &args, &cancel).await;
+        if outcome != ApprovalOutcome::AllowedOnce {
+            return Err(ToolError::new(
+                "DENIED",
+                format!(
+                    "approval was required ({reason}) and the answer was {}",
+                    outcome.as_str()
+                ),
+            ));
         }
     }
     let policy = escalation(ctx, approval, &tool, call, &args, &cancel, bounds.policy).await?;
