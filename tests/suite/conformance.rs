@@ -313,22 +313,31 @@ mod acp_scenarios {
             id
         }
 
-        /// Reads lines until the response to `id`; returns it.
-        fn response(&mut self, id: u64) -> Value {
+        /// Reads lines until one is a frame `wanted` takes (within
+        /// [`WAIT`], else the test fails saying `what` it waited for);
+        /// returns it.
+        fn until(&mut self, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
             let deadline = Instant::now() + WAIT;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let line = self
                     .lines
                     .recv_timeout(left)
-                    .unwrap_or_else(|_| panic!("no response to request {id}: {:#?}", self.printed));
+                    .unwrap_or_else(|_| panic!("no {what}: {:#?}", self.printed));
                 let frame: Value = serde_json::from_str(&line)
                     .unwrap_or_else(|e| panic!("stdout carries a non-JSON line `{line}`: {e}"));
                 self.printed.push(frame.clone());
-                if frame["id"] == json!(id) && frame.get("method").is_none() {
+                if wanted(&frame) {
                     return frame;
                 }
             }
+        }
+
+        /// Reads lines until the response to `id`; returns it.
+        fn response(&mut self, id: u64) -> Value {
+            self.until(&format!("response to request {id}"), |frame| {
+                frame["id"] == json!(id) && frame.get("method").is_none()
+            })
         }
 
         fn prompt_params(&self, text: &str) -> Value {
@@ -388,21 +397,8 @@ mod acp_scenarios {
                 update["sessionUpdate"] == "agent_message_chunk"
                     && update["content"]["text"] == text
             };
-            if self.printed.iter().any(says) {
-                return;
-            }
-            let deadline = Instant::now() + WAIT;
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let line = self
-                    .lines
-                    .recv_timeout(left)
-                    .unwrap_or_else(|_| panic!("no update saying {text:?}: {:#?}", self.printed));
-                let frame: Value = serde_json::from_str(&line).unwrap();
-                self.printed.push(frame.clone());
-                if says(&frame) {
-                    return;
-                }
+            if !self.printed.iter().any(says) {
+                self.until(&format!("update saying {text:?}"), says);
             }
         }
 

@@ -699,11 +699,33 @@ impl ReplayModel {
         }
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let step = self.step(at, cancel);
+        // A cancel the recorded client made while this step's tool calls
+        // ran is due once the step is served (after its gate, if any).
+        let due = match self.steps.get(at) {
+            Some(RecordedStep::Answer {
+                cancelled_in_tools: Some(calls),
+                ..
+            }) => Some(CancelPoint::ToolsStarted { calls: *calls }),
+            _ => None,
+        };
         match (&self.gate, self.times.get(at).copied().flatten()) {
-            (Some(gate), Some(time)) => Box::pin(futures::StreamExt::flatten(
-                futures::stream::once(futures::FutureExt::map(gate(time), move |()| step)),
-            )),
-            _ => step,
+            (Some(gate), Some(time)) => {
+                let (notify, slot) = (self.cancel_due.clone(), self.due.clone());
+                let gated = futures::FutureExt::map(gate(time), move |()| {
+                    if let Some(point) = due {
+                        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(point);
+                        notify.notify_one();
+                    }
+                    step
+                });
+                Box::pin(futures::StreamExt::flatten(futures::stream::once(gated)))
+            }
+            _ => {
+                if let Some(point) = due {
+                    self.cancel_at(point);
+                }
+                step
+            }
         }
     }
 
@@ -737,14 +759,8 @@ impl ReplayModel {
                 }
             },
             Some(RecordedStep::Answer {
-                blocks,
-                usage,
-                cut,
-                cancelled_in_tools,
+                blocks, usage, cut, ..
             }) => {
-                if let Some(calls) = *cancelled_in_tools {
-                    self.cancel_at(CancelPoint::ToolsStarted { calls });
-                }
                 let finish = if *cut {
                     FinishReason::MaxTokens
                 } else if blocks
