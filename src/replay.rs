@@ -620,8 +620,7 @@ async fn settle(
     created: &Created,
 ) -> Result<(), String> {
     let snapshot = || created.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let written =
-        |agents: &[Agent]| -> usize { agents.iter().map(|a| a.session().events().len()).sum() };
+    let written = |agents: &[Agent]| -> u64 { agents.iter().map(|a| a.session().next_seq()).sum() };
     loop {
         let agents = snapshot();
         let before = written(&agents);

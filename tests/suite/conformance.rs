@@ -639,10 +639,10 @@ mod continuable {
     use super::{replay, text, workspace};
 
     /// The parent's and the child's model. A child's call waits until the
-    /// parent is between turns (and 2 ms more, so the log's millisecond
-    /// clock tells the parent's turn end from the child's answer): each
-    /// notice and report then finds the parent idle, and the recording has
-    /// one order.
+    /// parent is between turns, and then until the log's millisecond clock
+    /// has moved past the parent's last event (so the recorded times tell
+    /// the parent's turn end from the child's answer): each notice and
+    /// report then finds the parent idle, and the recording has one order.
     #[derive(Default)]
     struct Director {
         parent: OnceLock<Agent>,
@@ -769,11 +769,22 @@ mod continuable {
             Box::pin(
                 futures::stream::once(async move {
                     let _ = parent.when_idle(Duration::from_secs(30)).await;
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    let last = parent.session().events().last().map_or(0, |e| e.time);
+                    tokio::time::sleep_until(past_ms(last)).await;
                 })
                 .flat_map(move |()| said(blocks.clone())),
             )
         }
+    }
+
+    /// When the epoch clock's millisecond is past `ms` (the log's times
+    /// are epoch milliseconds): a wait for the clock to tick, at most 1 ms.
+    fn past_ms(ms: u64) -> tokio::time::Instant {
+        let at = std::time::UNIX_EPOCH + Duration::from_millis(ms + 1);
+        let left = at
+            .duration_since(std::time::SystemTime::now())
+            .unwrap_or_default();
+        tokio::time::Instant::now() + left
     }
 
     fn turns_ended(events: &[impl AsRef<SessionEvent>]) -> usize {

@@ -76,11 +76,20 @@ fn a_closed_stdout_ends_no_command_early() {
 
 /// Whether any process's command line contains `token`.
 fn running(token: &str) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
-        std::fs::read(p.path().join("cmdline"))
-            .map(|c| String::from_utf8_lossy(&c).contains(token))
-            .unwrap_or(false)
-    })
+    !carrying(token).is_empty()
+}
+
+/// The processes whose command line carries `token`.
+fn carrying(token: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(token))
+        })
+        .filter_map(|p| p.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// Where no PID namespace holds a command (Landlock; no sandbox at all), it
@@ -148,15 +157,16 @@ fn a_command_outlives_its_spawning_thread_but_not_a_killed_dsh() {
         super::until_blocking("the command never started", sleeping);
         child.kill().unwrap(); // SIGKILL: no code of dsh runs
         super::wait_bounded(&mut child, "dsh");
+        // Each process that carries the token, waited on itself.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while running(token) {
+        for pid in carrying(token) {
             assert!(
-                std::time::Instant::now() < deadline,
+                super::ends(pid, deadline),
                 "{args:?}: the command outlived a killed dsh; still running:\n{}",
                 super::survivors()
             );
-            std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        assert!(!running(token), "{args:?}: {}", super::survivors());
     }
 }
 
@@ -203,14 +213,7 @@ fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
             line.clear();
             assert!(stderr.read_line(&mut line).unwrap() > 0, "dsh ended early");
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !running(token) {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the command never started"
-            );
-            std::thread::yield_now();
-        }
+        super::until_blocking("the command never started", || running(token));
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         nix::sys::signal::kill(pid, signal).unwrap();
         let mut rest = String::new();
@@ -220,12 +223,11 @@ fn sigterm_and_sighup_cancel_a_run_like_ctrl_c() {
         // Killed, the sandbox's processes may take a moment to be reaped;
         // one that lives on (its sleep is a minute) fails the deadline.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while running(token) {
+        for pid in carrying(token) {
             assert!(
-                std::time::Instant::now() < deadline,
+                super::ends(pid, deadline),
                 "{signal}: the tool's process outlived dsh"
             );
-            std::thread::yield_now();
         }
         // dsh reaped what it started before it exited: nothing of it is
         // left for a PID 1 to reap (this test's process is the subreaper

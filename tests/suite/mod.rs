@@ -67,6 +67,33 @@ pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until `fd` is readable (a listener's next connection), at most
+/// until `deadline`; whether it is.
+pub(crate) fn readable(fd: &impl std::os::fd::AsFd, deadline: std::time::Instant) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let Ok(left) = Timespec::try_from(left) else {
+        return false;
+    };
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    matches!(poll(&mut fds, Some(&left)), Ok(n) if n > 0)
+}
+
+/// Waits until process `pid` (any process, not only a child) has ended,
+/// at most until `deadline`: on its pidfd, which is readable once it has.
+/// Whether it ended.
+pub(crate) fn ends(pid: i32, deadline: std::time::Instant) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return true;
+    };
+    match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => readable(&fd, deadline),
+        // Gone already.
+        Err(e) if e == rustix::io::Errno::SRCH => true,
+        Err(e) => panic!("pidfd_open({}): {e}", pid.as_raw_nonzero()),
+    }
+}
+
 /// [`until`] for a test without a runtime: it looks again every 5 ms (a
 /// check that reads all of /proc, spun without a pause, takes a core from
 /// the processes it waits for on a two-core machine).

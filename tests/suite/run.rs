@@ -375,8 +375,8 @@ pub(crate) fn deepseek_mock(
             let mut sock = match listener.accept() {
                 Ok((sock, _)) => sock,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    // A pause, not a spin: the process under test needs the core.
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    // Until the next connection (or the deadline).
+                    super::readable(&listener, deadline);
                     continue;
                 }
                 Err(e) => panic!("{e}"),

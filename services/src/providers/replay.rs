@@ -656,46 +656,20 @@ impl ReplayModel {
     fn serve(&self, request: LlmRequest, cancel: CancellationToken) -> ChunkStream {
         if request.purpose == Some(TITLE_PURPOSE) {
             // The recorded title, beside the script: not one of its calls.
-            let items: Vec<Result<_, LlmFailure>> = match &self.title {
-                Some(title) => chunks_for(
-                    &[ContentBlock::Text {
-                        text: title.to_string(),
-                    }],
-                    TokenUsage::default(),
-                    FinishReason::Stop,
-                )
-                .into_iter()
-                .map(Ok)
-                .collect(),
-                None => vec![Err(LlmFailure::new(
-                    code::REPLAY_EXHAUSTED,
-                    "the recording holds no title from a provider",
-                ))],
-            };
-            return Box::pin(futures::stream::iter(items));
+            return text_or(self.title.as_deref().map(|t| (t.to_owned(), None)), || {
+                "the recording holds no title from a provider".into()
+            });
         }
         if request.purpose == Some(COMPACTION_PURPOSE) {
             // The next recorded summary, as one canonical stream.
             let at = self.summarised.fetch_add(1, Ordering::Relaxed);
-            let items: Vec<Result<_, LlmFailure>> = match self.summaries.get(at) {
-                Some((text, usage)) => chunks_for(
-                    &[ContentBlock::Text { text: text.clone() }],
-                    usage.unwrap_or_default(),
-                    FinishReason::Stop,
+            return text_or(self.summaries.get(at).cloned(), || {
+                format!(
+                    "the recording has {} compaction summaries from a model call and the replay asked for number {}",
+                    self.summaries.len(),
+                    at + 1
                 )
-                .into_iter()
-                .map(Ok)
-                .collect(),
-                None => vec![Err(LlmFailure::new(
-                    code::REPLAY_EXHAUSTED,
-                    format!(
-                        "the recording has {} compaction summaries from a model call and the replay asked for number {}",
-                        self.summaries.len(),
-                        at + 1
-                    ),
-                ))],
-            };
-            return Box::pin(futures::stream::iter(items));
+            });
         }
         let at = self.cursor.fetch_add(1, Ordering::Relaxed);
         let step = self.step(at, cancel);
@@ -779,6 +753,26 @@ impl ReplayModel {
         };
         Box::pin(futures::stream::iter(items))
     }
+}
+
+/// A recorded text answered beside the script (a title, a compaction
+/// summary) as one stream; without one, `REPLAY_EXHAUSTED` saying `why`.
+fn text_or(
+    recorded: Option<(String, Option<TokenUsage>)>,
+    why: impl FnOnce() -> String,
+) -> ChunkStream {
+    let items: Vec<Result<_, LlmFailure>> = match recorded {
+        Some((text, usage)) => chunks_for(
+            &[ContentBlock::Text { text }],
+            usage.unwrap_or_default(),
+            FinishReason::Stop,
+        )
+        .into_iter()
+        .map(Ok)
+        .collect(),
+        None => vec![Err(LlmFailure::new(code::REPLAY_EXHAUSTED, why()))],
+    };
+    Box::pin(futures::stream::iter(items))
 }
 
 /// A `replay.override.json` sidecar.
