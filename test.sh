@@ -86,6 +86,21 @@ else
   filter=(-E "$quick")
 fi
 
+# Every scratch directory the tests make (sessions, workspaces, sockets) goes
+# under one directory of this run, removed when the run passes and kept (its
+# path printed) when it fails, so repeated runs do not fill /tmp.
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/dsh-test.XXXXXX")
+export TMPDIR="$scratch"
+finish() {
+  local code=$?
+  if [ "$code" -eq 0 ]; then
+    rm -rf "$scratch"
+  else
+    echo "test.sh: the tests' scratch directories are kept in $scratch" >&2
+  fi
+}
+trap finish EXIT
+
 limit="${DSH_TEST_TIMEOUT:-2400}"
 say "cargo nextest run --workspace ${filter[*]} (profile ${NEXTEST_PROFILE:-default}, at most ${limit}s)"
 status=0
