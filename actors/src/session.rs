@@ -242,12 +242,12 @@ impl SessionHandle {
 
     /// A copy of the event list (shared events).
     pub fn events(&self) -> Vec<Arc<SessionEvent>> {
-        self.read(|log| log.events().to_vec())
+        self.read(|log| log.iter().collect())
     }
 
     /// Events from `seq` on.
     pub fn events_from(&self, seq: u64) -> Vec<Arc<SessionEvent>> {
-        self.read(|log| log.events().iter().skip(seq as usize).cloned().collect())
+        self.read(|log| log.iter_from(seq).collect())
     }
 
     /// The next seq.
@@ -306,9 +306,9 @@ impl SessionHandle {
             ctx.part("session", name)?;
             return Ok(());
         };
-        let from = stored.unwrap_or(0) as usize;
+        let from = stored.unwrap_or(0);
         let (header, backlog) = self.with_log(|log| {
-            let backlog = log.events().iter().skip(from).cloned().collect();
+            let backlog = log.iter_from(from).collect();
             (log.header().clone(), backlog)
         });
         let spec = WorkerSpec::new(

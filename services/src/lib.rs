@@ -16,7 +16,8 @@
 //! - [`session`]: the session event log — typed events in dsh's JSON
 //!   shapes, surface ops, incremental `derive_messages`, the request-header
 //!   fold, forks at turn boundaries, the `session.jsonl` reader/writer,
-//!   compaction, structural comparison.
+//!   compaction, structural comparison; a step's stream chunks are held
+//!   packed in memory once its answer is committed.
 //! - [`providers`]: the model providers, in one place — `openai` (any
 //!   OpenAI-compatible endpoint, DeepSeek's dialect included), `scripted`
 //!   (a script of steps), `replay` (a recorded session's model output),

@@ -309,7 +309,7 @@ fn worked(examples: &[Example]) -> Vec<dsh::services::session::SessionEvent> {
     for (data, intent) in events {
         log.append(data, intent, 0).unwrap();
     }
-    log.events().iter().map(|e| e.as_ref().clone()).collect()
+    log.iter().map(|e| e.as_ref().clone()).collect()
 }
 
 /// llama.cpp's server on SmolLM2, healthy; its port.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use dsh_services::llm::{
     BlockAssembler, ContentBlock, History, LlmRequest, Message, MessageSource, Role,
 };
-use dsh_services::session::{EventData, SurfaceIntent, SurfaceOp};
+use dsh_services::session::{EventData, SessionLog, SurfaceIntent, SurfaceOp};
 use dsh_supervisors::error::chain;
 use futures::StreamExt;
 use serde_json::json;
@@ -42,20 +42,19 @@ const INSTRUCTION: &str = "Summarise the conversation above for yourself: you wi
 /// of it, when nothing reported usage).
 pub(super) fn estimate(agent: &Agent) -> u64 {
     agent.inner.session.with_log(|log| {
-        let events = log.events();
         let mut chars = 0usize;
         // From the newest surface node back to the last answer that
         // reported usage: a few lookups, however long the session.
         for seq in log.surface().nodes.iter().rev() {
-            let Some(e) = event_at(events, *seq) else {
+            let Some(e) = log.get(*seq) else {
                 continue;
             };
             if let EventData::AssistantMessage { usage: Some(u), .. } = &e.data {
                 let base = u.input_tokens + u.cache_read_tokens.unwrap_or(0) + u.output_tokens;
-                let base = base.saturating_sub(saved_since(events, e.seq));
+                let base = base.saturating_sub(saved_since(log, e.seq));
                 return base + (chars as u64).div_ceil(4);
             }
-            if let Some(m) = dsh_services::session::derive_event_message(e) {
+            if let Some(m) = dsh_services::session::derive_event_message(&e) {
                 chars += chars_of(&m);
             }
         }
@@ -66,9 +65,9 @@ pub(super) fn estimate(agent: &Agent) -> u64 {
 /// What the replacements logged after the answer at `answer` saved of the
 /// nodes before it: for each prune or summary (the metering event right
 /// before its replacement), the shadowed price less the replacement's.
-fn saved_since(events: &[Arc<dsh_services::session::SessionEvent>], answer: u64) -> u64 {
+fn saved_since(log: &SessionLog, answer: u64) -> u64 {
     let mut saved = 0;
-    for e in events.iter().rev().take_while(|e| e.seq > answer) {
+    for e in log.without_chunks().rev().take_while(|e| e.seq > answer) {
         let EventData::Other { kind, data } = &e.data else {
             continue;
         };
@@ -79,8 +78,9 @@ fn saved_since(events: &[Arc<dsh_services::session::SessionEvent>], answer: u64)
             .as_array()
             .is_some_and(|s| s.iter().all(|v| v.as_u64().is_some_and(|v| v < answer)));
         let shadowed = data["shadowedTokenCount"].as_u64().unwrap_or(0);
-        let replacement = event_at(events, e.seq + 1)
-            .and_then(|r| dsh_services::session::derive_event_message(r))
+        let replacement = log
+            .get(e.seq + 1)
+            .and_then(|r| dsh_services::session::derive_event_message(&r))
             .map_or(0, |m| price(&m));
         if before {
             saved += shadowed.saturating_sub(replacement);
@@ -90,16 +90,6 @@ fn saved_since(events: &[Arc<dsh_services::session::SessionEvent>], answer: u64)
 }
 
 /// The event with `seq` (events are in seq order).
-fn event_at(
-    events: &[Arc<dsh_services::session::SessionEvent>],
-    seq: u64,
-) -> Option<&Arc<dsh_services::session::SessionEvent>> {
-    events
-        .binary_search_by_key(&seq, |e| e.seq)
-        .ok()
-        .map(|i| &events[i])
-}
-
 /// Compacts when the estimate passes [`THRESHOLD`] of `window`; whether
 /// the surface changed.
 pub(super) async fn maybe_compact(
@@ -171,8 +161,7 @@ fn before_turn(agent: &Agent, turn: Option<u32>) -> (Vec<u64>, Vec<Arc<Message>>
     agent.inner.session.with_log(|log| {
         let start = turn
             .and_then(|turn| {
-                log.events()
-                    .iter()
+                log.without_chunks()
                     .rev()
                     .find(|e| matches!(e.data, EventData::TurnStart { turn: t } if t == turn))
             })
@@ -186,8 +175,8 @@ fn before_turn(agent: &Agent, turn: Option<u32>) -> (Vec<u64>, Vec<Arc<Message>>
             .collect();
         let messages: Vec<Arc<Message>> = seqs
             .iter()
-            .filter_map(|s| event_at(log.events(), *s))
-            .filter_map(|e| dsh_services::session::derive_event_message(e))
+            .filter_map(|s| log.get(*s))
+            .filter_map(|e| dsh_services::session::derive_event_message(&e))
             .collect();
         (seqs, messages)
     })

@@ -47,7 +47,7 @@ pub(super) fn refresh(agent: &Agent, me: &Awake) {
     // First look since this agent woke: the log may hold the same one.
     let logged = last.is_none()
         && agent.inner.session.with_log(|log| {
-            log.events().iter().rev().find_map(|e| match &e.data {
+            log.without_chunks().rev().find_map(|e| match &e.data {
                 EventData::UserMessage(m) if m.source.plugin.as_deref() == Some(SOURCE) => {
                     Some(m.text() == text)
                 }
@@ -111,11 +111,10 @@ pub(super) fn title(agent: &Agent, me: &Awake) -> Option<(u64, String)> {
         return None;
     }
     let first = agent.inner.session.with_log(|log| {
-        let events = log.events();
-        if events.iter().any(|e| e.kind() == "session/title") {
+        if log.without_chunks().any(|e| e.kind() == "session/title") {
             return None;
         }
-        events.iter().find_map(|e| match &e.data {
+        log.without_chunks().find_map(|e| match &e.data {
             EventData::UserMessage(m) if m.source.kind == "user" => Some((e.seq, m.text())),
             _ => None,
         })

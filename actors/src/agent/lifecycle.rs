@@ -616,8 +616,7 @@ impl Agent {
 /// The last turn number a session's log holds.
 pub(super) fn turns_in(session: &SessionHandle) -> u32 {
     session.with_log(|log| {
-        log.events()
-            .iter()
+        log.without_chunks()
             .filter_map(|e| match e.data {
                 EventData::TurnStart { turn } => Some(turn),
                 _ => None,

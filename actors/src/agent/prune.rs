@@ -40,7 +40,7 @@ pub(super) fn prune_surface(agent: &Agent) -> usize {
         log.surface()
             .nodes
             .iter()
-            .filter_map(|seq| log.events().get(*seq as usize))
+            .filter_map(|seq| log.get(*seq))
             .filter_map(|e| match &e.data {
                 EventData::ToolResult {
                     turn,

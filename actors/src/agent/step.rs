@@ -173,9 +173,8 @@ fn log_envelope(at: At<'_>, header: &Arc<serde_json::Value>, context_window: Opt
         let logged = log.request_header();
         let first_here = logged.is_none()
             || !log
-                .events()
-                .iter()
-                .skip(log.first_live_seq() as usize)
+                .without_chunks()
+                .skip_while(|e| e.seq < log.first_live_seq())
                 .any(|e| matches!(e.data, EventData::RequestHeader { .. }));
         let same = logged.is_some_and(|h| Arc::ptr_eq(h, header) || h.as_ref() == header.as_ref());
         (first_here, !same)

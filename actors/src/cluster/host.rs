@@ -711,7 +711,7 @@ async fn run_turn(
     // What the turn's model calls spent, for the parent's accounting.
     let usage = agent.session().with_log(|log| {
         let mut sum = TokenUsage::default();
-        for e in log.events() {
+        for e in log.without_chunks() {
             if let EventData::AssistantMessage {
                 turn,
                 usage: Some(u),

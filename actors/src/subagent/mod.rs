@@ -140,13 +140,13 @@ impl SubagentProvider for Fork {
     fn seed(&self, parent: &Agent) -> Result<Option<Vec<SessionEvent>>, SubagentError> {
         parent.session().with_log(|log| {
             let last_end = log
-                .events()
-                .iter()
-                .rposition(|e| matches!(e.data, EventData::TurnEnd { .. }));
+                .without_chunks()
+                .rfind(|e| matches!(e.data, EventData::TurnEnd { .. }))
+                .map(|e| e.seq);
             match last_end {
                 None => Ok(None),
                 Some(at) => log
-                    .fork_prefix(Some(at as u64))
+                    .fork_prefix(Some(at))
                     .map(Some)
                     .map_err(SubagentError::from),
             }

@@ -131,11 +131,11 @@ impl CompactLog {
         let mut headers = Vec::new();
         text.extend_from_slice(jsonl::render_header(log.header()).as_bytes());
         text.push(b'\n');
-        for e in log.events() {
+        for e in log.iter() {
             match &e.data {
                 EventData::RequestHeader { header, reason } => {
                     headers.push(header.clone());
-                    let mut stand_in = SessionEvent::clone(e);
+                    let mut stand_in = SessionEvent::clone(&e);
                     stand_in.data = EventData::RequestHeader {
                         header: placeholder(),
                         reason: reason.clone(),
@@ -237,7 +237,7 @@ mod tests {
         assert_eq!(back.first_live_seq(), log.first_live_seq());
         assert_eq!(back.next_seq(), log.next_seq());
         assert_eq!(back.header(), log.header());
-        let json = |l: &SessionLog| l.events().iter().map(|e| e.to_json()).collect::<Vec<_>>();
+        let json = |l: &SessionLog| l.iter().map(|e| e.to_json()).collect::<Vec<_>>();
         assert_eq!(json(&back), json(&log));
         assert_eq!(back.derive_messages(), log.derive_messages());
         // The request header is the very same shared value, not a copy.

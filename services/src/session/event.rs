@@ -753,6 +753,11 @@ impl SessionEvent {
         self.meta.as_deref().unwrap_or(&NO_META)
     }
 
+    /// Whether the event carries surface metadata or the ignorable mark.
+    pub(crate) fn has_meta(&self) -> bool {
+        self.meta.is_some()
+    }
+
     /// A reader that does not know the type may skip it.
     pub fn ignorable(&self) -> bool {
         self.meta().ignorable

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::event::{EventData, EventMeta, RequestContext, SessionEvent, SurfaceOp};
-use crate::llm::{History, Message};
+use super::packed::ChunkRun;
+use crate::llm::{History, Message, TokenUsage};
 
 /// The on-disk format version this build reads and writes.
 pub const SESSION_FORMAT_VERSION: u32 = 0;
@@ -101,11 +102,33 @@ pub struct Surface {
     pub replace_generation: u64,
 }
 
+/// One seq of the log: its event, or its place in a packed run of chunks.
+#[derive(Clone, Debug)]
+enum Slot {
+    Event(Arc<SessionEvent>),
+    Packed { run: u32, item: u32 },
+}
+
+impl Slot {
+    /// The event held as it is (`None` for a packed chunk).
+    fn stored(&self) -> Option<&Arc<SessionEvent>> {
+        match self {
+            Slot::Event(e) => Some(e),
+            Slot::Packed { .. } => None,
+        }
+    }
+}
+
 /// An append-only session log and its projections.
+///
+/// Events are held by seq. Once a step's `assistant/message` is committed,
+/// the `assistant/chunk` events it was streamed in are packed into one run
+/// (a few bytes a chunk); reads expand them back into the same events.
 #[derive(Clone, Debug)]
 pub struct SessionLog {
     header: SessionHeader,
-    events: Vec<Arc<SessionEvent>>,
+    slots: Vec<Slot>,
+    runs: Vec<ChunkRun>,
     surface: Surface,
     first_live_seq: u64,
     derived: History,
@@ -120,7 +143,8 @@ impl SessionLog {
     pub fn new(header: SessionHeader) -> SessionLog {
         SessionLog {
             header,
-            events: Vec::new(),
+            slots: Vec::new(),
+            runs: Vec::new(),
             surface: Surface::default(),
             first_live_seq: 0,
             derived: History::default(),
@@ -140,10 +164,11 @@ impl SessionLog {
         now_ms: u64,
     ) -> Result<SessionLog, SessionError> {
         let mut log = SessionLog::admitted(header, seed)?;
-        log.first_live_seq = log.events.len() as u64;
+        log.first_live_seq = log.next_seq();
         let ends_marked = log
-            .events
+            .slots
             .last()
+            .and_then(Slot::stored)
             .is_some_and(|e| matches!(e.data, EventData::EndSeed));
         if !ends_marked {
             log.append(EventData::EndSeed, None, now_ms)?;
@@ -171,7 +196,7 @@ impl SessionLog {
         events: Vec<SessionEvent>,
     ) -> Result<SessionLog, SessionError> {
         let mut log = SessionLog::new(header);
-        log.events.reserve_exact(events.len());
+        log.slots.reserve_exact(events.len());
         for (position, event) in events.into_iter().enumerate() {
             if event.seq != position as u64 {
                 return Err(SessionError::Discontiguous {
@@ -189,14 +214,51 @@ impl SessionLog {
         &self.header
     }
 
+    /// The event at `seq`.
+    pub fn get(&self, seq: u64) -> Option<Arc<SessionEvent>> {
+        self.expand(self.slots.get(usize::try_from(seq).ok()?)?)
+    }
+
+    /// A slot's event; a packed chunk is expanded.
+    fn expand(&self, slot: &Slot) -> Option<Arc<SessionEvent>> {
+        match slot {
+            Slot::Event(e) => Some(e.clone()),
+            Slot::Packed { run, item } => self
+                .runs
+                .get(*run as usize)?
+                .expand(*item as usize)
+                .map(Arc::new),
+        }
+    }
+
     /// Every event, in seq order.
-    pub fn events(&self) -> &[Arc<SessionEvent>] {
-        &self.events
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Arc<SessionEvent>> + '_ {
+        self.slots.iter().filter_map(|s| self.expand(s))
+    }
+
+    /// The events from `seq` on, in seq order.
+    pub fn iter_from(&self, seq: u64) -> impl DoubleEndedIterator<Item = Arc<SessionEvent>> + '_ {
+        let from = usize::try_from(seq).map_or(self.slots.len(), |s| s.min(self.slots.len()));
+        self.slots[from..].iter().filter_map(|s| self.expand(s))
+    }
+
+    /// Every event but the `assistant/chunk`s, in seq order: what most
+    /// readers look for (turns, messages, headers), read in place.
+    pub fn without_chunks(&self) -> impl DoubleEndedIterator<Item = &Arc<SessionEvent>> + '_ {
+        self.slots
+            .iter()
+            .filter_map(Slot::stored)
+            .filter(|e| !matches!(e.data, EventData::AssistantChunk { .. }))
+    }
+
+    /// How many `assistant/chunk` events are held packed.
+    pub fn packed_chunks(&self) -> usize {
+        self.runs.iter().map(ChunkRun::len).sum()
     }
 
     /// The next seq (= the log length).
     pub fn next_seq(&self) -> u64 {
-        self.events.len() as u64
+        self.slots.len() as u64
     }
 
     /// The first seq written by this lifecycle (the seed length).
@@ -317,8 +379,59 @@ impl SessionLog {
             _ => {}
         }
         let event = Arc::new(event);
-        self.events.push(event.clone());
+        self.slots.push(Slot::Event(event.clone()));
+        if let EventData::AssistantMessage {
+            turn,
+            step,
+            message,
+            usage,
+            ..
+        } = &event.data
+        {
+            self.pack_chunks(*turn, *step, message, usage.as_deref());
+        }
         Ok(event)
+    }
+
+    /// Packs the chunks of `turn`/`step` right before its answer (the last
+    /// slot) into one run.
+    fn pack_chunks(
+        &mut self,
+        turn: u32,
+        step: u32,
+        answer: &Arc<Message>,
+        usage: Option<&TokenUsage>,
+    ) {
+        let end = self.slots.len() - 1;
+        let is_chunk = |slot: &Slot| {
+            slot.stored().is_some_and(|e| {
+                matches!(e.data, EventData::AssistantChunk { turn: t, step: s, .. } if (t, s) == (turn, step))
+            })
+        };
+        let start = end
+            - self.slots[..end]
+                .iter()
+                .rev()
+                .take_while(|s| is_chunk(s))
+                .count();
+        let Ok(run) = u32::try_from(self.runs.len()) else {
+            return;
+        };
+        if start == end {
+            return;
+        }
+        let chunks = self.slots[start..end].iter().filter_map(Slot::stored);
+        let Some(packed) = ChunkRun::pack(chunks, turn, step, answer, usage) else {
+            return;
+        };
+        debug_assert_eq!(packed.len(), end - start);
+        for (item, slot) in self.slots[start..end].iter_mut().enumerate() {
+            *slot = Slot::Packed {
+                run,
+                item: item as u32,
+            };
+        }
+        self.runs.push(packed);
     }
 
     /// The model-visible history: one message per surface node, in order,
@@ -338,8 +451,9 @@ impl SessionLog {
             let list = Arc::make_mut(&mut self.derived.0);
             for &seq in &self.surface.nodes[self.derived_nodes..] {
                 if let Some(m) = self
-                    .events
+                    .slots
                     .get(seq as usize)
+                    .and_then(Slot::stored)
                     .and_then(|e| derive_event_message(e))
                 {
                     list.push(m);
@@ -363,7 +477,7 @@ impl SessionLog {
     /// The events through `boundary` (inclusive; default: the last event),
     /// for seeding a fork. Refused when the prefix ends inside an open turn.
     pub fn fork_prefix(&self, boundary: Option<u64>) -> Result<Vec<SessionEvent>, SessionError> {
-        let Some(last) = self.events.len().checked_sub(1) else {
+        let Some(last) = self.slots.len().checked_sub(1) else {
             return Ok(Vec::new());
         };
         let boundary = boundary.unwrap_or(last as u64);
@@ -373,24 +487,28 @@ impl SessionLog {
                 reason: format!("the log ends at seq {last}"),
             });
         }
-        let prefix = &self.events[..=boundary as usize];
-        if let Some(turn) = open_turn(prefix) {
+        let prefix = || self.without_chunks().take_while(|e| e.seq <= boundary);
+        if let Some(turn) = open_turn(prefix()) {
             return Err(SessionError::Fork {
                 boundary,
                 reason: format!("turn {turn} is still open there; fork at a turn boundary"),
             });
         }
-        Ok(prefix.iter().map(|e| e.as_ref().clone()).collect())
+        Ok(self
+            .iter()
+            .take(boundary as usize + 1)
+            .map(|e| e.as_ref().clone())
+            .collect())
     }
 
     /// The turn still open at the end of the log, if any.
     pub fn open_turn(&self) -> Option<u32> {
-        open_turn(&self.events)
+        open_turn(self.without_chunks())
     }
 }
 
 /// The turn a prefix leaves open.
-fn open_turn(events: &[Arc<SessionEvent>]) -> Option<u32> {
+fn open_turn<'a>(events: impl Iterator<Item = &'a Arc<SessionEvent>>) -> Option<u32> {
     let mut open = None;
     for e in events {
         match e.data {

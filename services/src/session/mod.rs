@@ -13,6 +13,7 @@ pub mod compare;
 mod event;
 pub mod jsonl;
 mod log;
+mod packed;
 
 pub use event::{
     CARRIED_TYPES, EventData, EventError, EventMeta, InboxSplice, RequestContext, SessionEvent,

@@ -67,7 +67,7 @@ fn session(
             None,
         );
     }
-    (header, log.events().to_vec())
+    (header, log.iter().collect())
 }
 
 fn json(events: &[impl AsRef<SessionEvent>]) -> Vec<serde_json::Value> {

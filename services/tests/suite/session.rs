@@ -128,7 +128,8 @@ fn derived_history_is_shared_incremental_and_skips_empty_assistant_messages() {
         Arc::ptr_eq(&first[0], &second[0]),
         "messages are shared, not rebuilt"
     );
-    let EventData::UserMessage(logged) = &log.events()[8].data else {
+    let eighth = log.get(8).unwrap();
+    let EventData::UserMessage(logged) = &eighth.data else {
         panic!("expected the second prompt")
     };
     assert!(Arc::ptr_eq(logged, &second[2]));
@@ -214,13 +215,13 @@ fn forks_only_at_turn_boundaries_and_seeds_end_with_a_marker() {
     let mut child = SessionLog::from_seed(header(), prefix, 42).unwrap();
     assert_eq!(child.first_live_seq(), boundary + 1);
     assert!(matches!(
-        child.events().last().unwrap().data,
+        child.iter().last().unwrap().data,
         EventData::EndSeed
     ));
     assert_eq!(child.derive_messages().len(), 2);
     // Reopening an untouched session does not add a second marker.
     let again = SessionLog::from_seed(header(), child.fork_prefix(None).unwrap(), 43).unwrap();
-    assert_eq!(again.events().len(), child.events().len());
+    assert_eq!(again.next_seq(), child.next_seq());
     // A seed with a gap is refused.
     let mut gap = log.fork_prefix(Some(boundary)).unwrap();
     gap.remove(1);
@@ -250,10 +251,10 @@ fn jsonl_round_trips_and_refuses_what_it_cannot_interpret() {
         3,
     )
     .unwrap();
-    let text = jsonl::render(log.header(), log.events());
+    let text = jsonl::render(log.header(), &log.iter().collect::<Vec<_>>());
     let (h, events) = jsonl::parse(&text).unwrap();
     assert_eq!(&h, log.header());
-    let original: Vec<SessionEvent> = log.events().iter().map(|e| e.as_ref().clone()).collect();
+    let original: Vec<SessionEvent> = log.iter().map(|e| e.as_ref().clone()).collect();
     assert_eq!(events, original);
 
     let newer = text.replacen("\"version\":0", "\"version\":3", 1);
@@ -306,6 +307,7 @@ fn conformance_dir() -> PathBuf {
 #[test]
 fn every_upstream_recording_loads_and_derives() {
     let mut logs = 0;
+    let mut packed = 0;
     for scenario in std::fs::read_dir(conformance_dir()).unwrap() {
         let scenario = scenario.unwrap().path();
         if !scenario.is_dir() {
@@ -321,26 +323,29 @@ fn every_upstream_recording_loads_and_derives() {
             let (header, events) =
                 jsonl::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let count = events.len();
+            let parsed = events.clone();
             let mut log = SessionLog::from_seed(header, events, 0)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // Packed chunks read back as the events they were.
+            let read: Vec<SessionEvent> = log.iter().take(count).map(|e| (*e).clone()).collect();
+            assert_eq!(read, parsed, "{}", path.display());
+            for e in &parsed {
+                assert_eq!(log.get(e.seq).as_deref(), Some(e), "{}", path.display());
+            }
+            packed += log.packed_chunks();
             let messages = log.derive_messages();
-            let turns = log
-                .events()
-                .iter()
-                .filter(|e| e.kind() == "turn/start")
-                .count();
+            let turns = log.iter().filter(|e| e.kind() == "turn/start").count();
             assert!(turns == 0 || !messages.is_empty(), "{}", path.display());
             assert_eq!(log.first_live_seq() as usize, count);
             // Every tool call has its result, unless its turn was cancelled.
             let calls: Vec<Box<str>> = log
-                .events()
                 .iter()
                 .filter_map(|e| match &e.data {
                     EventData::ToolCall { call_id, .. } => Some(call_id.clone()),
                     _ => None,
                 })
                 .collect();
-            let aborted = log.events().iter().any(|e| {
+            let aborted = log.iter().any(|e| {
                 matches!(
                     &e.data,
                     EventData::TurnEnd { reason, .. }
@@ -361,6 +366,173 @@ fn every_upstream_recording_loads_and_derives() {
         }
     }
     assert!(logs >= 10, "only {logs} recordings found");
+    assert!(packed > 0, "no recorded chunk was packed");
+}
+
+/// A step's chunks, then its answer: text, a tool call, usage and finish.
+fn streamed_step(log: &mut SessionLog, turn: u32, step: u32, times: &[u64]) -> Vec<SessionEvent> {
+    use dsh_services::llm::{BlockType, FinishReason, TokenUsage};
+    let usage = TokenUsage {
+        input_tokens: 7,
+        output_tokens: 3,
+        ..TokenUsage::default()
+    };
+    let call = ContentBlock::ToolCall {
+        id: "call_1".into(),
+        name: "echo".into(),
+        arguments: r#"{"i":1}"#.into(),
+    };
+    let chunks = [
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::Text,
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "hel".into(),
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "lo ✓".into(),
+        },
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: ContentBlock::text("hello ✓"),
+        },
+        StreamChunk::ReasoningDelta {
+            index: 1,
+            text: "hmm".into(),
+        },
+        StreamChunk::BlockStart {
+            index: 2,
+            block_type: BlockType::ToolCall,
+        },
+        StreamChunk::ToolCallDelta {
+            index: 2,
+            id: "call_1".into(),
+            name: Some("echo".into()),
+            arguments_delta: r#"{"i":1}"#.into(),
+        },
+        StreamChunk::BlockEnd {
+            index: 2,
+            block: call.clone(),
+        },
+        // Not a block of the answer: kept whole.
+        StreamChunk::BlockEnd {
+            index: 9,
+            block: ContentBlock::text("elsewhere"),
+        },
+        StreamChunk::Usage { usage },
+        StreamChunk::Finish {
+            reason: FinishReason::ToolCalls,
+            replay_state: None,
+        },
+    ];
+    let mut appended = Vec::new();
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let data = EventData::AssistantChunk {
+            turn,
+            step,
+            chunk: Box::new(chunk),
+        };
+        let time = times[i % times.len()];
+        appended.push((*log.append(data, None, time).unwrap()).clone());
+    }
+    let EventData::AssistantMessage { message, .. } = assistant(turn, step, "hello ✓") else {
+        unreachable!()
+    };
+    let mut message = (*message).clone();
+    message.content.push(call);
+    let answer = EventData::AssistantMessage {
+        turn,
+        step,
+        message: Arc::new(message),
+        usage: Some(Box::new(usage)),
+        interrupted: false,
+    };
+    let time = *times.last().unwrap();
+    log.append(answer, Some(SurfaceIntent::append_citing(vec![])), time)
+        .unwrap();
+    appended
+}
+
+#[test]
+fn a_steps_chunks_are_packed_once_answered_and_read_back_as_they_were() {
+    let mut log = SessionLog::new(header());
+    log.append(EventData::TurnStart { turn: 1 }, None, 1_000)
+        .unwrap();
+    log.append(user("hi"), Some(SurfaceIntent::append()), 1_000)
+        .unwrap();
+    let chunks = streamed_step(&mut log, 1, 1, &[1_000, 1_003, 1_003, 1_250]);
+    assert_eq!(log.packed_chunks(), chunks.len(), "every chunk is packed");
+    let read: Vec<SessionEvent> = log.iter().map(|e| (*e).clone()).collect();
+    assert_eq!(&read[2..2 + chunks.len()], chunks.as_slice());
+    for c in &chunks {
+        assert_eq!(log.get(c.seq).as_deref(), Some(c), "seq {}", c.seq);
+    }
+    assert_eq!(log.iter_from(5).next().unwrap().seq, 5);
+    assert!(
+        log.without_chunks().all(|e| e.kind() != "assistant/chunk"),
+        "without_chunks skips packed chunks"
+    );
+    assert_eq!(log.without_chunks().count(), 3);
+    // The jsonl form of the log is what it was before packing.
+    let text = jsonl::render(log.header(), &log.iter().collect::<Vec<_>>());
+    let (_, parsed) = jsonl::parse(&text).unwrap();
+    assert_eq!(parsed, read);
+    // A fork and a restored log keep the chunks.
+    let end = EventData::TurnEnd {
+        turn: 1,
+        reason: Box::new(TurnEndReason::Completed),
+    };
+    let read: Vec<SessionEvent> = log.iter().map(|e| (*e).clone()).collect();
+    log.append(end, None, 1_300).unwrap();
+    let prefix = log.fork_prefix(Some(read.len() as u64 - 1));
+    assert!(prefix.is_err(), "the turn is still open before its end");
+    let prefix = log.fork_prefix(None).unwrap();
+    assert_eq!(prefix[..read.len()], read[..]);
+    let read = prefix.clone();
+    let again = SessionLog::restore(log.header().clone(), prefix, 0).unwrap();
+    assert_eq!(again.packed_chunks(), chunks.len());
+    assert_eq!(again.iter().map(|e| (*e).clone()).collect::<Vec<_>>(), read);
+}
+
+#[test]
+fn chunks_that_do_not_fit_a_run_stay_as_they_were() {
+    // A clock that stepped back: the step's chunks are not packed.
+    let mut log = SessionLog::new(header());
+    log.append(EventData::TurnStart { turn: 1 }, None, 5_000)
+        .unwrap();
+    let chunks = streamed_step(&mut log, 1, 1, &[5_000, 4_000]);
+    assert_eq!(log.packed_chunks(), 0);
+    let read: Vec<SessionEvent> = log
+        .iter()
+        .skip(1)
+        .take(chunks.len())
+        .map(|e| (*e).clone())
+        .collect();
+    assert_eq!(read, chunks);
+    // Chunks of another step before the answer are not taken into its run.
+    let mut log = SessionLog::new(header());
+    log.append(EventData::TurnStart { turn: 1 }, None, 0)
+        .unwrap();
+    let stray = EventData::AssistantChunk {
+        turn: 1,
+        step: 7,
+        chunk: Box::new(StreamChunk::TextDelta {
+            index: 0,
+            text: "stray".into(),
+        }),
+    };
+    log.append(stray, None, 0).unwrap();
+    let chunks = streamed_step(&mut log, 1, 1, &[0]);
+    assert_eq!(log.packed_chunks(), chunks.len());
+    let stray = log.get(1).unwrap();
+    assert!(matches!(
+        stray.data,
+        EventData::AssistantChunk { step: 7, .. }
+    ));
+    assert_eq!(log.without_chunks().count(), 2);
 }
 
 #[test]

@@ -1,0 +1,234 @@
+//! Packed stream chunks. Once a step's `assistant/message` is committed,
+//! the `assistant/chunk` events it was streamed in are kept as one run:
+//! per chunk its kind, block index, time and where its text sits in one
+//! buffer, with the block ends and usage pointing into the answer. A run
+//! expands back into the very events it replaced, seq and time included,
+//! so the log's readers see no difference.
+//!
+//! A chunk whose shape has no compact form (a tool-call delta, a finish,
+//! a block end or usage the answer does not hold) is kept whole in the run.
+
+use std::sync::Arc;
+
+use super::event::{EventData, SessionEvent};
+use crate::llm::{BlockType, Message, StreamChunk, TokenUsage};
+
+/// One step's chunks, packed.
+#[derive(Clone, Debug)]
+pub(super) struct ChunkRun {
+    /// Seq of the first chunk.
+    first: u64,
+    /// Time of the first chunk; every item's time is an offset from it.
+    time0: u64,
+    turn: u32,
+    step: u32,
+    items: Box<[Item]>,
+    /// Every text and reasoning delta, one after another.
+    text: Box<str>,
+    /// The chunks kept whole.
+    whole: Box<[StreamChunk]>,
+    /// The step's answer: block ends are its blocks.
+    answer: Arc<Message>,
+    /// The step's usage, as the answer reported it.
+    usage: Option<TokenUsage>,
+}
+
+/// One packed chunk: 20 bytes where an event took about 200.
+#[derive(Clone, Copy, Debug)]
+struct Item {
+    /// Milliseconds after `time0`.
+    since: u32,
+    index: u32,
+    /// Text offset (deltas), block position (ends) or entry in `whole`.
+    at: u32,
+    /// Text length (deltas).
+    len: u32,
+    kind: Kind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Start(BlockType),
+    Text,
+    Reasoning,
+    /// A block end whose block is the answer's block at `at`.
+    End,
+    /// Usage equal to the answer's.
+    Usage,
+    Whole,
+}
+
+impl ChunkRun {
+    /// Packs `events` (the chunks of `turn`/`step`, contiguous from seq
+    /// `first`) against the step's `answer`. `None` when one of them is not
+    /// a plain chunk of that step, or a time or length does not fit.
+    pub(super) fn pack<'a>(
+        events: impl Iterator<Item = &'a Arc<SessionEvent>> + Clone,
+        turn: u32,
+        step: u32,
+        answer: &Arc<Message>,
+        usage: Option<&TokenUsage>,
+    ) -> Option<ChunkRun> {
+        let first = events.clone().next()?;
+        let time0 = first.time;
+        let mut items = Vec::with_capacity(events.clone().count());
+        let mut text = String::new();
+        let mut whole = Vec::new();
+        let mut next_block = 0usize;
+        for (i, e) in events.clone().enumerate() {
+            let EventData::AssistantChunk {
+                turn: t,
+                step: s,
+                chunk,
+            } = &e.data
+            else {
+                return None;
+            };
+            if (*t, *s) != (turn, step) || e.seq != first.seq + i as u64 || e.has_meta() {
+                return None;
+            }
+            let since = u32::try_from(e.time.checked_sub(time0)?).ok()?;
+            let item = Item {
+                since,
+                index: 0,
+                at: 0,
+                len: 0,
+                kind: Kind::Whole,
+            };
+            let item = match &**chunk {
+                StreamChunk::BlockStart { index, block_type } => Item {
+                    index: *index,
+                    kind: Kind::Start(*block_type),
+                    ..item
+                },
+                StreamChunk::TextDelta { index, text: piece } => delta(
+                    &mut text,
+                    piece,
+                    Item {
+                        index: *index,
+                        kind: Kind::Text,
+                        ..item
+                    },
+                )?,
+                StreamChunk::ReasoningDelta { index, text: piece } => delta(
+                    &mut text,
+                    piece,
+                    Item {
+                        index: *index,
+                        kind: Kind::Reasoning,
+                        ..item
+                    },
+                )?,
+                StreamChunk::BlockEnd { index, block } => {
+                    // Usually the next block of the answer; else any.
+                    let found = answer
+                        .content
+                        .get(next_block)
+                        .filter(|b| *b == block)
+                        .map_or_else(
+                            || answer.content.iter().position(|b| b == block),
+                            |_| Some(next_block),
+                        );
+                    match found {
+                        Some(at) => {
+                            next_block = at + 1;
+                            Item {
+                                index: *index,
+                                at: u32::try_from(at).ok()?,
+                                kind: Kind::End,
+                                ..item
+                            }
+                        }
+                        None => keep(&mut whole, chunk, item)?,
+                    }
+                }
+                StreamChunk::Usage { usage: u } if Some(u) == usage => Item {
+                    kind: Kind::Usage,
+                    ..item
+                },
+                _ => keep(&mut whole, chunk, item)?,
+            };
+            items.push(item);
+        }
+        let run = ChunkRun {
+            first: first.seq,
+            time0,
+            turn,
+            step,
+            items: items.into_boxed_slice(),
+            text: text.into_boxed_str(),
+            whole: whole.into_boxed_slice(),
+            answer: answer.clone(),
+            usage: usage.copied(),
+        };
+        debug_assert!(
+            events
+                .enumerate()
+                .all(|(i, e)| run.expand(i).as_ref() == Some(e.as_ref())),
+            "a packed run expands to the events it replaced"
+        );
+        Some(run)
+    }
+
+    /// How many chunks the run holds.
+    pub(super) fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// The run's `i`-th chunk as the event it was.
+    pub(super) fn expand(&self, i: usize) -> Option<SessionEvent> {
+        let item = self.items.get(i)?;
+        let text = |item: &Item| {
+            let at = item.at as usize;
+            self.text.get(at..at + item.len as usize).map(str::to_owned)
+        };
+        let chunk = match item.kind {
+            Kind::Start(block_type) => StreamChunk::BlockStart {
+                index: item.index,
+                block_type,
+            },
+            Kind::Text => StreamChunk::TextDelta {
+                index: item.index,
+                text: text(item)?,
+            },
+            Kind::Reasoning => StreamChunk::ReasoningDelta {
+                index: item.index,
+                text: text(item)?,
+            },
+            Kind::End => StreamChunk::BlockEnd {
+                index: item.index,
+                block: self.answer.content.get(item.at as usize)?.clone(),
+            },
+            Kind::Usage => StreamChunk::Usage { usage: self.usage? },
+            Kind::Whole => self.whole.get(item.at as usize)?.clone(),
+        };
+        Some(SessionEvent::new(
+            self.first + i as u64,
+            self.time0 + u64::from(item.since),
+            EventData::AssistantChunk {
+                turn: self.turn,
+                step: self.step,
+                chunk: Box::new(chunk),
+            },
+        ))
+    }
+}
+
+/// Appends a delta's `piece` to the run's text; `item` points at it.
+fn delta(text: &mut String, piece: &str, item: Item) -> Option<Item> {
+    let at = u32::try_from(text.len()).ok()?;
+    let len = u32::try_from(piece.len()).ok()?;
+    text.push_str(piece);
+    Some(Item { at, len, ..item })
+}
+
+/// Keeps `chunk` whole in the run; `item` points at it.
+fn keep(whole: &mut Vec<StreamChunk>, chunk: &StreamChunk, item: Item) -> Option<Item> {
+    let at = u32::try_from(whole.len()).ok()?;
+    whole.push(chunk.clone());
+    Some(Item {
+        at,
+        kind: Kind::Whole,
+        ..item
+    })
+}
