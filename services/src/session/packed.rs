@@ -5,13 +5,14 @@
 //! expands back into the very events it replaced, seq and time included,
 //! so the log's readers see no difference.
 //!
-//! A chunk whose shape has no compact form (a tool-call delta, a finish,
-//! a block end or usage the answer does not hold) is kept whole in the run.
+//! A chunk whose shape has no compact form (a tool-call delta for a call
+//! the answer does not hold, a failed finish or one with replay state, a
+//! block end or usage the answer does not hold) is kept whole in the run.
 
 use std::sync::Arc;
 
 use super::event::{EventData, SessionEvent};
-use crate::llm::{BlockType, Message, StreamChunk, TokenUsage};
+use crate::llm::{BlockType, ContentBlock, FinishReason, Message, StreamChunk, TokenUsage};
 
 /// One step's chunks, packed.
 #[derive(Clone, Debug)]
@@ -53,9 +54,24 @@ enum Kind {
     Reasoning,
     /// A block end whose block is the answer's block at `at`.
     End,
+    /// A tool-call delta for the answer's call at `block`: its arguments
+    /// piece in the text, its name (when `named`) and id the call's.
+    Call {
+        block: u16,
+        named: bool,
+    },
     /// Usage equal to the answer's.
     Usage,
+    /// A finish without replay state.
+    Finish(Finished),
     Whole,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Finished {
+    Stop,
+    ToolCalls,
+    MaxTokens,
 }
 
 impl ChunkRun {
@@ -142,6 +158,30 @@ impl ChunkRun {
                         None => keep(&mut whole, chunk, item)?,
                     }
                 }
+                StreamChunk::ToolCallDelta {
+                    index,
+                    id,
+                    name,
+                    arguments_delta,
+                } => match call_of(answer, id, name.as_deref()) {
+                    Some(kind) => delta(
+                        &mut text,
+                        arguments_delta,
+                        Item {
+                            index: *index,
+                            kind,
+                            ..item
+                        },
+                    )?,
+                    None => keep(&mut whole, chunk, item)?,
+                },
+                StreamChunk::Finish {
+                    reason,
+                    replay_state: None,
+                } if finished(reason).is_some() => Item {
+                    kind: Kind::Finish(finished(reason)?),
+                    ..item
+                },
                 StreamChunk::Usage { usage: u } if Some(u) == usage => Item {
                     kind: Kind::Usage,
                     ..item
@@ -199,7 +239,28 @@ impl ChunkRun {
                 index: item.index,
                 block: self.answer.content.get(item.at as usize)?.clone(),
             },
+            Kind::Call { block, named } => {
+                let ContentBlock::ToolCall { id, name, .. } =
+                    self.answer.content.get(usize::from(block))?
+                else {
+                    return None;
+                };
+                StreamChunk::ToolCallDelta {
+                    index: item.index,
+                    id: id.clone(),
+                    name: named.then(|| name.clone()),
+                    arguments_delta: text(item)?,
+                }
+            }
             Kind::Usage => StreamChunk::Usage { usage: self.usage? },
+            Kind::Finish(f) => StreamChunk::Finish {
+                reason: match f {
+                    Finished::Stop => FinishReason::Stop,
+                    Finished::ToolCalls => FinishReason::ToolCalls,
+                    Finished::MaxTokens => FinishReason::MaxTokens,
+                },
+                replay_state: None,
+            },
             Kind::Whole => self.whole.get(item.at as usize)?.clone(),
         };
         Some(SessionEvent::new(
@@ -211,6 +272,37 @@ impl ChunkRun {
                 chunk: Box::new(chunk),
             },
         ))
+    }
+}
+
+/// The compact kind of a tool-call delta for the answer's call `id`.
+fn call_of(answer: &Message, id: &str, name: Option<&str>) -> Option<Kind> {
+    let (block, called) = answer
+        .content
+        .iter()
+        .enumerate()
+        .find_map(|(i, b)| match b {
+            ContentBlock::ToolCall { id: c, name, .. } if c == id => Some((i, name)),
+            _ => None,
+        })?;
+    let named = match name {
+        None => false,
+        Some(n) if n == called => true,
+        Some(_) => return None,
+    };
+    Some(Kind::Call {
+        block: u16::try_from(block).ok()?,
+        named,
+    })
+}
+
+/// The compact form of a finish that carries no failure.
+fn finished(reason: &FinishReason) -> Option<Finished> {
+    match reason {
+        FinishReason::Stop => Some(Finished::Stop),
+        FinishReason::ToolCalls => Some(Finished::ToolCalls),
+        FinishReason::MaxTokens => Some(Finished::MaxTokens),
+        FinishReason::Aborted { .. } | FinishReason::Error { .. } => None,
     }
 }
 
@@ -231,4 +323,12 @@ fn keep(whole: &mut Vec<StreamChunk>, chunk: &StreamChunk, item: Item) -> Option
         kind: Kind::Whole,
         ..item
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_packed_chunk_takes_20_bytes() {
+        assert_eq!(std::mem::size_of::<super::Item>(), 20);
+    }
 }

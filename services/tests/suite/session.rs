@@ -417,10 +417,22 @@ fn streamed_step(log: &mut SessionLog, turn: u32, step: u32, times: &[u64]) -> V
             index: 2,
             block: call.clone(),
         },
+        StreamChunk::ToolCallDelta {
+            index: 2,
+            id: "call_1".into(),
+            name: None,
+            arguments_delta: String::new(),
+        },
         // Not a block of the answer: kept whole.
         StreamChunk::BlockEnd {
             index: 9,
             block: ContentBlock::text("elsewhere"),
+        },
+        StreamChunk::ToolCallDelta {
+            index: 9,
+            id: "call_9".into(),
+            name: Some("gone".into()),
+            arguments_delta: "{".into(),
         },
         StreamChunk::Usage { usage },
         StreamChunk::Finish {
