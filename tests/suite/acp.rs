@@ -283,6 +283,16 @@ fn a_non_utf8_frame_and_a_huge_one_are_refused_and_the_connection_goes_on() {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap()
     };
+    // Measured from a process that is up and answering (on a loaded
+    // machine its start-up could otherwise still be growing it).
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}})
+    )
+    .unwrap();
+    stdin.flush().unwrap();
+    assert_eq!(next(&raw)["result"]["protocolVersion"], 1);
     let before = peak_kib();
     let huge = vec![b'x'; 1 << 20];
     for _ in 0..200 {

@@ -532,12 +532,10 @@ async fn spawn_counted<A: Actor>(
     actor: A,
     args: A::Arguments,
 ) -> Result<(ActorRef<A::Msg>, Arc<Node>)> {
-    let Some(cell) = ctx.fiber.cell() else {
-        return Err(Error::ShuttingDown);
-    };
     if ctx.fiber.status().is_terminal() || ctx.fiber.status() == Status::Unloading {
         return Err(ctx.fiber.inactive());
     }
+    let cell = fiber::ensure_actor(&ctx.rt, &ctx.fiber).await?;
     let node = ctx.fiber.child_node(
         &ctx.rt,
         Form::Actor,
@@ -738,6 +736,14 @@ impl Fiber {
     /// shutdown budget, after which it is killed.
     pub async fn dispose(&self) {
         fiber::shutdown_fiber(&self.rt, &self.shared, self.shared.policy.shutdown, false).await
+    }
+
+    /// Whether an actor runs this fiber. A plugin fiber has one from its
+    /// start; a scope only once something under it needed a supervisor
+    /// actor (a worker or a plugin fiber), and tears down in a task of its
+    /// own otherwise.
+    pub fn has_actor(&self) -> bool {
+        self.shared.actor().is_some()
     }
 
     /// Unloads and loads the plugin again with its current config.

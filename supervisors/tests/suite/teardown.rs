@@ -433,3 +433,129 @@ async fn a_scope_disposed_on_its_own_has_left_its_parent_when_the_dispose_return
     }
     bounded("shutdown", rt.shutdown()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_starts_an_actor_only_when_a_worker_under_it_needs_a_supervisor() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let outer = rt
+        .root()
+        .scope(dsh_supervisors::ScopeKey::new("outer"))
+        .await
+        .unwrap();
+    let inner = outer
+        .ctx()
+        .scope(dsh_supervisors::ScopeKey::new("inner"))
+        .await
+        .unwrap();
+    // Parts, effects and tasks need no mailbox.
+    inner.ctx().part("session", "session/x").unwrap();
+    let l = log.clone();
+    inner
+        .ctx()
+        .effect("log", move || l.push("effect inner"))
+        .unwrap();
+    let task = inner
+        .ctx()
+        .spawn_task(dsh_supervisors::TaskSpec::new("tool", "t"), |_c| async {
+            7
+        })
+        .unwrap();
+    assert_eq!(bounded("task", task.join()).await, Ok(7));
+    assert!(!outer.fiber().has_actor() && !inner.fiber().has_actor());
+    // A worker does: the inner scope starts its actor, linked under the
+    // outer one's (started too), and supervises it.
+    let spec = WorkerSpec::restartable("worker", "w", {
+        let log = log.clone();
+        move || (Recorder::new("w", &log), ())
+    });
+    inner.ctx().spawn(spec).await.unwrap();
+    assert!(outer.fiber().has_actor() && inner.fiber().has_actor());
+    let mut feed = rt.tree().subscribe();
+    log.actor("w").send_message(Msg::Panic("boom")).unwrap();
+    let change = wait_change(&mut feed, |c| matches!(c, TreeChange::Supervision { .. })).await;
+    let TreeChange::Supervision { action, .. } = change else {
+        unreachable!()
+    };
+    assert_eq!(action, "restarted", "the late actor supervises its worker");
+    assert_eq!(log.count("start w"), 2);
+    // Teardown in order: the worker, the part, then the scope's effect.
+    bounded("dispose", outer.dispose()).await;
+    let lines = log.lines();
+    let tail: Vec<&str> = lines
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(tail, ["stop w", "effect inner"]);
+    assert_eq!(inner.fiber().status(), Status::Disposed);
+    let order = outer.fiber().stop_order().unwrap();
+    assert_eq!(order.last(), Some(&outer.fiber().id()));
+    assert_eq!(order[order.len() - 2], inner.fiber().id());
+    bounded("shutdown", rt.shutdown()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_without_an_actor_tears_down_in_order_and_is_stopped_when_its_owner_is_killed() {
+    let rt = runtime().await;
+    let log = Log::default();
+    let root = rt.root();
+    // Disposed on its own: children in reverse start order, then effects.
+    let scope = root
+        .scope(dsh_supervisors::ScopeKey::new("s"))
+        .await
+        .unwrap();
+    for name in ["a", "b"] {
+        let child = scope
+            .ctx()
+            .scope(dsh_supervisors::ScopeKey::new(name))
+            .await
+            .unwrap();
+        let l = log.clone();
+        child
+            .ctx()
+            .effect("log", move || l.push(format!("stop {name}")))
+            .unwrap();
+    }
+    let l = log.clone();
+    scope.ctx().effect("log", move || l.push("stop s")).unwrap();
+    bounded("dispose", scope.dispose()).await;
+    assert_eq!(log.lines(), ["stop b", "stop a", "stop s"]);
+    assert!(!scope.fiber().has_actor(), "it never needed one");
+    assert_eq!(scope.fiber().status(), Status::Disposed);
+
+    // A teardown stuck in an effect ends when its owner is killed past its
+    // budget: the stuck future is dropped, as an actor's would be.
+    let settings = dsh_supervisors::RuntimeSettings {
+        shutdown_budget: Duration::from_millis(100),
+        ..dsh_supervisors::RuntimeSettings::default()
+    };
+    let rt = dsh_supervisors::Runtime::start(settings).await.unwrap();
+    let stuck = rt
+        .root()
+        .scope(dsh_supervisors::ScopeKey::new("stuck"))
+        .await
+        .unwrap();
+    struct Dropped(Arc<Notify>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    let dropped = Arc::new(Notify::new());
+    let guard = Dropped(dropped.clone());
+    stuck
+        .ctx()
+        .effect_async("hang", move || async move {
+            let _guard = guard;
+            futures::future::pending::<()>().await;
+        })
+        .unwrap();
+    bounded("shutdown", rt.shutdown()).await;
+    assert_eq!(stuck.fiber().status(), Status::Failed);
+    assert!(!stuck.fiber().has_actor());
+    // The abort lands on the teardown task's next poll.
+    bounded("the stuck effect is dropped", dropped.notified()).await;
+}

@@ -2,13 +2,13 @@
 //! message at a time, and answers its children's exits (ractor supervision
 //! events) with the fiber's policies.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use super::load::reevaluate;
 use super::supervise::on_child_exit;
-use super::teardown::unload;
+use super::teardown::{dispose, unload};
 use super::{FiberMsg, FiberShared};
 use crate::runtime::Runtime;
 use crate::tree::Status;
@@ -56,27 +56,7 @@ impl Actor for FiberActor {
                 }
             }
             FiberMsg::Dispose { chain, from_parent } => {
-                let final_status = if fiber.status() == Status::Failed {
-                    Status::Failed
-                } else {
-                    Status::Disposed
-                };
-                let mut order = Box::pin(unload(rt, fiber, chain)).await;
-                order.push(fiber.id);
-                let order: Arc<[u64]> = Arc::from(order);
-                fiber.lock().stop_order = Some(order.clone());
-                fiber.node.stats.set_status(final_status);
-                rt.tree().stopped(fiber.id, final_status, "disposed");
-                if !from_parent {
-                    rt.tree().teardown(fiber.id, order.to_vec());
-                    // Out of its parent's children now, not when the parent
-                    // gets to its exit: whoever awaited the dispose sees the
-                    // parent without it (a deliberate dispose is removed,
-                    // never restarted, so the parent has nothing to decide).
-                    if let Some(parent) = fiber.parent.as_ref().and_then(Weak::upgrade) {
-                        parent.forget_child(fiber.id);
-                    }
-                }
+                let final_status = Box::pin(dispose(rt, fiber, chain, from_parent)).await;
                 myself.stop(Some("disposed".to_owned()));
                 fiber.phase.send_modify(|p| {
                     p.status = final_status;

@@ -1,18 +1,19 @@
-//! Loading: a new fiber's actor is spawned under its parent; a plugin fiber
-//! applies its plugin once every injected service exists, and unloads or
-//! reloads when one goes away or is replaced.
+//! Loading: a new fiber's actor is spawned under its parent (a scope's only
+//! once it needs one); a plugin fiber applies its plugin once every injected
+//! service exists, and unloads or reloads when one goes away or is replaced.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use futures::FutureExt;
-use ractor::Actor;
+use futures::future::BoxFuture;
+use ractor::{Actor, ActorCell, ActorRef};
 use tokio::sync::watch;
 
 use super::actor::{FiberActor, FiberState};
 use super::teardown::{TEARDOWN_CHAIN, unload};
-use super::{ChildEntry, ChildKind, FiberInner, FiberShared, LoadSpec, Phase};
+use super::{ChildEntry, ChildKind, FiberInner, FiberMsg, FiberShared, LoadSpec, Phase};
 use crate::error::chain;
 use crate::error::{Error, Result};
 use crate::events::panic_text;
@@ -101,8 +102,12 @@ async fn apply(rt: &Runtime, fiber: &Arc<FiberShared>, load: &LoadSpec, ids: Vec
     }
 }
 
-/// Spawns the actor of a new fiber under `parent` and records it as the
-/// parent's newest child.
+/// Makes a new fiber under `parent` and records it as the parent's newest
+/// child. A plugin fiber (and the root) gets its actor at once; a scope (a
+/// fiber with no plugin to load) starts without one, and gets it from
+/// [`ensure_actor`] when something under it needs a supervisor actor (a
+/// worker, a plugin fiber): an agent's scope of task children and parts
+/// never allocates a mailbox. Its teardown then runs in a task of its own.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn spawn_fiber(
     rt: &Runtime,
@@ -117,6 +122,7 @@ pub(crate) async fn spawn_fiber(
     if let Some(p) = parent {
         p.accepting()?;
     }
+    let lazy = load.is_none() && parent.is_some();
     let id = rt.next_id();
     let node = rt.tree().insert(
         NodeInfo {
@@ -141,7 +147,8 @@ pub(crate) async fn spawn_fiber(
         scope,
         load,
         policy,
-        actor: OnceLock::new(),
+        actor: tokio::sync::OnceCell::new(),
+        teardown: OnceLock::new(),
         inner: Mutex::new(FiberInner {
             supervisor: rt.default_supervisor(),
             ..FiberInner::default()
@@ -149,32 +156,35 @@ pub(crate) async fn spawn_fiber(
         phase,
         dispose_requested: AtomicBool::new(false),
     });
-    let args = FiberState {
-        rt: rt.clone(),
-        fiber: fiber.clone(),
-    };
-    let spawned = match parent.and_then(|p| p.cell()) {
-        Some(cell) => Actor::spawn_linked(None, FiberActor, args, cell).await,
-        None => Actor::spawn(None, FiberActor, args).await,
-    };
-    let (actor, _task) = match spawned {
-        Ok(ok) => ok,
-        Err(e) => {
-            rt.tree().stopped(id, Status::Failed, "spawn failed");
-            return Err(Error::Spawn(chain(&e).to_string()));
+    let actor = if lazy {
+        None
+    } else {
+        let parent_cell = match parent {
+            Some(p) => Some(ensure_actor(rt, p).await?),
+            None => None,
+        };
+        match start_actor(rt, &fiber, parent_cell).await {
+            Ok(actor) => {
+                let _ = fiber.actor.set(actor.clone());
+                Some(actor)
+            }
+            Err(e) => {
+                rt.tree().stopped(id, Status::Failed, "spawn failed");
+                return Err(e);
+            }
         }
     };
-    let pid = actor.get_id().pid();
-    let _ = fiber.actor.set(actor.clone());
     if let Some(p) = parent {
         let entry = ChildEntry {
             node: fiber.node.clone(),
-            pid: Some(pid),
+            pid: actor.as_ref().map(|a| a.get_id().pid()),
             policy,
             kind: ChildKind::Fiber(fiber.clone()),
         };
         if p.add_child(entry).is_err() {
-            actor.stop(Some("parent is shutting down".to_owned()));
+            if let Some(actor) = &actor {
+                actor.stop(Some("parent is shutting down".to_owned()));
+            }
             rt.tree()
                 .stopped(id, Status::Disposed, "parent is shutting down");
             fiber.phase.send_modify(|ph| ph.stopped = true);
@@ -185,4 +195,58 @@ pub(crate) async fn spawn_fiber(
         }
     }
     Ok(fiber)
+}
+
+/// Spawns `fiber`'s actor, linked to `parent` when there is one.
+async fn start_actor(
+    rt: &Runtime,
+    fiber: &Arc<FiberShared>,
+    parent: Option<ActorCell>,
+) -> Result<ActorRef<FiberMsg>> {
+    let args = FiberState {
+        rt: rt.clone(),
+        fiber: fiber.clone(),
+    };
+    let spawned = match parent {
+        Some(cell) => Actor::spawn_linked(None, FiberActor, args, cell).await,
+        None => Actor::spawn(None, FiberActor, args).await,
+    };
+    spawned
+        .map(|(actor, _task)| actor)
+        .map_err(|e| Error::Spawn(chain(&e).to_string()))
+}
+
+/// `fiber`'s actor, started now if it has none yet (a scope's, the first
+/// time something under it needs a supervisor), linked to its parent's
+/// (started too if needed). Refused once the fiber is being disposed.
+pub(crate) fn ensure_actor<'a>(
+    rt: &'a Runtime,
+    fiber: &'a Arc<FiberShared>,
+) -> BoxFuture<'a, Result<ActorCell>> {
+    async move {
+        if let Some(actor) = fiber.actor.get() {
+            return Ok(actor.get_cell());
+        }
+        let parent = fiber.parent.as_ref().and_then(std::sync::Weak::upgrade);
+        let parent_cell = match &parent {
+            Some(p) => Some(ensure_actor(rt, p).await?),
+            None => None,
+        };
+        let actor = fiber
+            .actor
+            .get_or_try_init(|| async {
+                if fiber.dispose_requested.load(Ordering::Acquire) {
+                    return Err(fiber.inactive());
+                }
+                fiber.accepting()?;
+                let actor = start_actor(rt, fiber, parent_cell).await?;
+                if let Some(p) = &parent {
+                    p.set_child_pid(fiber.id, actor.get_id().pid());
+                }
+                Ok(actor)
+            })
+            .await?;
+        Ok(actor.get_cell())
+    }
+    .boxed()
 }

@@ -42,7 +42,7 @@ use crate::runtime::plugin::ErasedPlugin;
 use crate::scope::ScopeKey;
 use crate::tree::{Form, Node, NodeInfo, Status, now_ms};
 
-pub(crate) use load::spawn_fiber;
+pub(crate) use load::{ensure_actor, spawn_fiber};
 pub use task::{TaskEnd, TaskRef};
 pub(crate) use task::{inline as inline_task, spawn as spawn_task};
 pub(crate) use teardown::{dispose_effect, shutdown_fiber, stop_node};
@@ -122,7 +122,12 @@ pub(crate) struct FiberShared {
     pub scope: Option<ScopeKey>,
     pub load: Option<LoadSpec>,
     pub policy: ChildPolicy,
-    actor: OnceLock<ActorRef<FiberMsg>>,
+    /// Set at once for a plugin fiber; for a scope, once something under
+    /// it needs a supervisor actor ([`load::ensure_actor`]).
+    actor: tokio::sync::OnceCell<ActorRef<FiberMsg>>,
+    /// The teardown of a scope that never needed its actor (a task of its
+    /// own), to abort when it is killed.
+    teardown: OnceLock<tokio::task::AbortHandle>,
     inner: Mutex<FiberInner>,
     phase: watch::Sender<Phase>,
     dispose_requested: AtomicBool,
@@ -163,8 +168,17 @@ impl FiberShared {
         self.actor.get()
     }
 
-    pub fn cell(&self) -> Option<ActorCell> {
-        self.actor.get().map(|a| a.get_cell())
+    /// Records the pid of the actor a child scope started late, so its
+    /// exits are matched to it.
+    fn set_child_pid(&self, id: u64, pid: u64) {
+        if let Some(child) = self
+            .lock()
+            .children
+            .values_mut()
+            .find(|c| c.node.info.id == id)
+        {
+            child.pid = Some(pid);
+        }
     }
 
     pub fn inject(&self) -> &[&'static str] {
@@ -392,20 +406,32 @@ impl FiberShared {
             .collect()
     }
 
-    /// Asks the fiber to tear down and stop; idempotent.
-    fn request_dispose(&self, chain: Arc<[u64]>, from_parent: bool) {
+    /// Asks the fiber to tear down and stop; idempotent. A scope that never
+    /// needed its actor tears down in a task of its own.
+    fn request_dispose(self: &Arc<Self>, rt: &Runtime, chain: Arc<[u64]>, from_parent: bool) {
         if self.dispose_requested.swap(true, Ordering::AcqRel) {
             return;
         }
-        let sent = self
-            .actor
-            .get()
-            .map(|a| {
-                a.send_message(FiberMsg::Dispose { chain, from_parent })
-                    .is_ok()
-            })
-            .unwrap_or(false);
-        if sent {
+        let Some(actor) = self.actor.get() else {
+            let (rt, fiber) = (rt.clone(), self.clone());
+            let task = tokio::spawn(async move {
+                let status = teardown::dispose(&rt, &fiber, chain, from_parent).await;
+                // An actor started while the teardown began has nothing left.
+                if let Some(actor) = fiber.actor.get() {
+                    actor.stop(Some("disposed".to_owned()));
+                }
+                fiber.phase.send_modify(|p| {
+                    p.status = status;
+                    p.stopped = true;
+                });
+            });
+            let _ = self.teardown.set(task.abort_handle());
+            return;
+        };
+        if actor
+            .send_message(FiberMsg::Dispose { chain, from_parent })
+            .is_ok()
+        {
             self.node.stats.enqueue();
         } else {
             self.phase.send_modify(|p| p.stopped = true);

@@ -4,7 +4,7 @@
 //! issued from inside a teardown joins it instead of waiting on itself.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -32,6 +32,39 @@ pub(super) fn extend_chain(chain: &[u64], id: u64) -> Arc<[u64]> {
     Arc::from(v)
 }
 
+/// Tears `fiber` down in order and records it stopped (out of its parent's
+/// children when the dispose was its own); returns its final status. The
+/// caller stops its actor, if it has one, and publishes the phase.
+pub(super) async fn dispose(
+    rt: &Runtime,
+    fiber: &Arc<FiberShared>,
+    chain: Arc<[u64]>,
+    from_parent: bool,
+) -> Status {
+    let final_status = if fiber.status() == Status::Failed {
+        Status::Failed
+    } else {
+        Status::Disposed
+    };
+    let mut order = unload(rt, fiber, chain).await;
+    order.push(fiber.id);
+    let order: Arc<[u64]> = Arc::from(order);
+    fiber.lock().stop_order = Some(order.clone());
+    fiber.node.stats.set_status(final_status);
+    rt.tree().stopped(fiber.id, final_status, "disposed");
+    if !from_parent {
+        rt.tree().teardown(fiber.id, order.to_vec());
+        // Out of its parent's children now, not when the parent gets to its
+        // exit: whoever awaited the dispose sees the parent without it (a
+        // deliberate dispose is removed, never restarted, so the parent has
+        // nothing to decide).
+        if let Some(parent) = fiber.parent.as_ref().and_then(Weak::upgrade) {
+            parent.forget_child(fiber.id);
+        }
+    }
+    final_status
+}
+
 /// Disposes `fiber` (memoized) and waits for it, bounded by `budget`; kills
 /// it when the budget runs out. Re-entrant calls from inside the fiber's own
 /// teardown (or a descendant's) only make the request and return.
@@ -43,14 +76,14 @@ pub(crate) async fn shutdown_fiber(
 ) {
     let chain = current_chain();
     if chain.contains(&fiber.id) {
-        fiber.request_dispose(chain, from_parent);
+        fiber.request_dispose(rt, chain, from_parent);
         return;
     }
     if budget == Shutdown::BrutalKill {
         kill_fiber(rt, fiber, "brutal kill").await;
         return;
     }
-    fiber.request_dispose(chain, from_parent);
+    fiber.request_dispose(rt, chain, from_parent);
     match budget {
         Shutdown::Timeout(t) => {
             if tokio::time::timeout(t, fiber.wait_stopped()).await.is_err() {
@@ -76,8 +109,13 @@ async fn kill_fiber(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
     mark_killed(rt, fiber, reason);
 }
 
-/// Records a killed fiber and every node still under it as failed.
+/// Records a killed fiber and every node still under it as failed. A scope
+/// that tore down without an actor has its teardown stopped, as ractor stops
+/// an actor's.
 fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
+    if let Some(teardown) = fiber.teardown.get() {
+        teardown.abort();
+    }
     let children: Vec<ChildEntry> = std::mem::take(&mut fiber.lock().children)
         .into_values()
         .collect();
