@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::event::{EventData, EventMeta, RequestContext, SessionEvent, SurfaceOp};
-use super::packed::ChunkRun;
-use crate::llm::{History, Message, TokenUsage};
+use super::packed::{Answer, ChunkRun};
+use crate::llm::{History, Message};
 
 /// The on-disk format version this build reads and writes.
 pub const SESSION_FORMAT_VERSION: u32 = 0;
@@ -223,11 +223,13 @@ impl SessionLog {
     fn expand(&self, slot: &Slot) -> Option<Arc<SessionEvent>> {
         match slot {
             Slot::Event(e) => Some(e.clone()),
-            Slot::Packed { run, item } => self
-                .runs
-                .get(*run as usize)?
-                .expand(*item as usize)
-                .map(Arc::new),
+            Slot::Packed { run, item } => {
+                let run = self.runs.get(*run as usize)?;
+                // A run's answer is the event right after it.
+                let answer = self.slots.get(run.first() as usize + run.len())?.stored()?;
+                run.expand(*item as usize, &Answer::of(answer)?)
+                    .map(Arc::new)
+            }
         }
     }
 
@@ -380,28 +382,16 @@ impl SessionLog {
         }
         let event = Arc::new(event);
         self.slots.push(Slot::Event(event.clone()));
-        if let EventData::AssistantMessage {
-            turn,
-            step,
-            message,
-            usage,
-            ..
-        } = &event.data
-        {
-            self.pack_chunks(*turn, *step, message, usage.as_deref());
+        if let Some(answer) = Answer::of(&event) {
+            self.pack_chunks(&answer);
         }
         Ok(event)
     }
 
-    /// Packs the chunks of `turn`/`step` right before its answer (the last
-    /// slot) into one run.
-    fn pack_chunks(
-        &mut self,
-        turn: u32,
-        step: u32,
-        answer: &Arc<Message>,
-        usage: Option<&TokenUsage>,
-    ) {
+    /// Packs the chunks of the answer's step right before it (the answer
+    /// is the last slot) into one run.
+    fn pack_chunks(&mut self, answer: &Answer<'_>) {
+        let (turn, step) = (answer.turn, answer.step);
         let end = self.slots.len() - 1;
         let is_chunk = |slot: &Slot| {
             slot.stored().is_some_and(|e| {
@@ -421,7 +411,7 @@ impl SessionLog {
             return;
         }
         let chunks = self.slots[start..end].iter().filter_map(Slot::stored);
-        let Some(packed) = ChunkRun::pack(chunks, turn, step, answer, usage) else {
+        let Some(packed) = ChunkRun::pack(chunks, answer) else {
             return;
         };
         debug_assert_eq!(packed.len(), end - start);

@@ -1,9 +1,10 @@
 //! Packed stream chunks. Once a step's `assistant/message` is committed,
 //! the `assistant/chunk` events it was streamed in are kept as one run:
 //! per chunk its kind, block index, time and where its text sits in one
-//! buffer, with the block ends and usage pointing into the answer. A run
-//! expands back into the very events it replaced, seq and time included,
-//! so the log's readers see no difference.
+//! buffer, with the block ends and usage pointing into the answer (the
+//! event right after the run, which the log hands in). A run expands back
+//! into the very events it replaced, seq and time included, so the log's
+//! readers see no difference.
 //!
 //! A chunk whose shape has no compact form (a tool-call delta for a call
 //! the answer does not hold, a failed finish or one with replay state, a
@@ -21,17 +22,40 @@ pub(super) struct ChunkRun {
     first: u64,
     /// Time of the first chunk; every item's time is an offset from it.
     time0: u64,
-    turn: u32,
-    step: u32,
     items: Box<[Item]>,
     /// Every text and reasoning delta, one after another.
     text: Box<str>,
     /// The chunks kept whole.
     whole: Box<[StreamChunk]>,
-    /// The step's answer: block ends are its blocks.
-    answer: Arc<Message>,
-    /// The step's usage, as the answer reported it.
-    usage: Option<TokenUsage>,
+}
+
+/// What a run is packed against and expanded with: its step's answer.
+pub(super) struct Answer<'a> {
+    pub turn: u32,
+    pub step: u32,
+    pub message: &'a Message,
+    pub usage: Option<&'a TokenUsage>,
+}
+
+impl<'a> Answer<'a> {
+    /// The answer an `assistant/message` event holds.
+    pub(super) fn of(event: &'a SessionEvent) -> Option<Answer<'a>> {
+        match &event.data {
+            EventData::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage,
+                ..
+            } => Some(Answer {
+                turn: *turn,
+                step: *step,
+                message,
+                usage: usage.as_deref(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// One packed chunk: 20 bytes where an event took about 200.
@@ -75,16 +99,17 @@ enum Finished {
 }
 
 impl ChunkRun {
-    /// Packs `events` (the chunks of `turn`/`step`, contiguous from seq
-    /// `first`) against the step's `answer`. `None` when one of them is not
-    /// a plain chunk of that step, or a time or length does not fit.
+    /// Packs `events` (contiguous chunks, right before their step's
+    /// `answer`). `None` when one of them is not a plain chunk of that step,
+    /// or a time or length does not fit.
     pub(super) fn pack<'a>(
         events: impl Iterator<Item = &'a Arc<SessionEvent>> + Clone,
-        turn: u32,
-        step: u32,
-        answer: &Arc<Message>,
-        usage: Option<&TokenUsage>,
+        answer: &Answer<'_>,
     ) -> Option<ChunkRun> {
+        let Answer {
+            turn, step, usage, ..
+        } = *answer;
+        let message = answer.message;
         let first = events.clone().next()?;
         let time0 = first.time;
         let mut items = Vec::with_capacity(events.clone().count());
@@ -137,12 +162,12 @@ impl ChunkRun {
                 )?,
                 StreamChunk::BlockEnd { index, block } => {
                     // Usually the next block of the answer; else any.
-                    let found = answer
+                    let found = message
                         .content
                         .get(next_block)
                         .filter(|b| *b == block)
                         .map_or_else(
-                            || answer.content.iter().position(|b| b == block),
+                            || message.content.iter().position(|b| b == block),
                             |_| Some(next_block),
                         );
                     match found {
@@ -163,7 +188,7 @@ impl ChunkRun {
                     id,
                     name,
                     arguments_delta,
-                } => match call_of(answer, id, name.as_deref()) {
+                } => match call_of(message, id, name.as_deref()) {
                     Some(kind) => delta(
                         &mut text,
                         arguments_delta,
@@ -193,21 +218,22 @@ impl ChunkRun {
         let run = ChunkRun {
             first: first.seq,
             time0,
-            turn,
-            step,
             items: items.into_boxed_slice(),
             text: text.into_boxed_str(),
             whole: whole.into_boxed_slice(),
-            answer: answer.clone(),
-            usage: usage.copied(),
         };
         debug_assert!(
             events
                 .enumerate()
-                .all(|(i, e)| run.expand(i).as_ref() == Some(e.as_ref())),
+                .all(|(i, e)| run.expand(i, answer).as_ref() == Some(e.as_ref())),
             "a packed run expands to the events it replaced"
         );
         Some(run)
+    }
+
+    /// The seq of the run's first chunk.
+    pub(super) fn first(&self) -> u64 {
+        self.first
     }
 
     /// How many chunks the run holds.
@@ -216,7 +242,7 @@ impl ChunkRun {
     }
 
     /// The run's `i`-th chunk as the event it was.
-    pub(super) fn expand(&self, i: usize) -> Option<SessionEvent> {
+    pub(super) fn expand(&self, i: usize, answer: &Answer<'_>) -> Option<SessionEvent> {
         let item = self.items.get(i)?;
         let text = |item: &Item| {
             let at = item.at as usize;
@@ -237,11 +263,11 @@ impl ChunkRun {
             },
             Kind::End => StreamChunk::BlockEnd {
                 index: item.index,
-                block: self.answer.content.get(item.at as usize)?.clone(),
+                block: answer.message.content.get(item.at as usize)?.clone(),
             },
             Kind::Call { block, named } => {
                 let ContentBlock::ToolCall { id, name, .. } =
-                    self.answer.content.get(usize::from(block))?
+                    answer.message.content.get(usize::from(block))?
                 else {
                     return None;
                 };
@@ -252,7 +278,9 @@ impl ChunkRun {
                     arguments_delta: text(item)?,
                 }
             }
-            Kind::Usage => StreamChunk::Usage { usage: self.usage? },
+            Kind::Usage => StreamChunk::Usage {
+                usage: *answer.usage?,
+            },
             Kind::Finish(f) => StreamChunk::Finish {
                 reason: match f {
                     Finished::Stop => FinishReason::Stop,
@@ -267,8 +295,8 @@ impl ChunkRun {
             self.first + i as u64,
             self.time0 + u64::from(item.since),
             EventData::AssistantChunk {
-                turn: self.turn,
-                step: self.step,
+                turn: answer.turn,
+                step: answer.step,
                 chunk: Box::new(chunk),
             },
         ))
@@ -328,7 +356,8 @@ fn keep(whole: &mut Vec<StreamChunk>, chunk: &StreamChunk, item: Item) -> Option
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_packed_chunk_takes_20_bytes() {
+    fn a_packed_chunk_takes_20_bytes_and_a_run_64() {
         assert_eq!(std::mem::size_of::<super::Item>(), 20);
+        assert_eq!(std::mem::size_of::<super::ChunkRun>(), 64);
     }
 }
