@@ -55,7 +55,10 @@ mod stage;
 
 /// mimalloc: agent work allocates many small short-lived objects (events,
 /// messages, actor mailboxes); glibc's allocator spent a third of the W1
-/// instructions in malloc/free.
+/// instructions in malloc/free. Built with `no_thp`: its arenas are not
+/// advised for transparent huge pages, so a process grows in 4 KiB pages,
+/// not 2 MiB ones (W1's peak 44 -> 35 MiB, a W2 of 100 children 6.1 -> 3.1
+/// MiB, at about 5 % of W1's time on two threads; docs/benchmarks.md).
 /// (`--features system-allocator` keeps the system allocator, for heap
 /// profilers such as heaptrack that intercept malloc.)
 #[cfg(not(feature = "system-allocator"))]
