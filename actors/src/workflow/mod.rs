@@ -21,6 +21,7 @@
 
 mod js;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use dsh_services::session::EventData;
+use dsh_services::session::{EventData, SessionEvent};
 
 use crate::agent::Agent;
 use crate::session::short;
@@ -648,15 +649,32 @@ fn child(
         }
         let began = std::time::Instant::now();
         emit("workflow/agent-start", start);
-        let watching = run.agent().session().observe(Arc::new(move |e| {
+        // Each retry told once, whether the child made it before the
+        // observer was in place (read from its log) or after.
+        let tell = Arc::new(move |e: &SessionEvent, said_seqs: &Mutex<HashSet<u64>>| {
             if let EventData::Other { kind, data } = &e.data
                 && &**kind == "llm/retry"
+                && said_seqs.lock().is_ok_and(|mut s| s.insert(e.seq))
             {
                 let mut said = (**data).clone();
                 said["seq"] = json!(seq);
                 told(said);
             }
+        });
+        let said_seqs = Arc::new(Mutex::new(HashSet::new()));
+        let watching = run.agent().session().observe(Arc::new({
+            let (tell, said_seqs) = (tell.clone(), said_seqs.clone());
+            move |e| tell(e, &said_seqs)
         }));
+        let earlier: Vec<Arc<SessionEvent>> = run.agent().session().read(|log| {
+            log.without_chunks()
+                .filter(|e| e.kind() == "llm/retry")
+                .cloned()
+                .collect()
+        });
+        for e in earlier {
+            tell(&e, &said_seqs);
+        }
         let result = run.result().await;
         run.agent().session().unobserve(watching);
         let mut end = json!({

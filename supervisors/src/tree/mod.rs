@@ -316,6 +316,21 @@ impl Serialize for NodeAt {
 enum Summary {
     Value(serde_json::Value),
     Computed(Arc<SummaryFn>),
+    /// A stopped node's object summary as JSON text: one allocation where
+    /// the value's map took several (up to 4,096 stopped nodes are kept).
+    Text(Box<str>),
+}
+
+impl Summary {
+    /// The same summary, kept as text when it is an object.
+    fn compacted(&self) -> Option<Summary> {
+        match self {
+            Summary::Value(v @ serde_json::Value::Object(_)) => serde_json::to_string(v)
+                .ok()
+                .map(|text| Summary::Text(text.into_boxed_str())),
+            _ => None,
+        }
+    }
 }
 
 /// Computes a parked node's summary on demand.
@@ -326,6 +341,7 @@ impl std::fmt::Debug for Summary {
         match self {
             Summary::Value(v) => v.fmt(f),
             Summary::Computed(_) => f.write_str("<computed>"),
+            Summary::Text(t) => f.write_str(t),
         }
     }
 }
@@ -593,6 +609,12 @@ impl Tree {
     pub(crate) fn stopped(&self, id: u64, status: Status, reason: &str) -> Option<u64> {
         let (_, node) = self.live.remove(&id)?;
         node.stats.set_status(status);
+        // A stopped node's summary no longer changes: kept compact.
+        if let Ok(mut summary) = node.summary.lock()
+            && let Some(compact) = summary.compacted()
+        {
+            *summary = compact;
+        }
         let reason: Arc<str> = reason.into();
         let stopped_ms = now_ms();
         let mut entry = StoppedNode {
@@ -847,6 +869,7 @@ fn summary_now<S: serde::Serializer>(node: &Arc<Node>, serializer: S) -> Result<
 fn summary_of(node: &Node) -> serde_json::Value {
     let compute = match node.summary.lock().as_deref() {
         Ok(Summary::Value(v)) => return v.clone(),
+        Ok(Summary::Text(t)) => return serde_json::from_str(t).unwrap_or_default(),
         Ok(Summary::Computed(f)) => f.clone(),
         Err(_) => return serde_json::Value::Null,
     };
@@ -968,6 +991,26 @@ mod tests {
         assert_eq!(spawned, serde_json::to_string(&snapshot).unwrap());
         assert!(spawned.contains(r#""summary":{"turn":2}"#), "{spawned}");
         assert!(spawned.contains(r#""mailbox_depth":1"#), "{spawned}");
+    }
+
+    #[test]
+    fn a_stopped_nodes_summary_is_kept_as_text_and_reads_back_the_same() {
+        let tree = Tree::new(TreeLimits::default());
+        let summary = serde_json::json!({ "tool": "bash", "call": "ls -la ✓", "n": [1, 2] });
+        let info = NodeInfo {
+            id: 9,
+            form: Form::Task,
+            kind: Arc::from("tool"),
+            name: Arc::from("tool/bash#1"),
+            parent: Some(3),
+            started_ms: 12,
+            node: None,
+        };
+        let node = tree.insert_summarized(info, Status::Active, summary.clone());
+        tree.stopped(9, Status::Disposed, "finished");
+        assert!(matches!(*node.summary.lock().unwrap(), Summary::Text(_)));
+        assert_eq!(tree.get_stopped(9).unwrap().summary, summary);
+        assert_eq!(summary_of(&node), summary);
     }
 
     #[test]

@@ -94,11 +94,13 @@ pub(crate) struct LoadSpec {
 #[derive(Default)]
 struct FiberInner {
     next_seq: u64,
-    effects: BTreeMap<u64, EffectEntry>,
+    // Entries boxed, here and in `children`: a map's first node holds room
+    // for 11 of them, and most fibers (an agent's scope) have a few.
+    effects: BTreeMap<u64, Box<EffectEntry>>,
     /// Run first on unload, before the children stop (stop accepting input,
     /// cancel running work).
     preludes: Vec<EffectEntry>,
-    children: BTreeMap<u64, ChildEntry>,
+    children: BTreeMap<u64, Box<ChildEntry>>,
     loaded_with: Option<Vec<u64>>,
     restarts: VecDeque<Instant>,
     supervisor: SupervisorSpec,
@@ -268,7 +270,9 @@ impl FiberShared {
         }
         inner.next_seq += 1;
         let seq = inner.next_seq;
-        inner.effects.insert(seq, EffectEntry { label, run });
+        inner
+            .effects
+            .insert(seq, Box::new(EffectEntry { label, run }));
         Ok(seq)
     }
 
@@ -283,7 +287,7 @@ impl FiberShared {
 
     /// Takes one effect out (the disposer was called early).
     fn take_effect(&self, seq: u64) -> Option<EffectEntry> {
-        self.lock().effects.remove(&seq)
+        self.lock().effects.remove(&seq).map(|e| *e)
     }
 
     pub fn effect_count(&self) -> usize {
@@ -316,7 +320,7 @@ impl FiberShared {
         }
         inner.next_seq += 1;
         let seq = inner.next_seq;
-        inner.children.insert(seq, entry);
+        inner.children.insert(seq, Box::new(entry));
         Ok(seq)
     }
 

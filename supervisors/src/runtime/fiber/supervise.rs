@@ -116,7 +116,7 @@ pub(super) async fn on_child_exit(
             }
         }
     }
-    to_start.push((seq, failed_entry));
+    to_start.push((seq, *failed_entry));
     to_start.sort_by_key(|(s, _)| *s);
     for (seq, entry) in to_start {
         if entry.policy.restart == Restart::Temporary {

@@ -118,6 +118,7 @@ fn mark_killed(rt: &Runtime, fiber: &Arc<FiberShared>, reason: &str) {
     }
     let children: Vec<ChildEntry> = std::mem::take(&mut fiber.lock().children)
         .into_values()
+        .map(|c| *c)
         .collect();
     for child in children {
         match &child.kind {
@@ -226,7 +227,7 @@ pub(super) async fn stop_children(
         };
         let order = stop_child(rt, &entry).await;
         fiber.lock().children.remove(&seq);
-        out.push((seq, entry, order));
+        out.push((seq, *entry, order));
     }
     out
 }
@@ -288,7 +289,7 @@ async fn run_effects(rt: &Runtime, fiber: &Arc<FiberShared>) {
             inner.effects.pop_last()
         };
         let Some((_, effect)) = last else { break };
-        run_effect(rt, fiber.id, effect).await;
+        run_effect(rt, fiber.id, *effect).await;
     }
 }
 
