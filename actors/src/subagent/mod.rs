@@ -1355,6 +1355,31 @@ fn settled_hook(parent: &Agent) -> TurnHook {
 /// The delegation depth cap of a start that names none.
 pub const DEFAULT_MAX_DEPTH: u32 = 3;
 
+/// A delegated child's `approval/policy` and `sandbox/mode` records, one
+/// copy shared by every child started with the same policy and mode (a
+/// fan-out of a thousand children holds one; the combinations are few).
+fn delegation_records(
+    policy: dsh_services::approval::ApprovalPolicy,
+    mode: dsh_services::sandbox::Policy,
+) -> [Arc<Value>; 2] {
+    type Records = Vec<(
+        dsh_services::approval::ApprovalPolicy,
+        dsh_services::sandbox::Policy,
+        [Arc<Value>; 2],
+    )>;
+    static SHARED: Mutex<Records> = Mutex::new(Vec::new());
+    let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, _, records)) = shared.iter().find(|(p, m, _)| (*p, *m) == (policy, mode)) {
+        return records.clone();
+    }
+    let records = [
+        Arc::new(json!({"policy": policy, "source": "delegation"})),
+        Arc::new(json!({"mode": mode.mode, "network": mode.network, "source": "delegation"})),
+    ];
+    shared.push((policy, mode, records.clone()));
+    records
+}
+
 /// A child's approval seam: it cannot ask the human, so what needs approval
 /// is refused — unless the parent's policy already allows everything.
 fn delegated_approval(parent: &Agent) -> Arc<Approval> {
@@ -1492,16 +1517,15 @@ async fn compose(
     let policy = approval.policy();
     spec.approval = Some(approval);
     let mode = spec.permission.unwrap_or_default();
+    let [policy, mode] = delegation_records(policy, mode);
     spec.opening = vec![
         EventData::Other {
             kind: Arc::from("approval/policy"),
-            data: Arc::new(json!({"policy": policy, "source": "delegation"})),
+            data: policy,
         },
         EventData::Other {
             kind: Arc::from("sandbox/mode"),
-            data: Arc::new(
-                json!({"mode": mode.mode, "network": mode.network, "source": "delegation"}),
-            ),
+            data: mode,
         },
         EventData::Other {
             kind: Arc::from("subagent/descriptor"),
