@@ -147,7 +147,7 @@ pub(crate) async fn spawn_fiber(
         scope,
         load,
         policy,
-        actor: tokio::sync::OnceCell::new(),
+        actor: OnceLock::new(),
         teardown: OnceLock::new(),
         inner: Mutex::new(FiberInner {
             supervisor: rt.default_supervisor(),
@@ -218,7 +218,8 @@ async fn start_actor(
 
 /// `fiber`'s actor, started now if it has none yet (a scope's, the first
 /// time something under it needs a supervisor), linked to its parent's
-/// (started too if needed). Refused once the fiber is being disposed.
+/// (started too if needed). Refused once the fiber is being disposed, or
+/// when its parent is gone.
 pub(crate) fn ensure_actor<'a>(
     rt: &'a Runtime,
     fiber: &'a Arc<FiberShared>,
@@ -227,26 +228,49 @@ pub(crate) fn ensure_actor<'a>(
         if let Some(actor) = fiber.actor.get() {
             return Ok(actor.get_cell());
         }
-        let parent = fiber.parent.as_ref().and_then(std::sync::Weak::upgrade);
-        let parent_cell = match &parent {
-            Some(p) => Some(ensure_actor(rt, p).await?),
+        let parent_cell = match &fiber.parent {
             None => None,
+            // A parent that is gone has no actor to link to: an actor
+            // started unlinked would have no owner.
+            Some(parent) => {
+                let parent = parent.upgrade().ok_or(Error::ShuttingDown)?;
+                Some((ensure_actor(rt, &parent).await?, parent))
+            }
         };
-        let actor = fiber
-            .actor
-            .get_or_try_init(|| async {
-                if fiber.dispose_requested.load(Ordering::Acquire) {
-                    return Err(fiber.inactive());
+        if fiber.dispose_requested.load(Ordering::Acquire) {
+            return Err(fiber.inactive());
+        }
+        fiber.accepting()?;
+        let started = start_actor(rt, fiber, parent_cell.as_ref().map(|(c, _)| c.clone())).await?;
+        // Installed under the fiber's lock, where `request_dispose` decides
+        // between the actor and a teardown task of its own: a dispose that
+        // came meanwhile gets the new actor stopped, and a concurrent start
+        // that won keeps its own.
+        let installed = {
+            let _inner = fiber.lock();
+            if fiber.dispose_requested.load(Ordering::Acquire) {
+                None
+            } else {
+                let _ = fiber.actor.set(started.clone());
+                fiber.actor.get().cloned()
+            }
+        };
+        match installed {
+            Some(actor) if actor.get_id() == started.get_id() => {
+                if let Some((_, parent)) = &parent_cell {
+                    parent.set_child_pid(fiber.id, actor.get_id().pid());
                 }
-                fiber.accepting()?;
-                let actor = start_actor(rt, fiber, parent_cell).await?;
-                if let Some(p) = &parent {
-                    p.set_child_pid(fiber.id, actor.get_id().pid());
-                }
-                Ok(actor)
-            })
-            .await?;
-        Ok(actor.get_cell())
+                Ok(actor.get_cell())
+            }
+            Some(actor) => {
+                started.stop(Some("another start won".to_owned()));
+                Ok(actor.get_cell())
+            }
+            None => {
+                started.stop(Some("disposed".to_owned()));
+                Err(fiber.inactive())
+            }
+        }
     }
     .boxed()
 }

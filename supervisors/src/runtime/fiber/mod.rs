@@ -126,7 +126,7 @@ pub(crate) struct FiberShared {
     pub policy: ChildPolicy,
     /// Set at once for a plugin fiber; for a scope, once something under
     /// it needs a supervisor actor ([`load::ensure_actor`]).
-    actor: tokio::sync::OnceCell<ActorRef<FiberMsg>>,
+    actor: OnceLock<ActorRef<FiberMsg>>,
     /// The teardown of a scope that never needed its actor (a task of its
     /// own), to abort when it is killed.
     teardown: OnceLock<tokio::task::AbortHandle>,
@@ -413,20 +413,28 @@ impl FiberShared {
     /// Asks the fiber to tear down and stop; idempotent. A scope that never
     /// needed its actor tears down in a task of its own.
     fn request_dispose(self: &Arc<Self>, rt: &Runtime, chain: Arc<[u64]>, from_parent: bool) {
-        if self.dispose_requested.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Some(actor) = self.actor.get() else {
+        // Decided under the fiber's lock, where `ensure_actor` installs a
+        // late actor: either the actor exists and tears down, or no actor
+        // will be installed.
+        let actor = {
+            let _inner = self.lock();
+            if self.dispose_requested.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            self.actor.get().cloned()
+        };
+        let Some(actor) = actor else {
             let (rt, fiber) = (rt.clone(), self.clone());
             let task = tokio::spawn(async move {
                 let status = teardown::dispose(&rt, &fiber, chain, from_parent).await;
-                // An actor started while the teardown began has nothing left.
-                if let Some(actor) = fiber.actor.get() {
-                    actor.stop(Some("disposed".to_owned()));
-                }
-                fiber.phase.send_modify(|p| {
-                    p.status = status;
-                    p.stopped = true;
+                // A kill that came meanwhile has recorded its own end.
+                fiber.phase.send_if_modified(|p| {
+                    let first = !p.stopped;
+                    if first {
+                        p.status = status;
+                        p.stopped = true;
+                    }
+                    first
                 });
             });
             let _ = self.teardown.set(task.abort_handle());
