@@ -60,11 +60,8 @@ pub async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .await?;
     let answer = agent.run("Where is order A-17?").await?;
     for event in agent.agent().session().events() {
-        if let dsh::services::session::EventData::ToolCall {
-            name, arguments, ..
-        } = &event.data
-        {
-            println!("tool call: {name} {arguments}");
+        if let dsh::services::session::EventData::ToolCall { call, .. } = &event.data {
+            println!("tool call: {} {}", call.name, call.arguments);
         }
     }
     println!("answer: {}", answer.text);

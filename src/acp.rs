@@ -1052,12 +1052,8 @@ fn frames_of(session: &str, data: &EventData, progress: bool) -> Vec<Value> {
                 _ => None,
             })
             .collect(),
-        EventData::ToolCall {
-            call_id,
-            name,
-            arguments,
-            ..
-        } if progress => {
+        EventData::ToolCall { call, .. } if progress => {
+            let (call_id, name, arguments) = (&call.call_id, &call.name, &call.arguments);
             let input: Value = serde_json::from_str(arguments)
                 .unwrap_or_else(|_| Value::String(arguments.to_string()));
             vec![notify(json!({

@@ -325,9 +325,8 @@ fn observe(
             EventData::AssistantMessage { .. } => {
                 let _ = std::io::stdout().flush();
             }
-            EventData::ToolCall {
-                name, arguments, ..
-            } => {
+            EventData::ToolCall { call, .. } => {
+                let (name, arguments) = (&call.name, &call.arguments);
                 phase(&spinner, IDLE);
                 let args: String = arguments.chars().take(160).collect();
                 crate::errln!("\n▸ {} {}", inert_line(name), inert_line(&args));

@@ -464,12 +464,8 @@ pub fn observe(
                 }
                 None
             }
-            EventData::ToolCall {
-                call_id,
-                name,
-                arguments,
-                ..
-            } => {
+            EventData::ToolCall { call, .. } => {
+                let (call_id, name, arguments) = (&call.call_id, &call.name, &call.arguments);
                 w.calls
                     .insert(call_id.clone(), (name.clone(), Instant::now()));
                 Some(Item::ToolStarted {

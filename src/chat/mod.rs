@@ -843,9 +843,8 @@ fn markdown(id: &str, events: &[dsh_services::session::SessionEvent]) -> String 
                     let _ = write!(out, "\n## Assistant\n\n{}\n", text.trim());
                 }
             }
-            EventData::ToolCall {
-                name, arguments, ..
-            } => {
+            EventData::ToolCall { call, .. } => {
+                let (name, arguments) = (&call.name, &call.arguments);
                 let _ = write!(
                     out,
                     "\n**Tool call** `{name}`\n\n```json\n{}\n```\n",

@@ -256,13 +256,7 @@ fn worked(examples: &[Example]) -> Vec<dsh::services::session::SessionEvent> {
                 Some(SurfaceIntent::append()),
             ),
             (
-                EventData::ToolCall {
-                    turn,
-                    step: 1,
-                    call_id: id.as_str().into(),
-                    name: ex.tool.into(),
-                    arguments: arguments.as_str().into(),
-                },
+                EventData::tool_call(turn, 1, &id, ex.tool, &arguments),
                 None,
             ),
             (
@@ -372,9 +366,9 @@ async fn a_real_llama_server_drives_a_tool_calling_turn() {
         .iter()
         .rev()
         .find_map(|e| match &e.data {
-            EventData::ToolCall {
-                name, arguments, ..
-            } => Some((name.to_string(), arguments.to_string())),
+            EventData::ToolCall { call, .. } => {
+                Some((call.name.to_string(), call.arguments.to_string()))
+            }
             _ => None,
         })
         .expect("the model called a tool");

@@ -252,7 +252,7 @@ fn killed_mid_turn_and_resumed(backend: Backend) {
     let calls: Vec<String> = events
         .iter()
         .filter_map(|e| match &e.data {
-            EventData::ToolCall { call_id, .. } => Some(call_id.to_string()),
+            EventData::ToolCall { call, .. } => Some(call.call_id.to_string()),
             _ => None,
         })
         .collect();

@@ -306,13 +306,7 @@ async fn run_calls(at: At<'_>, calls: &[ToolCall], token: &CancellationToken) {
         .iter()
         .map(|c| {
             at.log(
-                EventData::ToolCall {
-                    turn: at.turn,
-                    step: at.step,
-                    call_id: c.id.as_str().into(),
-                    name: c.name.as_str().into(),
-                    arguments: c.arguments.as_str().into(),
-                },
+                EventData::tool_call(at.turn, at.step, &c.id, &c.name, &c.arguments),
                 None,
             )
         })

@@ -945,12 +945,9 @@ pub fn repair(events: &mut Vec<SessionEvent>) -> Vec<String> {
             EventData::TurnEnd { .. } => open_turn = None,
             EventData::StepStart { turn, step } => open_step = Some((*turn, *step)),
             EventData::StepEnd { .. } => open_step = None,
-            EventData::ToolCall {
-                call_id,
-                turn,
-                step,
-                ..
-            } => calls.push((e.seq, call_id.to_string(), *turn, *step)),
+            EventData::ToolCall { call, turn, step } => {
+                calls.push((e.seq, call.call_id.to_string(), *turn, *step));
+            }
             EventData::ToolResult { message, .. } => {
                 for b in &message.content {
                     if let ContentBlock::ToolResult { tool_call_id, .. } = b {

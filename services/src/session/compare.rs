@@ -38,9 +38,8 @@ pub fn shape(events: &[impl AsRef<SessionEvent>]) -> Vec<TurnShape> {
                     t.steps += 1;
                 }
             }
-            EventData::ToolCall {
-                name, arguments, ..
-            } => {
+            EventData::ToolCall { call, .. } => {
+                let (name, arguments) = (&call.name, &call.arguments);
                 if let Some(t) = out.last_mut() {
                     let args = serde_json::from_str(arguments)
                         .unwrap_or_else(|_| Value::String(arguments.to_string()));

@@ -17,7 +17,7 @@ mod packed;
 
 pub use event::{
     CARRIED_TYPES, EventData, EventError, EventMeta, InboxSplice, RequestContext, SessionEvent,
-    SurfaceOp, TodoItem, TodoStatus, ToolErrorId, TurnEndReason, is_surface_type,
+    SurfaceOp, TodoItem, TodoStatus, ToolCallEvent, ToolErrorId, TurnEndReason, is_surface_type,
 };
 pub use log::{
     SESSION_FORMAT_VERSION, SessionError, SessionHeader, SessionLog, Surface, SurfaceIntent,

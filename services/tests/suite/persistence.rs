@@ -45,13 +45,13 @@ fn session(
         );
         push(
             &mut log,
-            EventData::ToolCall {
+            EventData::tool_call(
                 turn,
-                step: 1,
-                call_id: format!("call-{turn}").into(),
-                name: "echo".into(),
-                arguments: "{\"text\":\"hi\"}".into(),
-            },
+                1,
+                &format!("call-{turn}"),
+                "echo",
+                "{\"text\":\"hi\"}",
+            ),
             None,
         );
         if turn > turns {

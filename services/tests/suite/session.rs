@@ -341,7 +341,7 @@ fn every_upstream_recording_loads_and_derives() {
             let calls: Vec<Box<str>> = log
                 .iter()
                 .filter_map(|e| match &e.data {
-                    EventData::ToolCall { call_id, .. } => Some(call_id.clone()),
+                    EventData::ToolCall { call, .. } => Some(call.call_id.clone()),
                     _ => None,
                 })
                 .collect();
