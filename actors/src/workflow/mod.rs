@@ -651,7 +651,8 @@ fn child(
         emit("workflow/agent-start", start);
         // Each retry told once, whether the child made it before the
         // observer was in place (read from its log) or after.
-        let tell = Arc::new(move |e: &SessionEvent, said_seqs: &Mutex<HashSet<u64>>| {
+        let said_seqs = Mutex::new(HashSet::new());
+        let tell = Arc::new(move |e: &Arc<SessionEvent>| {
             if let EventData::Other { kind, data } = &e.data
                 && &**kind == "llm/retry"
                 && said_seqs.lock().is_ok_and(|mut s| s.insert(e.seq))
@@ -661,11 +662,7 @@ fn child(
                 told(said);
             }
         });
-        let said_seqs = Arc::new(Mutex::new(HashSet::new()));
-        let watching = run.agent().session().observe(Arc::new({
-            let (tell, said_seqs) = (tell.clone(), said_seqs.clone());
-            move |e| tell(e, &said_seqs)
-        }));
+        let watching = run.agent().session().observe(tell.clone());
         let earlier: Vec<Arc<SessionEvent>> = run.agent().session().read(|log| {
             log.without_chunks()
                 .filter(|e| e.kind() == "llm/retry")
@@ -673,7 +670,7 @@ fn child(
                 .collect()
         });
         for e in earlier {
-            tell(&e, &said_seqs);
+            tell(&e);
         }
         let result = run.result().await;
         run.agent().session().unobserve(watching);

@@ -477,8 +477,7 @@ impl SessionLog {
                 reason: format!("the log ends at seq {last}"),
             });
         }
-        let prefix = || self.without_chunks().take_while(|e| e.seq <= boundary);
-        if let Some(turn) = open_turn(prefix()) {
+        if let Some(turn) = open_turn(self.without_chunks().take_while(|e| e.seq <= boundary)) {
             return Err(SessionError::Fork {
                 boundary,
                 reason: format!("turn {turn} is still open there; fork at a turn boundary"),

@@ -162,14 +162,11 @@ impl ChunkRun {
                 )?,
                 StreamChunk::BlockEnd { index, block } => {
                     // Usually the next block of the answer; else any.
-                    let found = message
-                        .content
-                        .get(next_block)
-                        .filter(|b| *b == block)
-                        .map_or_else(
-                            || message.content.iter().position(|b| b == block),
-                            |_| Some(next_block),
-                        );
+                    let found = if message.content.get(next_block) == Some(block) {
+                        Some(next_block)
+                    } else {
+                        message.content.iter().position(|b| b == block)
+                    };
                     match found {
                         Some(at) => {
                             next_block = at + 1;
@@ -203,9 +200,12 @@ impl ChunkRun {
                 StreamChunk::Finish {
                     reason,
                     replay_state: None,
-                } if finished(reason).is_some() => Item {
-                    kind: Kind::Finish(finished(reason)?),
-                    ..item
+                } => match finished(reason) {
+                    Some(f) => Item {
+                        kind: Kind::Finish(f),
+                        ..item
+                    },
+                    None => keep(&mut whole, chunk, item)?,
                 },
                 StreamChunk::Usage { usage: u } if Some(u) == usage => Item {
                     kind: Kind::Usage,
