@@ -158,6 +158,10 @@ pub async fn w1(turns: u32, steps: u32, min_secs: f64) -> Result<serde_json::Val
         "us_per_step_max": at(1.0),
         "rounds": rounds.len(),
         "peak_rss_kb": rss_kb("VmHWM:"),
+        // At the end: the binary's and libraries' pages (code above all:
+        // link/symbol-order.txt keeps what a step runs together) and the rest.
+        "rss_file_kb": rss_kb("RssFile:"),
+        "rss_anon_kb": rss_kb("RssAnon:"),
         "threads": threads(),
         "turns": turns,
         "steps": steps,
