@@ -20,17 +20,22 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DSH_LINK_MAP");
     let var = |name: &str| env::var(name).unwrap_or_default();
     // rustc links x86_64 Linux with its own lld; a build that picks its own
-    // linker (which may be GNU ld, without the option) keeps the default layout.
-    let own_linker = var("CARGO_ENCODED_RUSTFLAGS").contains("linker");
+    // linker (which may be GNU ld, without these options) keeps the default
+    // layout.
+    let own_linker =
+        var("CARGO_ENCODED_RUSTFLAGS").contains("linker") || !var("RUSTC_LINKER").is_empty();
     if var("TARGET") != "x86_64-unknown-linux-gnu" || own_linker || var("PROFILE") != "release" {
         return;
     }
     let order = Path::new(&var("CARGO_MANIFEST_DIR")).join("link/symbol-order.txt");
-    println!(
-        "cargo:rustc-link-arg-bin=dsh=-Wl,--symbol-ordering-file={}",
-        order.display()
-    );
-    println!("cargo:rustc-link-arg-bin=dsh=-Wl,--no-warn-symbol-ordering");
+    // A packaged copy without the list links in the default order.
+    if order.is_file() {
+        println!(
+            "cargo:rustc-link-arg-bin=dsh=-Wl,--symbol-ordering-file={}",
+            order.display()
+        );
+        println!("cargo:rustc-link-arg-bin=dsh=-Wl,--no-warn-symbol-ordering");
+    }
     // The binary's relative relocations, packed (DT_RELR): about 1.8 MB of
     // `.rela.dyn` that the loader reads at every start becomes a few KB. The
     // loader must know the format (glibc 2.36 and later), so it is used only
