@@ -6,9 +6,9 @@ by side (build.rs), so a process touches a few MB of code instead of pages
 spread over 35 MB. The names are the linker's own for this build, so the
 traces come from the very binary whose map is read:
 
-    DSH_LINK_MAP=target/dsh.map cargo build --release --bin dsh
+    DSH_LINK_MAP=/tmp/dsh.map cargo build --release --bin dsh
     link/trace.sh target/release/dsh /tmp/dsh-traces   # callgrind runs
-    link/order.py target/dsh.map /tmp/dsh-traces/callgrind.{w1,w2,w3,demo,run,acp}.* \\
+    link/order.py /tmp/dsh.map /tmp/dsh-traces/callgrind.{w1,w2,w3,demo,run,acp}.* \\
         > link/symbol-order.txt
 
 (`link/regen.sh` does all of it, and builds again with the new list.)
@@ -54,6 +54,8 @@ def addresses(trace_path, binary):
     with open(trace_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.rstrip("\n")
+            if line.startswith("positions:") and line.split()[1:] != ["instr"]:
+                sys.exit(f"{trace_path}: positions are {line[10:].strip()}; trace with --dump-instr=yes --dump-line=no")
             m = NAMED.match(line)
             if m:
                 called, kind, ident, name = m.groups()
@@ -79,6 +81,8 @@ def main():
     if len(sys.argv) < 3:
         sys.exit("usage: order.py MAP CALLGRIND_OUT... (writes symbol names to stdout)")
     table = sections(sys.argv[1])
+    if not table:
+        sys.exit(f"{sys.argv[1]}: no function sections in this linker map")
     starts = [s for s, _, _ in table]
     hit = {}
     for path in sys.argv[2:]:
@@ -88,6 +92,8 @@ def main():
                 hit.setdefault(i, table[i])
     total = sum(end - start for start, end, _ in hit.values())
     print(f"order.py: {len(hit)} functions, {total} bytes of code", file=sys.stderr)
+    if not hit:
+        sys.exit("order.py: the traces ran none of the map's functions (another build's map?)")
     for _, _, section in hit.values():
         # A compiler's section prefixes (GCC's and LLVM's) are not part of
         # the symbol's name.
