@@ -55,7 +55,10 @@ def addresses(trace_path, binary):
         for line in f:
             line = line.rstrip("\n")
             if line.startswith("positions:") and line.split()[1:] != ["instr"]:
-                sys.exit(f"{trace_path}: positions are {line[10:].strip()}; trace with --dump-instr=yes --dump-line=no")
+                sys.exit(
+                    f"{trace_path}: positions are {line[10:].strip()}; "
+                    "trace with --dump-instr=yes --dump-line=no"
+                )
             m = NAMED.match(line)
             if m:
                 called, kind, ident, name = m.groups()
